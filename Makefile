@@ -1,0 +1,61 @@
+# The Makefile is the interface: CI runs exactly these targets (.ci/run -> make test).
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PY      := .venv/bin/python
+UV      := .venv/bin/uv
+STAMP   := .venv/.installed
+PYTEST_ARGS ?=
+
+.PHONY: help setup up down status demo test test-unit test-integration bench load lint fmt clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
+
+$(STAMP): requirements.lock
+	@test -x $(PY) || python3 -m venv .venv
+	@test -x $(UV) || .venv/bin/pip install -q uv==0.13.8
+	$(UV) pip sync -q --python $(PY) requirements.lock
+	@touch $(STAMP)
+
+setup: $(STAMP) ## install Python deps, fetch + verify JVM jars, ensure redis-server (idempotent)
+	@$(PY) -m infra.jars fetch
+	@$(PY) -m infra.stack ensure-redis
+
+up: setup ## start Kafka (KRaft), Redis, the speed layer and the API on 127.0.0.1
+	@$(PY) -m infra.stack up
+
+down: ## stop exactly what `make up` started
+	@test -x $(PY) && $(PY) -m infra.stack down || true
+
+status: ## what is running
+	@$(PY) -m infra.stack status
+
+demo: setup ## the whole story end to end on a fresh machine
+	@$(PY) -m infra.demo
+
+test: setup ## unit + integration tests against the real local stack
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-unit: setup ## fast tests, no broker
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+test-integration: setup ## tests against the real local stack
+	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
+
+bench: setup ## side-by-side benchmarks -> var/reports/bench/latest.json
+	@$(PY) -m infra.bench
+
+load: setup ## headless Locust run -> var/reports/load/
+	@$(PY) -m app_sim.load
+
+lint: setup ## ruff
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+fmt: setup
+	$(PY) -m ruff format .
+	$(PY) -m ruff check --fix .
+
+clean: down ## remove runtime state (var/); keeps the venv and the jar cache
+	rm -rf var

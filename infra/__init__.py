@@ -1,0 +1,1 @@
+"""Starting and stopping the real components locally, JVM dependency manifests, and settings."""

@@ -1,0 +1,113 @@
+"""Typed settings for every part of the stack, in one place.
+
+Use ``get_settings(**overrides)``: a keyword argument > an environment variable > the default.
+``Settings(...)`` alone ignores the environment (handy in unit tests).
+Every setting is documented here and in the README table (a unit test keeps the two in sync).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _setting(env: str, default, doc: str):
+    return field(default=default, metadata={"env": env, "doc": doc})
+
+
+@dataclass(frozen=True)
+class Settings:
+    kafka_bootstrap: str = _setting("SOCIAL_KAFKA_BOOTSTRAP", "127.0.0.1:9092", "Kafka bootstrap servers")
+    kafka_port: int = _setting("SOCIAL_KAFKA_PORT", 9092, "port of the local broker started by `make up`")
+    kafka_controller_port: int = _setting(
+        "SOCIAL_KAFKA_CONTROLLER_PORT", 9093, "KRaft controller port of the local broker"
+    )
+    events_topic: str = _setting("SOCIAL_EVENTS_TOPIC", "social.events", "the retained event log topic")
+    events_partitions: int = _setting("SOCIAL_EVENTS_PARTITIONS", 8, "partitions of the event topic")
+    redis_url: str = _setting("SOCIAL_REDIS_URL", "redis://127.0.0.1:6379/0", "Redis serving store")
+    redis_port: int = _setting("SOCIAL_REDIS_PORT", 6379, "port of the local Redis started by `make up`")
+    api_host: str = _setting("SOCIAL_API_HOST", "127.0.0.1", "app API bind address")
+    api_port: int = _setting("SOCIAL_API_PORT", 8000, "app API port")
+    var_dir: Path = _setting("SOCIAL_VAR_DIR", REPO_ROOT / "var", "all runtime state: logs, data, reports")
+    jars_dir: Path = _setting(
+        "SOCIAL_JARS_DIR", REPO_ROOT / ".cache" / "jars", "fetched, checksum-verified JVM jars"
+    )
+    spark_master: str = _setting("SOCIAL_SPARK_MASTER", "local[*]", "Spark master URL")
+    spark_shuffle_partitions: int = _setting(
+        "SOCIAL_SPARK_SHUFFLE_PARTITIONS", 8, "spark.sql.shuffle.partitions for the pipeline jobs"
+    )
+    views_namespace: str = _setting(
+        "SOCIAL_VIEWS_NAMESPACE", "", "views version to serve; empty = the active one recorded under var/"
+    )
+    timeline_length: int = _setting("SOCIAL_TIMELINE_LENGTH", 800, "N, posts kept per home timeline")
+    fanout_threshold: int = _setting(
+        "SOCIAL_FANOUT_THRESHOLD", 2000, "authors with more followers are merged at read time, not fanned out"
+    )
+    dedup_window_ms: int = _setting(
+        "SOCIAL_DEDUP_WINDOW_MS", 24 * 3600 * 1000, "an event_id seen again within this window is a duplicate"
+    )
+    max_text_length: int = _setting("SOCIAL_MAX_TEXT_LENGTH", 280, "longest post, status or message text")
+    trigger_interval: str = _setting(
+        "SOCIAL_TRIGGER_INTERVAL", "1 second", "micro-batch trigger interval of the speed layer"
+    )
+    max_offsets_per_trigger: int = _setting(
+        "SOCIAL_MAX_OFFSETS_PER_TRIGGER", 200_000, "upper bound of events per micro-batch"
+    )
+
+    # Derived locations -------------------------------------------------------------------------
+    @property
+    def log_dir(self) -> Path:
+        return Path(self.var_dir) / "log"
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.var_dir) / "run"
+
+    @property
+    def lake_dir(self) -> Path:
+        return Path(self.var_dir) / "lake"
+
+    @property
+    def reports_dir(self) -> Path:
+        return Path(self.var_dir) / "reports"
+
+
+def _coerce(type_name, raw: str, env: str):
+    kind = type_name if isinstance(type_name, str) else getattr(type_name, "__name__", str(type_name))
+    try:
+        if kind == "int":
+            return int(raw)
+        if kind == "Path":
+            return Path(raw)
+        return raw
+    except ValueError as exc:
+        raise ValueError(f"{env}={raw!r}: expected {kind}") from exc
+
+
+def settings_table() -> list[tuple[str, str, str]]:
+    """(environment variable, default, meaning) for every setting, for the README and `make help`."""
+    rows = []
+    for f in fields(Settings):
+        default = f.default
+        if isinstance(default, Path):
+            default = os.path.relpath(default, REPO_ROOT)
+        rows.append((f.metadata["env"], str(default), f.metadata["doc"]))
+    return rows
+
+
+def get_settings(**overrides) -> Settings:
+    """Settings with precedence: keyword argument > environment variable > default."""
+    values = {}
+    for f in fields(Settings):
+        if f.name in overrides:
+            values[f.name] = overrides.pop(f.name)
+            continue
+        raw = os.environ.get(f.metadata["env"])
+        if raw:
+            values[f.name] = _coerce(f.type, raw, f.metadata["env"])
+    if overrides:
+        raise TypeError(f"unknown settings: {sorted(overrides)}")
+    return Settings(**values)
