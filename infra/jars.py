@@ -1,0 +1,214 @@
+"""JVM jars for the local stack: fetched once from Maven Central, pinned, checksum-verified.
+
+Two manifests in ``infra/jvm/`` describe two classpaths that must never mix:
+
+- ``kafka``: the broker (KRaft) and its tools, run by ``infra.stack`` as ``java -cp ...``;
+- ``spark``: what the speed layer adds to PySpark (Kafka source, Delta Lake), passed as ``spark.jars``.
+  It carries Spark's own kafka-clients 3.9.x, not the broker's 4.x.
+
+``python -m infra.jars fetch`` copies each manifest's runtime closure into ``<jars_dir>/<name>/``
+with Maven (local repository ``.cache/m2``) and checks every jar against the committed lock file
+``infra/jvm/<name>.sha256``. When the jars are already there and verified it does nothing, offline.
+``lock`` rewrites the lock files after a deliberate manifest change; ``verify`` only checks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from infra.settings import REPO_ROOT, Settings, get_settings
+
+JVM_DIR = REPO_ROOT / "infra" / "jvm"
+MAVEN_SETTINGS = JVM_DIR / "maven-settings.xml"
+MAVEN_REPO = REPO_ROOT / ".cache" / "m2"
+MANIFESTS = {"kafka": JVM_DIR / "kafka-pom.xml", "spark": JVM_DIR / "spark-pom.xml"}
+
+# name-version.jar -> name; versions start with a digit (kafka_2.13-4.3.1.jar -> kafka_2.13)
+_JAR_NAME = re.compile(r"^(?P<name>.+)-\d[\w.]*(?:-[A-Za-z][\w.-]*)?\.jar$")
+
+
+class JarsError(RuntimeError):
+    """A problem the user must fix (missing tool, checksum mismatch, missing jars): one line."""
+
+
+def require_java() -> str:
+    """Path of `java`, or a one-line error saying how to get it."""
+    java = shutil.which("java")
+    if not java:
+        raise JarsError("`java` not found on PATH: install a JDK 17 (e.g. `apt-get install -y openjdk-17-jdk-headless`)")
+    return java
+
+
+def lock_path(name: str) -> Path:
+    return JVM_DIR / f"{name}.sha256"
+
+
+def jar_dir(name: str, settings: Settings | None = None) -> Path:
+    return Path((settings or get_settings()).jars_dir) / name
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def read_lock(name: str) -> dict[str, str]:
+    """{jar file name: sha256} from the committed lock file (sha256sum format)."""
+    entries = {}
+    for line in lock_path(name).read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            digest, filename = line.split(maxsplit=1)
+            entries[filename.strip()] = digest
+    return entries
+
+
+def _hashes(directory: Path) -> dict[str, str]:
+    return {p.name: _sha256(p) for p in sorted(directory.glob("*.jar"))}
+
+
+def problems(name: str, directory: Path) -> list[str]:
+    """What is wrong with the jars in `directory` compared with the lock file (empty: all good)."""
+    if not lock_path(name).exists():
+        return [f"no lock file {lock_path(name).relative_to(REPO_ROOT)}; run `python -m infra.jars lock`"]
+    if not directory.is_dir():
+        return [f"{directory} does not exist"]
+    expected, actual = read_lock(name), _hashes(directory)
+    found = []
+    found += [f"missing {f}" for f in sorted(expected.keys() - actual.keys())]
+    found += [f"unexpected {f}" for f in sorted(actual.keys() - expected.keys())]
+    found += [f"checksum mismatch {f}" for f in sorted(expected.keys() & actual.keys()) if expected[f] != actual[f]]
+    return found
+
+
+def _pyspark_jar_names() -> set[str]:
+    import pyspark
+
+    jars = Path(pyspark.__file__).parent / "jars"
+    return {m["name"] for p in jars.glob("*.jar") if (m := _JAR_NAME.match(p.name))}
+
+
+def shadowed_pyspark_jars(directory: Path) -> list[str]:
+    """Fetched Spark extras that PySpark already ships (a second copy on the classpath)."""
+    shipped = _pyspark_jar_names()
+    return sorted(p.name for p in directory.glob("*.jar") if (m := _JAR_NAME.match(p.name)) and m["name"] in shipped)
+
+
+def _maven_copy(name: str, target: Path) -> None:
+    require_java()
+    if not shutil.which("mvn"):
+        raise JarsError("`mvn` not found on PATH: install Maven 3.8+ (e.g. `apt-get install -y maven`)")
+    cmd = [
+        "mvn", "-q", "-B", "-C",
+        "-s", str(MAVEN_SETTINGS),
+        "-f", str(MANIFESTS[name]),
+        f"-Dmaven.repo.local={MAVEN_REPO}",
+        f"-DoutputDirectory={target}",
+        "dependency:copy-dependencies",
+    ]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        tail = (done.stdout + done.stderr).strip().splitlines()[-5:]
+        raise JarsError(f"maven could not fetch the {name} jars: " + " | ".join(tail))
+
+
+def _download(name: str, directory: Path) -> Path:
+    """Copy the manifest's closure into a fresh sibling folder (so stale jars never linger)."""
+    staging = directory.with_name(directory.name + ".staging")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    _maven_copy(name, staging)
+    if name == "spark" and (dupes := shadowed_pyspark_jars(staging)):
+        raise JarsError(f"spark extras would duplicate jars PySpark ships: {', '.join(dupes)}; exclude them in the pom")
+    return staging
+
+
+def _install(staging: Path, directory: Path) -> None:
+    shutil.rmtree(directory, ignore_errors=True)
+    staging.rename(directory)
+
+
+def fetch(settings: Settings | None = None, names: tuple[str, ...] = tuple(MANIFESTS)) -> dict[str, int]:
+    """Make every classpath present and verified; offline no-op when it already is. Returns jar counts."""
+    counts = {}
+    for name in names:
+        directory = jar_dir(name, settings)
+        if problems(name, directory):
+            staging = _download(name, directory)
+            if found := problems(name, staging):
+                raise JarsError(f"{name} jars do not match {lock_path(name).name}: {'; '.join(found[:5])}")
+            _install(staging, directory)
+        counts[name] = len(read_lock(name))
+    return counts
+
+
+def lock(settings: Settings | None = None) -> dict[str, int]:
+    """Resolve the manifests afresh and write the lock files (after a deliberate manifest change)."""
+    counts = {}
+    for name in MANIFESTS:
+        directory = jar_dir(name, settings)
+        staging = _download(name, directory)
+        hashes = _hashes(staging)
+        header = f"# sha256 of every jar in {MANIFESTS[name].name}'s runtime closure; written by `python -m infra.jars lock`\n"
+        lock_path(name).write_text(header + "".join(f"{d}  {f}\n" for f, d in hashes.items()))
+        _install(staging, directory)
+        counts[name] = len(hashes)
+    return counts
+
+
+def verify(settings: Settings | None = None) -> dict[str, list[str]]:
+    return {name: problems(name, jar_dir(name, settings)) for name in MANIFESTS}
+
+
+def _jars(name: str, settings: Settings | None) -> list[Path]:
+    directory = jar_dir(name, settings)
+    jars = sorted(directory.glob("*.jar"))
+    if not jars:
+        raise JarsError(f"no {name} jars under {directory}: run `make setup` (python -m infra.jars fetch)")
+    return jars
+
+
+def kafka_classpath(settings: Settings | None = None) -> str:
+    """`java -cp` value for the broker and the Kafka tools."""
+    return ":".join(str(p) for p in _jars("kafka", settings))
+
+
+def spark_jars(settings: Settings | None = None) -> list[Path]:
+    """Jars to add to PySpark (spark.jars): the Kafka source/sink and Delta Lake."""
+    return _jars("spark", settings)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m infra.jars", description=__doc__.splitlines()[0])
+    parser.add_argument("command", choices=["fetch", "verify", "lock"])
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "fetch":
+            counts = fetch()
+            print("jars ok: " + ", ".join(f"{n} {c}" for n, c in counts.items()))
+        elif args.command == "lock":
+            counts = lock()
+            print("locked: " + ", ".join(f"{n} {c}" for n, c in counts.items()))
+        else:
+            bad = {n: p for n, p in verify().items() if p}
+            for name, found in bad.items():
+                print(f"{name}: {'; '.join(found)}", file=sys.stderr)
+            if bad:
+                return 1
+            print("jars verified")
+    except JarsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
