@@ -1,0 +1,708 @@
+"""The direct load generator: a simulated social network appending events to ``social.events``.
+
+It drives the log harder than the HTTP API can (the API and Locust drive it realistically).
+Everything it writes keeps the event contract (``app_sim.contract``), plus a small, *counted*
+share of invalid events and duplicates, so the speed layer's accounting can be checked:
+events read = applied + duplicates + quarantined, per reason.
+
+Model, in log order:
+
+1. ``users`` ``user_registered`` events, then the follower graph (``app_sim.graph``: power-law
+   popularity, mean ~75 followers) as ``followed`` events, in random order.
+2. Activity: each slot draws a type from ``mix`` and an actor from a heavy-tailed activity
+   distribution. Posts are most common; ``post_deleted`` removes one of the author's own earlier
+   posts; ``followed`` picks a popular target, ``unfollowed`` an existing edge; direct messages go
+   mostly between users who follow each other; ``message_read`` is written by the recipient of an
+   earlier message once a log-normal reading delay has passed (a read slot with nothing due
+   writes a post instead).
+3. Clocks: the server clock (``received_time``) is simulated from a fixed epoch, so the output is
+   reproducible from the seed (``realtime=True``: the wall clock at produce time). Each device has
+   a clock offset (normal, sd ``skew_sd_ms``; ``large_skew_share`` of devices minutes off).
+   ``device_time <= sent_time`` (same device clock) and ``received_time = sent_time - offset +
+   network delay``. Devices in ``offline_share`` sometimes go offline for minutes to hours: their
+   events are buffered and flushed in order when they come back (or at the end of the run), with
+   old ``device_time`` and ``sent_time``/``received_time`` at the flush, as the contract's
+   corrected event time expects.
+4. Injected: ``invalid_share`` of all records are invalid (one of ``INVALID_KINDS``, each with the
+   reason the speed layer must quarantine it with), ``duplicate_share`` are exact re-sends of a
+   recent valid record (same key, same bytes).
+
+Hot path: draws happen per chunk with numpy; per event only a dict, ``orjson.dumps`` and
+``Producer.produce`` remain. ``generate`` is broker-free; ``produce`` writes to Kafka.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import orjson
+
+from app_sim import contract, graph
+from app_sim.ids import GENERATOR_WORKER_ID, Snowflake, event_ids
+
+SIM_EPOCH_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z: start of the simulated server clock
+
+# Activity shares (the bootstrap registrations and follow graph come first, outside the mix).
+DEFAULT_MIX: dict[str, float] = {
+    "post_created": 0.52,
+    "message_sent": 0.16,
+    "message_read": 0.12,
+    "followed": 0.07,
+    "status_updated": 0.06,
+    "post_deleted": 0.04,
+    "unfollowed": 0.03,
+}
+
+# Injected invalid kinds and the reason each must be quarantined with.
+INVALID_KINDS: dict[str, str] = {
+    "bad_json": "bad_json",
+    "unknown_type": "unknown_type",
+    "missing_field": "missing_field:text",
+    "mistyped_field": "mistyped_field:followee_id",
+    "self_follow": "self_follow",
+    "text_too_long": "text_too_long:text",
+    "not_own_post": "not_own_post",
+    "not_in_inbox": "not_in_inbox",
+}
+DUPLICATE = "duplicate"
+
+_WORDS = (
+    "the a kafka log event stream spark delta redis replay state timeline inbox follow post "
+    "today really great new just love time people know think good day see make back now "
+    "coffee morning weekend launch team data late build ship test green red fast slow"
+).split()
+
+
+@dataclass(frozen=True)
+class GeneratorConfig:
+    """How the simulated network looks and behaves; every field has a CLI flag."""
+
+    users: int = 1000
+    seed: int = 0
+    mean_followers: float = 75.0
+    mix: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_MIX))
+    invalid_share: float = 0.0
+    duplicate_share: float = 0.0
+    offline_share: float = 0.05  # devices that sometimes go offline
+    offline_start_prob: float = 0.05  # per event of such a device: chance it goes offline now
+    offline_median_ms: float = 10 * 60_000  # log-normal offline durations: minutes to hours
+    skew_sd_ms: float = 20_000
+    large_skew_share: float = 0.05
+    large_skew_sd_ms: float = 5 * 60_000
+    read_median_ms: float = 30_000  # log-normal delay before a message is read
+    read_prob: float = 0.8  # share of messages that get read (if the run lasts long enough)
+    mutual_message_share: float = 0.85
+    sim_events_per_user_s: float = 0.1  # simulated server clock: users * this events per second
+    start_ms: int = SIM_EPOCH_MS
+    realtime: bool = False
+    worker_id: int = GENERATOR_WORKER_ID
+    chunk: int = 8192
+
+    def bootstrap_events(self) -> int:
+        """Registrations plus the initial follow edges (approximate until the graph is drawn)."""
+        return self.users + int(round(self.users * min(self.mean_followers, max(self.users - 1, 0))))
+
+
+@dataclass
+class Counts:
+    """What a generator run wrote, by category; the speed layer's accounting must match it."""
+
+    records: int = 0
+    per_type: dict[str, int] = field(default_factory=dict)  # valid, non-duplicate events by type
+    invalid: dict[str, int] = field(default_factory=dict)  # injected invalid records by reason
+    duplicates: int = 0
+    offline_buffered: int = 0
+    follow_edges: int = 0
+
+
+_T_POST, _T_MSG, _T_READ, _T_FOLLOW, _T_STATUS, _T_DELETE, _T_UNFOLLOW = range(7)
+_TYPE_CODES = {
+    "post_created": _T_POST,
+    "message_sent": _T_MSG,
+    "message_read": _T_READ,
+    "followed": _T_FOLLOW,
+    "status_updated": _T_STATUS,
+    "post_deleted": _T_DELETE,
+    "unfollowed": _T_UNFOLLOW,
+}
+
+
+def _text_pool(rng: np.random.Generator, n: int, max_len: int) -> list[str]:
+    lengths = np.clip(rng.lognormal(np.log(60), 0.7, n), 5, max_len).astype(int)
+    words = np.array(_WORDS)
+    out = []
+    for length in lengths:
+        s = " ".join(words[rng.integers(0, len(words), length // 3 + 1)])
+        out.append(s[:length].strip() or "hi")
+    return out
+
+
+class EventGenerator:
+    """One deterministic run: ``records()`` yields ``(key, value, injected)`` exactly ``n_events`` times.
+
+    ``value`` is the event dict (or raw bytes for an injected ``bad_json``); ``injected`` is None
+    for a valid event, ``"duplicate"``, or the reason an injected invalid record must get.
+    ``counts`` is complete once the iterator is exhausted.
+    """
+
+    def __init__(self, n_events: int, config: GeneratorConfig | None = None):
+        self.n_events = int(n_events)
+        self.config = config or GeneratorConfig()
+        self.counts = Counts()
+        unknown = set(self.config.mix) - set(_TYPE_CODES)
+        if unknown:
+            raise ValueError(f"mix: unknown activity types {sorted(unknown)}")
+
+    # -- the whole run --------------------------------------------------------------------------
+    def records(self) -> Iterator[tuple[bytes, dict | bytes, str | None]]:
+        cfg = self.config
+        rng = np.random.default_rng(cfg.seed)
+        U = cfg.users
+        if U < 2:
+            raise ValueError("need at least 2 users")
+        pop = graph.popularity(U, rng)
+        edges = graph.follower_graph(U, cfg.mean_followers, rng, popularity_p=pop)
+        edges = edges[rng.permutation(len(edges))]
+        bootstrap = U + len(edges)
+        if bootstrap > self.n_events:
+            raise ValueError(
+                f"{self.n_events} events cannot hold the bootstrap of {U} registrations and {len(edges)} "
+                f"follows (mean {cfg.mean_followers}); raise --events or lower --users/--mean-followers"
+            )
+        self.counts.follow_edges = len(edges)
+        activity = self.n_events - bootstrap
+
+        # Per-user state: device clock offsets, offline-prone devices, activity weights.
+        offsets = rng.normal(0.0, cfg.skew_sd_ms, U + 1)
+        big = rng.random(U + 1) < cfg.large_skew_share
+        offsets[big] = rng.normal(0.0, cfg.large_skew_sd_ms, int(big.sum()))
+        offsets[0] = 0
+        self._offsets = offsets.astype(np.int64).tolist()
+        self._offline_prone = (rng.random(U + 1) < cfg.offline_share).tolist()
+        act = rng.lognormal(0.0, 1.0, U)
+        # Inverse-CDF sampling (rng.choice(p=...) would rebuild the CDF on every chunk).
+        act_cdf = np.cumsum(act / act.sum())
+        act_cdf[-1] = 1.0
+        pop_cdf = np.cumsum(pop)
+        pop_cdf[-1] = 1.0
+        max_text = contract.MAX_TEXT_LENGTH
+        texts = _text_pool(rng, 1024, max_text)
+        n_texts = len(texts)
+        keys = [str(u).encode() for u in range(U + 1)]
+
+        # Exact injection slots among the activity slots (counted, reproducible).
+        n_inv = int(round(cfg.invalid_share * self.n_events))
+        n_dup = int(round(cfg.duplicate_share * self.n_events))
+        if n_inv + n_dup > activity:
+            raise ValueError("invalid + duplicate shares exceed the activity part of the run")
+        slots = rng.permutation(activity)[: n_inv + n_dup]
+        kinds = list(INVALID_KINDS)
+        inject: dict[int, str] = {int(s): kinds[i % len(kinds)] for i, s in enumerate(slots[:n_inv])}
+        inject.update({int(s): DUPLICATE for s in slots[n_inv:]})
+
+        mix_names = list(cfg.mix)
+        mix_p = np.array([cfg.mix[t] for t in mix_names], dtype=np.float64)
+        mix_p /= mix_p.sum()
+        mix_codes = np.array([_TYPE_CODES[t] for t in mix_names])
+
+        counts = self.counts
+        per_type = counts.per_type
+        for t in contract.EVENT_TYPES:
+            per_type[t] = 0
+        flake = Snowflake(cfg.worker_id)
+        realtime = cfg.realtime
+        step_ms = 1000.0 / max(cfg.sim_events_per_user_s * U, 1e-9)
+        sim_now = float(cfg.start_ms)
+        offs = self._offsets
+
+        # State that decides what is valid next (updated in log order).
+        edge_list: list[tuple[int, int]] = [(int(a), int(b)) for a, b in edges.tolist()]
+        edge_set = set(edge_list)
+        mutual = graph.mutual_pairs(edges, U).tolist()
+        live_posts: list[tuple[int, int]] = []  # (post_id, author)
+        recent_msgs: list[tuple[int, int]] = []  # (message_id, recipient), last 1024 written
+        pending_reads: list[tuple[int, int, int]] = []  # heap of (due_ms, message_id, recipient)
+        recent_valid: list[tuple[bytes, dict]] = []  # ring of written valid records, for duplicates
+        buffers: dict[int, list[dict]] = {}  # offline device -> buffered events, in order
+        offline_until: dict[int, int] = {}
+        flush_heap: list[tuple[int, int]] = []  # (comes back at, user)
+
+        def chunks(total: int):
+            """Yield per-chunk pre-drawn randomness as plain lists (cheap to index)."""
+            done = 0
+            while done < total:
+                c = min(cfg.chunk, total - done)
+                yield {
+                    "dt": rng.exponential(step_ms, c).tolist(),
+                    "eid": event_ids(rng, c),
+                    "net": rng.integers(5, 150, c).tolist(),
+                    "prep": rng.integers(0, 400, c).tolist(),
+                    "type": mix_codes[rng.choice(len(mix_codes), c, p=mix_p)].tolist(),
+                    "actor": (np.searchsorted(act_cdf, rng.random(c), side="right") + 1).tolist(),
+                    "target": (np.searchsorted(pop_cdf, rng.random(c), side="right") + 1).tolist(),
+                    "target2": (np.searchsorted(pop_cdf, rng.random(c), side="right") + 1).tolist(),
+                    "text": rng.integers(0, n_texts, c).tolist(),
+                    "u1": rng.random(c).tolist(),
+                    "u2": rng.random(c).tolist(),
+                    "read_delay": rng.lognormal(np.log(cfg.read_median_ms), 1.2, c).astype(np.int64).tolist(),
+                    "offline_ms": rng.lognormal(np.log(cfg.offline_median_ms), 1.0, c)
+                    .astype(np.int64)
+                    .tolist(),
+                    "other": rng.integers(1, U + 1, c).tolist(),
+                }
+                done += c
+
+        def clock(dt: float) -> int:
+            nonlocal sim_now
+            if realtime:
+                return time.time_ns() // 1_000_000
+            sim_now += dt
+            return int(sim_now)
+
+        def after_write(key: bytes, ev: dict, now: int, read_delay: int, u1: float) -> None:
+            """Bookkeeping once a valid event is in the log (order matters for later validity)."""
+            t = ev["type"]
+            per_type[t] += 1
+            if len(recent_valid) < 256:
+                recent_valid.append((key, ev))
+            else:
+                recent_valid[int(u1 * 256) % 256] = (key, ev)
+            if t == "message_sent":
+                m = (ev["message_id"], ev["recipient_id"])
+                if len(recent_msgs) < 1024:
+                    recent_msgs.append(m)
+                else:
+                    recent_msgs[int(u1 * 1024) % 1024] = m
+                if u1 < cfg.read_prob:
+                    heapq.heappush(pending_reads, (now + read_delay, ev["message_id"], ev["recipient_id"]))
+
+        # ---- 1. registrations ------------------------------------------------------------------
+        gen_index = 0
+        for ch in chunks(U):
+            for i in range(len(ch["eid"])):
+                gen_index += 1
+                u = gen_index
+                now = clock(ch["dt"][i])
+                sent = now + offs[u] - ch["net"][i]
+                ev = {
+                    "event_id": ch["eid"][i],
+                    "type": "user_registered",
+                    "schema_version": 1,
+                    "user_id": u,
+                    "device_time": sent - ch["prep"][i],
+                    "sent_time": sent,
+                    "received_time": now,
+                    "handle": f"u{u}",
+                    "display_name": f"User {u}",
+                }
+                yield keys[u], ev, None
+                counts.records += 1
+                after_write(keys[u], ev, now, 0, ch["u1"][i])
+
+        # ---- 2. the follower graph ---------------------------------------------------------------
+        pos = 0
+        for ch in chunks(len(edge_list)):
+            for i in range(len(ch["eid"])):
+                a, b = edge_list[pos]
+                pos += 1
+                now = clock(ch["dt"][i])
+                sent = now + offs[a] - ch["net"][i]
+                ev = {
+                    "event_id": ch["eid"][i],
+                    "type": "followed",
+                    "schema_version": 1,
+                    "user_id": a,
+                    "device_time": sent - ch["prep"][i],
+                    "sent_time": sent,
+                    "received_time": now,
+                    "followee_id": b,
+                }
+                yield keys[a], ev, None
+                counts.records += 1
+                after_write(keys[a], ev, now, 0, ch["u1"][i])
+
+        # ---- 3. activity ----------------------------------------------------------------------------
+        slot = 0
+        offline_prone = self._offline_prone
+        for ch in chunks(activity):
+            c_eid, c_dt, c_net, c_prep = ch["eid"], ch["dt"], ch["net"], ch["prep"]
+            c_type, c_actor, c_target, c_target2 = ch["type"], ch["actor"], ch["target"], ch["target2"]
+            c_text, c_u1, c_u2, c_read, c_off, c_other = (
+                ch["text"],
+                ch["u1"],
+                ch["u2"],
+                ch["read_delay"],
+                ch["offline_ms"],
+                ch["other"],
+            )
+            for i in range(len(c_eid)):
+                now = clock(c_dt[i])
+                net = c_net[i]
+                u1 = c_u1[i]
+                # Devices coming back online flush their buffers first, in order.
+                while flush_heap and flush_heap[0][0] <= now:
+                    _, fu = heapq.heappop(flush_heap)
+                    for ev in buffers.pop(fu, ()):
+                        ev["sent_time"] = now + offs[fu] - net
+                        ev["received_time"] = now
+                        k = contract.record_key(ev)
+                        yield k, ev, None
+                        counts.records += 1
+                        after_write(k, ev, now, c_read[i], u1)
+                    offline_until.pop(fu, None)
+
+                kind = inject.get(slot)
+                slot += 1
+                if kind is not None:
+                    if kind == DUPLICATE and recent_valid:
+                        k, ev = recent_valid[int(u1 * len(recent_valid))]
+                        yield k, ev, DUPLICATE
+                        counts.records += 1
+                        counts.duplicates += 1
+                        continue
+                    k, value, reason = self._invalid(
+                        kind, c_eid[i], now, c_actor[i], c_other[i], net, live_posts, recent_msgs, flake, texts
+                    )
+                    yield k, value, reason
+                    counts.records += 1
+                    counts.invalid[reason] = counts.invalid.get(reason, 0) + 1
+                    continue
+
+                t = c_type[i]
+                u = c_actor[i]
+                ev = None
+                if t == _T_READ:
+                    if pending_reads and pending_reads[0][0] <= now:
+                        _, mid, rcpt = heapq.heappop(pending_reads)
+                        ev = {"type": "message_read", "user_id": rcpt, "message_id": mid}
+                        u = rcpt
+                    else:
+                        t = _T_POST
+                elif t == _T_DELETE:
+                    if live_posts:
+                        j = int(u1 * len(live_posts))
+                        pid, u = live_posts[j]
+                        live_posts[j] = live_posts[-1]
+                        live_posts.pop()
+                        ev = {"type": "post_deleted", "user_id": u, "post_id": pid}
+                    else:
+                        t = _T_POST
+                elif t == _T_UNFOLLOW:
+                    if edge_list:
+                        j = int(u1 * len(edge_list))
+                        a, b = edge_list[j]
+                        edge_list[j] = edge_list[-1]
+                        edge_list.pop()
+                        edge_set.discard((a, b))
+                        u = a
+                        ev = {"type": "unfollowed", "user_id": a, "followee_id": b}
+                    else:
+                        t = _T_FOLLOW
+                if t == _T_FOLLOW:
+                    v = c_target[i]
+                    if v == u or (u, v) in edge_set:
+                        v = c_target2[i]
+                    if v == u or (u, v) in edge_set:
+                        t = _T_POST  # already follows both picks: posts instead
+                    else:
+                        edge_list.append((u, v))
+                        edge_set.add((u, v))
+                        ev = {"type": "followed", "user_id": u, "followee_id": v}
+                elif t == _T_MSG:
+                    if mutual and c_u2[i] < cfg.mutual_message_share:
+                        a, b = mutual[int(c_u2[i] / cfg.mutual_message_share * len(mutual)) % len(mutual)]
+                        u, r = (a, b) if u1 < 0.5 else (b, a)
+                    else:
+                        r = c_other[i]
+                        if r == u:
+                            r = r % U + 1
+                    ev = {
+                        "type": "message_sent",
+                        "user_id": u,
+                        "message_id": flake.next_id(now),
+                        "recipient_id": r,
+                        "text": texts[c_text[i]],
+                    }
+                elif t == _T_STATUS:
+                    ev = {"type": "status_updated", "user_id": u, "text": texts[c_text[i]]}
+                if t == _T_POST:
+                    pid = flake.next_id(now)
+                    live_posts.append((pid, u))
+                    ev = {"type": "post_created", "user_id": u, "post_id": pid, "text": texts[c_text[i]]}
+
+                off = offs[u]
+                ev["event_id"] = c_eid[i]
+                ev["schema_version"] = 1
+                sent = now + off - net
+                ev["device_time"] = sent - c_prep[i]
+                if offline_prone[u]:
+                    back = offline_until.get(u)
+                    if back is None and u1 < cfg.offline_start_prob:
+                        back = now + c_off[i]
+                        offline_until[u] = back
+                        heapq.heappush(flush_heap, (back, u))
+                    if back is not None:
+                        ev["sent_time"] = None  # stamped at the flush
+                        ev["received_time"] = None
+                        buffers.setdefault(u, []).append(ev)
+                        counts.offline_buffered += 1
+                        continue
+                ev["sent_time"] = sent
+                ev["received_time"] = now
+                k = keys[ev["recipient_id"]] if t == _T_MSG else keys[u]
+                yield k, ev, None
+                counts.records += 1
+                after_write(k, ev, now, c_read[i], u1)
+
+        # ---- 4. end of run: every device still offline comes back now --------------------------------
+        now = clock(0.0)
+        while flush_heap:
+            _, fu = heapq.heappop(flush_heap)
+            for ev in buffers.pop(fu, ()):
+                ev["sent_time"] = now + offs[fu] - 20
+                ev["received_time"] = now
+                k = contract.record_key(ev)
+                yield k, ev, None
+                counts.records += 1
+                after_write(k, ev, now, 0, 0.999)
+
+    def _invalid(self, kind, eid, now, actor, other, net, live_posts, recent_msgs, flake, texts):
+        """One injected invalid record: (key, value, reason it must be quarantined with)."""
+        u = actor
+        sent = now + self._offsets[u] - net
+        base = {
+            "event_id": eid,
+            "type": "post_created",
+            "schema_version": 1,
+            "user_id": u,
+            "device_time": sent - 50,
+            "sent_time": sent,
+            "received_time": now,
+        }
+        key = str(u).encode()
+        if other == u:
+            other = other % self.config.users + 1
+        if kind == "bad_json":
+            ev = {**base, "post_id": flake.next_id(now), "text": texts[0]}
+            return key, orjson.dumps(ev)[:-9], INVALID_KINDS[kind]
+        if kind == "unknown_type":
+            return key, {**base, "type": "post_liked", "post_id": 1}, INVALID_KINDS[kind]
+        if kind == "missing_field":
+            return key, {**base, "post_id": flake.next_id(now)}, INVALID_KINDS[kind]
+        if kind == "mistyped_field":
+            return key, {**base, "type": "followed", "followee_id": str(other)}, INVALID_KINDS[kind]
+        if kind == "self_follow":
+            return key, {**base, "type": "followed", "followee_id": u}, INVALID_KINDS[kind]
+        if kind == "text_too_long":
+            text = (texts[0] + " ") * (contract.MAX_TEXT_LENGTH // max(len(texts[0]), 1) + 2)
+            return key, {**base, "post_id": flake.next_id(now), "text": text}, INVALID_KINDS[kind]
+        if kind == "not_own_post":
+            pid = flake.next_id(now)  # never created: also not the user's own post
+            if live_posts:
+                pid, author = live_posts[(other * 7919) % len(live_posts)]
+                if author == u:
+                    u = author % self.config.users + 1
+                    key = str(u).encode()
+            return key, {**base, "type": "post_deleted", "user_id": u, "post_id": pid}, INVALID_KINDS[kind]
+        if kind == "not_in_inbox":
+            mid = flake.next_id(now)  # never sent
+            if recent_msgs:
+                mid, rcpt = recent_msgs[(other * 7919) % len(recent_msgs)]
+                if rcpt == u:
+                    u = rcpt % self.config.users + 1
+                    key = str(u).encode()
+            return key, {**base, "type": "message_read", "user_id": u, "message_id": mid}, INVALID_KINDS[kind]
+        raise ValueError(kind)
+
+
+def generate(n_events: int, config: GeneratorConfig | None = None) -> Iterator[tuple[bytes, dict | bytes, str | None]]:
+    """Broker-free: the ``(key, value, injected)`` records of one deterministic run."""
+    return EventGenerator(n_events, config).records()
+
+
+# --- writing to Kafka --------------------------------------------------------------------------------
+
+
+@dataclass
+class Summary:
+    topic: str
+    events: int
+    seconds: float
+    events_per_s: float
+    bytes: int
+    mean_record_bytes: float
+    per_type: dict[str, int]
+    invalid: dict[str, int]
+    duplicates: int
+    offline_buffered: int
+    follow_edges: int
+    delivery_failures: int
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def render(self) -> str:
+        lines = [
+            f"{self.events:,} events to {self.topic} in {self.seconds:.1f} s = {self.events_per_s:,.0f} events/s "
+            f"(mean record {self.mean_record_bytes:.0f} B, {self.delivery_failures} delivery failures)",
+            "  valid per type: " + ", ".join(f"{t}={n:,}" for t, n in self.per_type.items()),
+            f"  injected: duplicates={self.duplicates:,}, invalid="
+            + (", ".join(f"{r}={n}" for r, n in sorted(self.invalid.items())) or "0"),
+            f"  offline-buffered events: {self.offline_buffered:,}",
+        ]
+        return "\n".join(lines)
+
+
+def producer_config(bootstrap: str) -> dict:
+    """Durable (acks=all, idempotent) and tuned for throughput (big lz4 batches)."""
+    return {
+        "bootstrap.servers": bootstrap,
+        "acks": "all",
+        "enable.idempotence": True,
+        "compression.type": "lz4",
+        "linger.ms": 20,
+        "batch.size": 1_000_000,
+        "batch.num.messages": 100_000,
+        "queue.buffering.max.messages": 2_000_000,
+        "queue.buffering.max.kbytes": 1_048_576,
+        "delivery.report.only.error": True,  # success callbacks would cost a Python call per event
+        "client.id": "app_sim.generator",
+    }
+
+
+def produce(
+    n_events: int,
+    config: GeneratorConfig | None = None,
+    *,
+    topic: str,
+    bootstrap: str,
+    rate: float | None = None,
+    progress: bool = True,
+) -> Summary:
+    """Write one generator run to Kafka; returns once every record is acknowledged (or failed)."""
+    from confluent_kafka import Producer
+
+    gen = EventGenerator(n_events, config)
+    failures = 0
+    first_error: list[str] = []
+
+    def on_delivery(err, _msg):
+        nonlocal failures
+        if err is not None:
+            failures += 1
+            if not first_error:
+                first_error.append(str(err))
+
+    producer = Producer({**producer_config(bootstrap), "on_delivery": on_delivery})
+    send = producer.produce
+    poll = producer.poll
+    dumps = orjson.dumps
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=n_events, unit="ev", unit_scale=True, mininterval=0.5, file=sys.stderr)
+    total_bytes = 0
+    n = 0
+    start = time.perf_counter()
+    for key, value, _injected in gen.records():
+        if type(value) is dict:
+            value = dumps(value)
+        total_bytes += len(value)
+        try:
+            send(topic, value, key)
+        except BufferError:  # local queue full: let librdkafka drain, then retry once
+            poll(0.05)
+            while True:
+                try:
+                    send(topic, value, key)
+                    break
+                except BufferError:
+                    poll(0.05)
+        n += 1
+        if not n & 0x3FFF:
+            poll(0)
+            if bar is not None:
+                bar.update(0x4000)
+            if rate:
+                ahead = n / rate - (time.perf_counter() - start)
+                if ahead > 0:
+                    time.sleep(ahead)
+        elif rate and not n & 0x3F:
+            ahead = n / rate - (time.perf_counter() - start)
+            if ahead > 0:
+                time.sleep(ahead)
+    remaining = producer.flush(120)
+    elapsed = time.perf_counter() - start
+    if bar is not None:
+        bar.update(n - bar.n)
+        bar.close()
+    failures += remaining
+    c = gen.counts
+    summary = Summary(
+        topic=topic,
+        events=n,
+        seconds=round(elapsed, 3),
+        events_per_s=round(n / elapsed, 1) if elapsed else 0.0,
+        bytes=total_bytes,
+        mean_record_bytes=round(total_bytes / n, 1) if n else 0.0,
+        per_type=dict(c.per_type),
+        invalid=dict(c.invalid),
+        duplicates=c.duplicates,
+        offline_buffered=c.offline_buffered,
+        follow_edges=c.follow_edges,
+        delivery_failures=failures,
+    )
+    if first_error:
+        print(f"first delivery error: {first_error[0]}", file=sys.stderr)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    from infra.settings import get_settings
+
+    settings = get_settings()
+    d = GeneratorConfig()
+    p = argparse.ArgumentParser(prog="python -m app_sim.generator", description=__doc__.split("\n\n")[0])
+    p.add_argument("--events", type=int, default=200_000, help="records to write in total (default 200000)")
+    p.add_argument("--users", type=int, default=d.users)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--mean-followers", type=float, default=d.mean_followers)
+    p.add_argument("--topic", default=settings.events_topic)
+    p.add_argument("--bootstrap", default=settings.kafka_bootstrap)
+    p.add_argument("--rate", type=float, default=None, help="pace production to this many events/s")
+    p.add_argument("--invalid-share", type=float, default=d.invalid_share)
+    p.add_argument("--duplicate-share", type=float, default=d.duplicate_share)
+    p.add_argument("--offline-share", type=float, default=d.offline_share)
+    p.add_argument("--worker-id", type=int, default=d.worker_id, help="snowflake worker id (0-1023)")
+    p.add_argument(
+        "--realtime", action="store_true", help="received_time = wall clock at produce (freshness runs)"
+    )
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--no-progress", action="store_true")
+    a = p.parse_args(argv)
+    config = GeneratorConfig(
+        users=a.users,
+        seed=a.seed,
+        mean_followers=a.mean_followers,
+        invalid_share=a.invalid_share,
+        duplicate_share=a.duplicate_share,
+        offline_share=a.offline_share,
+        worker_id=a.worker_id,
+        realtime=a.realtime,
+    )
+    summary = produce(
+        a.events, config, topic=a.topic, bootstrap=a.bootstrap, rate=a.rate, progress=not a.no_progress
+    )
+    print(orjson.dumps(summary.as_dict(), option=orjson.OPT_INDENT_2).decode() if a.json else summary.render())
+    return 1 if summary.delivery_failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
