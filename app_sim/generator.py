@@ -367,7 +367,16 @@ class EventGenerator:
                         counts.duplicates += 1
                         continue
                     k, value, reason = self._invalid(
-                        kind, c_eid[i], now, c_actor[i], c_other[i], net, live_posts, recent_msgs, flake, texts
+                        kind,
+                        c_eid[i],
+                        now,
+                        c_actor[i],
+                        c_other[i],
+                        net,
+                        live_posts,
+                        recent_msgs,
+                        flake,
+                        texts,
                     )
                     yield k, value, reason
                     counts.records += 1
@@ -521,7 +530,9 @@ class EventGenerator:
         raise ValueError(kind)
 
 
-def generate(n_events: int, config: GeneratorConfig | None = None) -> Iterator[tuple[bytes, dict | bytes, str | None]]:
+def generate(
+    n_events: int, config: GeneratorConfig | None = None
+) -> Iterator[tuple[bytes, dict | bytes, str | None]]:
     """Broker-free: the ``(key, value, injected)`` records of one deterministic run."""
     return EventGenerator(n_events, config).records()
 
@@ -700,7 +711,9 @@ def main(argv: list[str] | None = None) -> int:
     summary = produce(
         a.events, config, topic=a.topic, bootstrap=a.bootstrap, rate=a.rate, progress=not a.no_progress
     )
-    print(orjson.dumps(summary.as_dict(), option=orjson.OPT_INDENT_2).decode() if a.json else summary.render())
+    print(
+        orjson.dumps(summary.as_dict(), option=orjson.OPT_INDENT_2).decode() if a.json else summary.render()
+    )
     return 1 if summary.delivery_failures else 0
 
 

@@ -16,7 +16,7 @@ truth: every event type, field, constraint and partition key (``x-partition-key`
 Reason codes (what the quarantine records; stable, the first failing check wins, in this order):
 
 =========================  ========================================================================
-``bad_json``               the record value is not UTF-8 JSON (or has an integer beyond 64 bits)
+``bad_json``               the record value is not UTF-8 JSON
 ``not_an_object``          valid JSON, but not an object
 ``missing_field:type``     no ``type`` (``mistyped_field:type`` if it is not a string)
 ``unknown_type``           ``type`` is not one of ``EVENT_TYPES``
@@ -25,7 +25,8 @@ Reason codes (what the quarantine records; stable, the first failing check wins,
                            the two apart, so both count as missing), in declared order
 ``bad_schema_version``     ``schema_version`` is present but not the integer ``1``
 ``mistyped_field:<f>``     wrong JSON type; integers must be written without fraction or exponent
-                           (``1.0`` is mistyped: stricter than JSON Schema, as Spark's LongType is)
+                           (``1.0``, or beyond 64 bits, is mistyped: stricter than JSON Schema, as
+                           Spark's LongType is)
 ``bad_value:<f>``          out of range (ids >= 1, times >= 0, int64), empty, or pattern mismatch
 ``text_too_long:<f>``      a string longer than its ``maxLength`` (text: 280 code points)
 ``self_follow``            ``followed``/``unfollowed`` with ``followee_id == user_id``

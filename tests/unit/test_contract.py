@@ -1,0 +1,209 @@
+"""The event contract: one schema, a compiled validator that agrees with JSON Schema, stable reasons."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import orjson
+import pytest
+
+from app_sim import contract
+from app_sim.contract.docs import render
+from infra.settings import Settings
+
+T = 1_767_225_600_000
+
+
+def ev(type_="post_created", **kw):
+    base = {
+        "event_id": "0b7e7d1c-4a7f-4d2e-9b1a-3c5d7e9f1a2b",
+        "type": type_,
+        "schema_version": 1,
+        "user_id": 7,
+        "device_time": T,
+        "sent_time": T + 10,
+        "received_time": T + 50,
+    }
+    extra = {
+        "user_registered": {"handle": "ada_l", "display_name": "Ada"},
+        "status_updated": {"text": "away"},
+        "followed": {"followee_id": 8},
+        "unfollowed": {"followee_id": 8},
+        "post_created": {"post_id": 99, "text": "hello"},
+        "post_deleted": {"post_id": 99},
+        "message_sent": {"message_id": 5, "recipient_id": 9, "text": "hi"},
+        "message_read": {"message_id": 5},
+    }.get(type_, {})
+    out = {**base, **extra, **kw}
+    return {k: v for k, v in out.items() if v is not _DROP}
+
+
+_DROP = object()
+
+
+@pytest.fixture(scope="module")
+def reference():
+    schema = contract.schema()
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
+
+
+def test_schema_is_consistent():
+    s = contract.schema()
+    assert list(contract.EVENT_TYPES) == s["properties"]["type"]["enum"]
+    branches = [b["if"]["properties"]["type"]["const"] for b in s["allOf"]]
+    assert branches == list(contract.EVENT_TYPES)
+    assert [b["then"]["$ref"] for b in s["allOf"]] == [f"#/$defs/{t}" for t in contract.EVENT_TYPES]
+    for t in contract.EVENT_TYPES:
+        d = s["$defs"][t]
+        assert d["description"] and d["x-partition-key"] in contract.allowed_fields(t)
+        for f in contract.event_type(t).fields:
+            assert f.description, f"{t}.{f.name} has no description"
+    assert contract.MAX_TEXT_LENGTH == Settings().max_text_length == 280
+
+
+def test_partition_keys_per_brief():
+    assert contract.PARTITION_KEY == {
+        "user_registered": "user_id",
+        "status_updated": "user_id",
+        "followed": "user_id",
+        "unfollowed": "user_id",
+        "post_created": "user_id",
+        "post_deleted": "user_id",
+        "message_sent": "recipient_id",
+        "message_read": "user_id",
+    }
+    assert contract.record_key(ev("message_sent")) == b"9"
+    assert contract.partition_key(ev("post_created")) == 7
+
+
+def test_derived_field_lists():
+    assert contract.required_fields("message_sent")[-3:] == ("message_id", "recipient_id", "text")
+    assert contract.text_fields("message_sent") == ("text",)
+    assert contract.text_fields("user_registered") == ()
+    assert contract.text_fields("followed") == ()
+    assert set(contract.allowed_fields("followed")) == set(contract.ENVELOPE_FIELDS) | {"followee_id"}
+
+
+@pytest.mark.parametrize("type_", contract.EVENT_TYPES)
+def test_every_type_valid(type_, reference):
+    e = ev(type_)
+    assert contract.validate(e) is None
+    assert reference.is_valid(e)
+
+
+CASES = [
+    ([1, 2], "not_an_object"),
+    ("text", "not_an_object"),
+    (ev(type=_DROP), "missing_field:type"),
+    (ev(type=5), "mistyped_field:type"),
+    (ev(type="post_liked"), "unknown_type"),
+    (ev(zzz=1, aaa=2), "unknown_field:aaa"),
+    (ev("followed", text="x"), "unknown_field:text"),
+    (ev(received_time=_DROP), "missing_field:received_time"),
+    (ev(text=None), "missing_field:text"),
+    (ev(schema_version=_DROP), "missing_field:schema_version"),
+    (ev(schema_version=2), "bad_schema_version"),
+    (ev(schema_version="1"), "bad_schema_version"),
+    (ev(user_id="7"), "mistyped_field:user_id"),
+    (ev(user_id=True), "mistyped_field:user_id"),
+    (ev(user_id=0), "bad_value:user_id"),
+    (ev(post_id=2**63), "bad_value:post_id"),
+    (ev(device_time=-1), "bad_value:device_time"),
+    (ev(event_id=""), "bad_value:event_id"),
+    (ev(event_id=5), "mistyped_field:event_id"),
+    (ev(text="x" * 281), "text_too_long:text"),
+    (ev("message_sent", text="y" * 300), "text_too_long:text"),
+    (ev("user_registered", handle="no spaces"), "bad_value:handle"),
+    (ev("user_registered", handle="x" * 16), "bad_value:handle"),
+    (ev("user_registered", display_name="d" * 51), "text_too_long:display_name"),
+    (ev("followed", followee_id=7), "self_follow"),
+    (ev("unfollowed", followee_id=7), "self_follow"),
+    (ev("followed", followee_id="8"), "mistyped_field:followee_id"),
+]
+
+
+@pytest.mark.parametrize(("obj", "reason"), CASES)
+def test_reason_codes(obj, reason, reference):
+    assert contract.validate(obj) == reason
+    if reason != "self_follow":  # the one rule JSON Schema cannot express
+        assert not reference.is_valid(obj)
+    assert reason.split(":")[0] in {r.split(":")[0] for r in contract.reason_codes()} | {"unknown_field"}
+
+
+def test_text_length_counts_code_points():
+    assert contract.validate(ev(text="é" * 280)) is None
+    assert contract.validate(ev(text="😀" * 280)) is None
+    assert contract.validate(ev(text="😀" * 281)) == "text_too_long:text"
+
+
+def test_float_integers_are_mistyped_although_json_schema_accepts_them(reference):
+    e = ev(user_id=7.0)
+    assert reference.is_valid(e)  # JSON Schema: 7.0 is an integer ...
+    assert contract.validate(e) == "mistyped_field:user_id"  # ... Spark's LongType parse is not
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        (b"not json", "bad_json"),
+        (b'{"type": "post_created", ', "bad_json"),
+        (b"\x80\x81", "bad_json"),
+        (
+            orjson.dumps(ev(user_id=0)).replace(b'"user_id":0', b'"user_id":100000000000000000000000'),
+            "mistyped_field:user_id",
+        ),  # beyond 64 bits: parsed as a float
+        (b"[]", "not_an_object"),
+        (orjson.dumps(ev()), None),
+        (json.dumps(ev("message_read")).encode(), None),
+    ],
+)
+def test_parse_and_validate(raw, reason):
+    event, got = contract.parse_and_validate(raw)
+    assert got == reason
+    assert (event is None) == (reason is not None)
+
+
+def test_validator_agrees_with_json_schema_on_generated_records(reference):
+    """The fast validator accepts exactly what the full JSON Schema validator accepts."""
+    from app_sim.generator import GeneratorConfig, generate
+
+    cfg = GeneratorConfig(users=60, mean_followers=5, seed=3, invalid_share=0.05, duplicate_share=0.02)
+    for _key, value, injected in generate(3000, cfg):
+        if isinstance(value, bytes):
+            continue
+        ours = contract.validate(value)
+        if ours == "self_follow" or injected in contract.STATEFUL_REASONS:
+            continue
+        assert (ours is None) == reference.is_valid(value), (value, ours)
+
+
+def test_validate_is_fast():
+    import time
+
+    e = ev("message_sent")
+    n = 20_000
+    t = time.perf_counter()
+    for _ in range(n):
+        contract.validate(e)
+    per_event_us = (time.perf_counter() - t) / n * 1e6
+    assert per_event_us < 50  # ~1-2 us on a laptop; generous for shared CI machines
+
+
+def test_spark_schema_is_the_union_of_fields():
+    pytest.importorskip("pyspark")
+    from pyspark.sql.types import LongType, StringType
+
+    st = contract.spark_schema()
+    assert tuple(st.fieldNames()) == contract.all_fields()
+    types = {f.name: f.dataType for f in st.fields}
+    assert types["user_id"] == LongType() and types["post_id"] == LongType()
+    assert types["text"] == StringType() and types["event_id"] == StringType()
+    assert types["schema_version"] == LongType()
+
+
+def test_docs_are_up_to_date():
+    assert contract.DOCS_PATH.read_text(encoding="utf-8") == render(), (
+        "docs/events.md is stale: run `python -m app_sim.contract docs`"
+    )
