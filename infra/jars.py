@@ -41,7 +41,9 @@ def require_java() -> str:
     """Path of `java`, or a one-line error saying how to get it."""
     java = shutil.which("java")
     if not java:
-        raise JarsError("`java` not found on PATH: install a JDK 17 (e.g. `apt-get install -y openjdk-17-jdk-headless`)")
+        raise JarsError(
+            "`java` not found on PATH: install a JDK 17 (e.g. `apt-get install -y openjdk-17-jdk-headless`)"
+        )
     return java
 
 
@@ -85,7 +87,9 @@ def problems(name: str, directory: Path) -> list[str]:
     found = []
     found += [f"missing {f}" for f in sorted(expected.keys() - actual.keys())]
     found += [f"unexpected {f}" for f in sorted(actual.keys() - expected.keys())]
-    found += [f"checksum mismatch {f}" for f in sorted(expected.keys() & actual.keys()) if expected[f] != actual[f]]
+    found += [
+        f"checksum mismatch {f}" for f in sorted(expected.keys() & actual.keys()) if expected[f] != actual[f]
+    ]
     return found
 
 
@@ -99,7 +103,9 @@ def _pyspark_jar_names() -> set[str]:
 def shadowed_pyspark_jars(directory: Path) -> list[str]:
     """Fetched Spark extras that PySpark already ships (a second copy on the classpath)."""
     shipped = _pyspark_jar_names()
-    return sorted(p.name for p in directory.glob("*.jar") if (m := _JAR_NAME.match(p.name)) and m["name"] in shipped)
+    return sorted(
+        p.name for p in directory.glob("*.jar") if (m := _JAR_NAME.match(p.name)) and m["name"] in shipped
+    )
 
 
 def _maven_copy(name: str, target: Path) -> None:
@@ -127,7 +133,9 @@ def _download(name: str, directory: Path) -> Path:
     staging.mkdir(parents=True)
     _maven_copy(name, staging)
     if name == "spark" and (dupes := shadowed_pyspark_jars(staging)):
-        raise JarsError(f"spark extras would duplicate jars PySpark ships: {', '.join(dupes)}; exclude them in the pom")
+        raise JarsError(
+            f"spark extras would duplicate jars PySpark ships: {', '.join(dupes)}; exclude them in the pom"
+        )
     return staging
 
 

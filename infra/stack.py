@@ -1,0 +1,612 @@
+"""Start and stop the real local stack: a single-node Kafka (KRaft) broker and Redis, on 127.0.0.1.
+
+``python -m infra.stack up|down|status|ensure-redis`` (``make up`` / ``make down`` / ``make status``).
+Everything is parameterised by a :class:`~infra.settings.Settings`, so tests run a second stack on
+other ports and another var dir. Layout under ``settings.var_dir``::
+
+    kafka/server.properties, kafka/log4j2.properties, kafka/data/   broker config and log segments
+    redis/redis.conf, redis/appendonlydir/                          Redis config and AOF
+    run/<service>.pid                                               what `up` started, for `down`
+    log/<service>.log                                               stdout/stderr of each service
+
+Services form a small registry (:data:`SERVICES`): each knows its ports, how to start, whether it
+is running, how to stop. ``up`` starts them in order, ``down`` stops them in reverse order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import errno
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from infra.jars import JarsError, kafka_classpath, require_java
+from infra.settings import Settings, get_settings
+
+KAFKA_MAIN = "kafka.Kafka"  # the broker (and, with process.roles=broker,controller, the KRaft controller)
+KAFKA_STORAGE_TOOL = "kafka.tools.StorageTool"  # what bin/kafka-storage.sh runs: formats the log dirs
+KAFKA_HEAP = ["-Xms256m", "-Xmx1g"]
+
+# The retained event log: the source of truth, so nothing may ever be deleted by time or size.
+EVENTS_TOPIC_CONFIGS: dict[str, str] = {
+    "retention.ms": "-1",
+    "retention.bytes": "-1",
+    "cleanup.policy": "delete",  # never compacted: every event, not the latest per key
+    "min.insync.replicas": "1",  # one local broker; 2 with replication 3 when scaled (BRIEF 3)
+    "unclean.leader.election.enable": "false",  # never lose acknowledged events on failover
+    # The broker stamps each record when it is appended: per partition monotonic, independent of
+    # producer clocks, so offsets-for-times lookups (replay from a time) are exact. Device and
+    # server times live in the event itself (BRIEF 4).
+    "message.timestamp.type": "LogAppendTime",
+    "compression.type": "producer",
+}
+
+
+class StackError(RuntimeError):
+    """Something the user must act on, reported as one line (no traceback)."""
+
+
+# Process helpers -------------------------------------------------------------------------------
+
+_children: dict[int, subprocess.Popen] = {}  # processes started by this Python process, to reap them
+
+
+def _alive(pid: int) -> bool:
+    child = _children.get(pid)
+    if child is not None:
+        return child.poll() is None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie is dead for our purposes
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def port_listening(port: int, host: str = "127.0.0.1") -> bool:
+    """True when something accepts connections on host:port."""
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """True when a server could bind host:port (as Kafka and Redis do, with SO_REUSEADDR)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return False
+            raise
+    return True
+
+
+def _who_listens(port: int) -> str:
+    """'pid 123 (redis-server)' for the process listening on port, best effort."""
+    if not shutil.which("ss"):
+        return "another process"
+    out = subprocess.run(["ss", "-ltnpH", f"sport = :{port}"], capture_output=True, text=True).stdout
+    if 'users:(("' in out:
+        name, _, rest = out.split('users:(("', 1)[1].partition('"')
+        pid = rest.split("pid=", 1)[1].split(",", 1)[0] if "pid=" in rest else "?"
+        return f"pid {pid} ({name})"
+    return "another process"
+
+
+# Services --------------------------------------------------------------------------------------
+
+
+class Service:
+    """One long-running local process: config in var/<name>, pid in var/run, log in var/log.
+
+    Subclasses give ``name``, ``marker`` (a string in the process's command line, so that a reused
+    pid is never mistaken for ours), ``ports``, ``command`` and ``wait_ready``; optionally
+    ``prepare`` (write configs, format storage) and ``after_ready`` (create topics, ...).
+    """
+
+    name: str = ""
+    marker: str = ""
+    stop_timeout_s: float = 30.0
+    ready_timeout_s: float = 90.0
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+
+    # what a service must say about itself
+    def ports(self) -> list[int]:
+        raise NotImplementedError
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def wait_ready(self, deadline: float) -> None:
+        raise NotImplementedError
+
+    def prepare(self) -> None:
+        """Write config files, create directories (idempotent)."""
+
+    def after_ready(self) -> None:
+        """Work once the service answers (idempotent)."""
+
+    def env(self) -> Mapping[str, str]:
+        return os.environ
+
+    # generic process management
+    @property
+    def pid_file(self) -> Path:
+        return self.settings.run_dir / f"{self.name}.pid"
+
+    @property
+    def log_file(self) -> Path:
+        return self.settings.log_dir / f"{self.name}.log"
+
+    def pid(self) -> int | None:
+        try:
+            return int(self.pid_file.read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def is_running(self) -> bool:
+        """Our process (pid file + live process with our command line) is up."""
+        pid = self.pid()
+        return pid is not None and _alive(pid) and self.marker in _cmdline(pid)
+
+    def taken_ports(self) -> list[int]:
+        return [p for p in self.ports() if not port_free(p)]
+
+    def check_ports(self) -> None:
+        for port in self.taken_ports():
+            raise StackError(
+                f"{self.name}: port {port} on 127.0.0.1 is already in use by {_who_listens(port)}; "
+                f"stop it or choose another port (see infra/settings.py)"
+            )
+
+    def start(self) -> str:
+        """Start unless running; returns what happened ('started' or 'already running')."""
+        if self.is_running():
+            self.wait_ready(time.monotonic() + self.ready_timeout_s)
+            return "already running"
+        self.pid_file.unlink(missing_ok=True)  # stale
+        self.check_ports()
+        for d in (self.settings.run_dir, self.settings.log_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        self.prepare()
+        with self.log_file.open("ab") as log:
+            log.write(f"\n=== {time.strftime('%Y-%m-%dT%H:%M:%S%z')} starting {self.name}\n".encode())
+            log.flush()
+            proc = subprocess.Popen(
+                self.command(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=dict(self.env()),
+                start_new_session=True,  # a Ctrl-C in the terminal that ran `make up` does not reach it
+            )
+        _children[proc.pid] = proc
+        self.pid_file.write_text(f"{proc.pid}\n")
+        try:
+            self.wait_ready(time.monotonic() + self.ready_timeout_s)
+            self.after_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return "started"
+
+    def _died(self) -> StackError:
+        return StackError(f"{self.name} exited during start-up; see {self.log_file}")
+
+    def stop(self) -> str:
+        """SIGTERM, wait, SIGKILL after stop_timeout_s; remove the pid file."""
+        pid = self.pid()
+        if pid is None:
+            return "not running"
+        outcome = "not running (stale pid file)"
+        if _alive(pid) and self.marker in _cmdline(pid):
+            os.kill(pid, signal.SIGTERM)
+            outcome = "stopped"
+            deadline = time.monotonic() + self.stop_timeout_s
+            while _alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+                outcome = "killed after timeout"
+                while _alive(pid):
+                    time.sleep(0.05)
+        child = _children.pop(pid, None)
+        if child is not None:
+            child.wait()
+        self.pid_file.unlink(missing_ok=True)
+        return outcome
+
+    def status_row(self) -> tuple[str, str, str, str, str]:
+        running = self.is_running()
+        state = "running" if running else ("stale pid file" if self.pid() else "stopped")
+        ports = ",".join(f"{p}{'*' if port_listening(p) else ''}" for p in self.ports())
+        return self.name, state, str(self.pid() if running else "-"), ports, str(self.log_file)
+
+
+class KafkaBroker(Service):
+    """Single-node KRaft Kafka: one JVM that is both broker and controller."""
+
+    name = "kafka"
+    marker = KAFKA_MAIN
+    node_id = 1
+
+    @property
+    def home(self) -> Path:
+        return Path(self.settings.var_dir) / "kafka"
+
+    @property
+    def data_dir(self) -> Path:
+        return self.home / "data"
+
+    @property
+    def config_file(self) -> Path:
+        return self.home / "server.properties"
+
+    def ports(self) -> list[int]:
+        return [self.settings.kafka_port, self.settings.kafka_controller_port]
+
+    def server_properties(self) -> dict[str, str]:
+        s = self.settings
+        return {
+            "process.roles": "broker,controller",
+            "node.id": str(self.node_id),
+            "controller.quorum.voters": f"{self.node_id}@127.0.0.1:{s.kafka_controller_port}",
+            "listeners": f"PLAINTEXT://127.0.0.1:{s.kafka_port},CONTROLLER://127.0.0.1:{s.kafka_controller_port}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{s.kafka_port}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            "log.dirs": str(self.data_dir),
+            # Topics are created explicitly (create_topic) with their configs: a typo in a topic
+            # name must fail, not silently create a 1-partition topic with the broker's defaults.
+            "auto.create.topics.enable": "false",
+            "num.partitions": str(s.events_partitions),
+            "default.replication.factor": "1",
+            "min.insync.replicas": "1",
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "8",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "share.coordinator.state.topic.replication.factor": "1",
+            "share.coordinator.state.topic.min.isr": "1",
+            "group.initial.rebalance.delay.ms": "0",  # tests and demos join groups immediately
+            "unclean.leader.election.enable": "false",
+            "log.retention.hours": "-1",
+            "log.retention.bytes": "-1",
+        }
+
+    def prepare(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        props = "".join(f"{k}={v}\n" for k, v in self.server_properties().items())
+        self.config_file.write_text("# generated by infra/stack.py; edit Settings, not this file\n" + props)
+        (self.home / "log4j2.properties").write_text(
+            "# generated by infra/stack.py: everything to stdout, which `up` sends to var/log/kafka.log\n"
+            "appender.out.type = Console\n"
+            "appender.out.name = STDOUT\n"
+            "appender.out.layout.type = PatternLayout\n"
+            "appender.out.layout.pattern = [%d] %p %m (%c)%n\n"
+            "rootLogger.level = INFO\n"
+            "rootLogger.appenderRef.out.ref = STDOUT\n"
+            "logger.state.name = state.change.logger\n"
+            "logger.state.level = WARN\n"
+        )
+        if not (self.data_dir / "meta.properties").exists():
+            self._format()
+
+    def _java(self) -> list[str]:
+        try:
+            java = require_java()
+            classpath = kafka_classpath(self.settings)
+        except JarsError as exc:
+            raise StackError(str(exc)) from None
+        return [
+            java,
+            *KAFKA_HEAP,
+            "-XX:+UseG1GC",
+            "-XX:+ExitOnOutOfMemoryError",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={self.home / 'log4j2.properties'}",
+            f"-Dkafka.logs.dir={self.settings.log_dir}",
+            "-cp",
+            classpath,
+        ]
+
+    def _format(self) -> None:
+        """Format the KRaft storage once (a new cluster id); later starts reuse it."""
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cmd = [*self._java(), KAFKA_STORAGE_TOOL, "format", "--cluster-id", cluster_id]
+        cmd += ["--config", str(self.config_file), "--ignore-formatted"]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        with self.log_file.open("a") as log:
+            log.write(done.stdout + done.stderr)
+        if done.returncode != 0:
+            raise StackError(f"formatting Kafka storage failed; see {self.log_file}")
+
+    def command(self) -> list[str]:
+        return [*self._java(), KAFKA_MAIN, str(self.config_file)]
+
+    def wait_ready(self, deadline: float) -> None:
+        admin = admin_client(self.settings)
+        while True:
+            if not self.is_running():
+                raise self._died()
+            try:
+                metadata = admin.list_topics(timeout=2)
+                if metadata.brokers:
+                    return
+            except Exception:  # noqa: BLE001 - librdkafka raises KafkaException until the broker answers
+                pass
+            if time.monotonic() > deadline:
+                raise StackError(
+                    f"kafka did not answer on {self.settings.kafka_bootstrap} in time; see {self.log_file}"
+                )
+            time.sleep(0.5)
+
+    def after_ready(self) -> None:
+        s = self.settings
+        create_topic(s, s.events_topic, s.events_partitions, EVENTS_TOPIC_CONFIGS)
+
+
+class RedisServer(Service):
+    """The serving store: redis-server with an append-only file, bound to 127.0.0.1."""
+
+    name = "redis"
+    marker = "redis-server"
+    stop_timeout_s = 15.0
+
+    @property
+    def home(self) -> Path:
+        return Path(self.settings.var_dir) / "redis"
+
+    def ports(self) -> list[int]:
+        return [self.settings.redis_port]
+
+    def prepare(self) -> None:
+        self.home.mkdir(parents=True, exist_ok=True)
+        (self.home / "redis.conf").write_text(
+            "# generated by infra/stack.py; edit Settings, not this file\n"
+            f"port {self.settings.redis_port}\n"
+            "bind 127.0.0.1\n"
+            "protected-mode yes\n"
+            "daemonize no\n"
+            f'dir "{self.home}"\n'
+            'logfile ""\n'  # stdout, which `up` sends to var/log/redis.log
+            # Durability through the AOF (fsync each second); no RDB snapshots on top of it,
+            # which would fork the whole dataset on a 2-core machine for no extra safety.
+            "appendonly yes\n"
+            "appendfsync everysec\n"
+            'save ""\n'
+        )
+
+    def command(self) -> list[str]:
+        server = shutil.which("redis-server")
+        if not server:
+            raise StackError(
+                "`redis-server` not found on PATH: run `make setup` (python -m infra.stack ensure-redis)"
+            )
+        return [server, str(self.home / "redis.conf")]
+
+    def wait_ready(self, deadline: float) -> None:
+        import redis
+
+        client = redis.Redis(host="127.0.0.1", port=self.settings.redis_port, socket_timeout=1)
+        while True:
+            if not self.is_running():
+                raise self._died()
+            try:
+                if client.ping():
+                    return
+            except redis.RedisError:
+                pass
+            if time.monotonic() > deadline:
+                raise StackError(
+                    f"redis did not answer PING on port {self.settings.redis_port}; see {self.log_file}"
+                )
+            time.sleep(0.1)
+        client.close()
+
+
+# The registry. `up` starts these in order, `down` stops them in reverse order.
+# Extension point: the speed layer (pipelines/) and the app API (app_sim/) become Service
+# subclasses (ports, command, wait_ready) and are appended here, after the stores they need.
+SERVICES: list[type[Service]] = [KafkaBroker, RedisServer]
+
+
+# Kafka administration --------------------------------------------------------------------------
+
+_quiet = logging.getLogger("infra.stack.librdkafka")
+_quiet.addHandler(logging.NullHandler())
+_quiet.propagate = False
+
+
+def admin_client(settings: Settings):
+    from confluent_kafka.admin import AdminClient
+
+    # librdkafka logs every refused connection while the broker starts; keep that out of the terminal
+    return AdminClient({"bootstrap.servers": settings.kafka_bootstrap, "logger": _quiet})
+
+
+def create_topic(
+    settings: Settings,
+    name: str,
+    partitions: int,
+    configs: Mapping[str, str] | None = None,
+    replication_factor: int = 1,
+    timeout_s: float = 30.0,
+) -> bool:
+    """Create a topic with explicit configs; True if created, False if it already existed."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import NewTopic
+
+    topic = NewTopic(
+        name, num_partitions=partitions, replication_factor=replication_factor, config=dict(configs or {})
+    )
+    admin = admin_client(settings)  # must outlive the future, or librdkafka cancels the request
+    future = admin.create_topics([topic], operation_timeout=timeout_s)[name]
+    try:
+        future.result(timeout=timeout_s)
+    except KafkaException as exc:
+        if exc.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS:
+            return False
+        raise StackError(f"creating topic {name!r} failed: {exc.args[0].str()}") from None
+    return True
+
+
+def delete_topic(settings: Settings, name: str, timeout_s: float = 30.0) -> None:
+    admin = admin_client(settings)
+    admin.delete_topics([name], operation_timeout=timeout_s)[name].result(timeout=timeout_s)
+
+
+# The stack -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Stack:
+    """The local stack for one Settings: ``Stack(settings).up()`` / ``.down()`` / ``.status()``."""
+
+    settings: Settings
+    service_types: tuple[type[Service], ...] | None = None
+
+    @property
+    def services(self) -> list[Service]:
+        return [cls(self.settings) for cls in (self.service_types or tuple(SERVICES))]
+
+    def up(self) -> dict[str, str]:
+        services = self.services
+        # Refuse before starting anything if a port is taken by a process that is not ours.
+        for service in services:
+            if not service.is_running():
+                service.check_ports()
+        outcome = {}
+        try:
+            for service in services:
+                outcome[service.name] = service.start()
+        except BaseException:
+            for service in reversed(services):
+                if outcome.get(service.name) == "started":
+                    service.stop()
+            raise
+        return outcome
+
+    def down(self, port_timeout_s: float = 10.0) -> dict[str, str]:
+        services = self.services
+        outcome = {service.name: service.stop() for service in reversed(services)}
+        ports = [p for service in services for p in service.ports()]
+        deadline = time.monotonic() + port_timeout_s
+        while (busy := [p for p in ports if port_listening(p)]) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if busy:
+            raise StackError(
+                "stopped what `up` started, but something still listens on port(s) "
+                + ", ".join(f"{p} ({_who_listens(p)})" for p in busy)
+            )
+        return outcome
+
+    def status(self) -> list[tuple[str, str, str, str, str]]:
+        return [service.status_row() for service in self.services]
+
+
+def format_table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    lines = [
+        "  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+        for row in [header, *rows]
+    ]
+    return "\n".join(lines)
+
+
+def ensure_redis() -> str:
+    """Path of redis-server, installing it with apt-get when missing (needs root)."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    if not shutil.which("apt-get"):
+        raise StackError(
+            "`redis-server` not found and no apt-get here: install Redis 7 so that redis-server is on PATH"
+        )
+    if os.geteuid() != 0:
+        raise StackError("`redis-server` not found: run `sudo apt-get install -y redis-server` (needs root)")
+    # Debian starts a freshly installed daemon on 6379; a policy-rc.d answering 101 ("action not
+    # allowed") keeps it from doing so, so the only Redis that runs is the one `up` starts.
+    policy = Path("/usr/sbin/policy-rc.d")
+    added_policy = not policy.exists()
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    try:
+        if added_policy:
+            policy.write_text("#!/bin/sh\nexit 101\n")
+            policy.chmod(0o755)
+        for cmd in (
+            ["apt-get", "update", "-q"],
+            ["apt-get", "install", "-y", "-q", "--no-install-recommends", "redis-server"],
+        ):
+            done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+            if done.returncode != 0:
+                last = (done.stdout + done.stderr).strip().splitlines()[-1:] or ["(no output)"]
+                raise StackError(f"`{' '.join(cmd)}` failed: {last[0]}")
+    finally:
+        if added_policy:
+            policy.unlink(missing_ok=True)
+    found = shutil.which("redis-server")
+    if not found:
+        raise StackError("apt-get installed redis-server but it is not on PATH")
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m infra.stack", description=__doc__.splitlines()[0])
+    parser.add_argument("command", choices=["up", "down", "status", "ensure-redis"])
+    args = parser.parse_args(argv)
+    settings = get_settings()
+    stack = Stack(settings)
+    try:
+        if args.command == "ensure-redis":
+            print(f"redis-server: {ensure_redis()}")
+        elif args.command == "up":
+            for name, what in stack.up().items():
+                print(f"{name}: {what}")
+            print(
+                f"kafka {settings.kafka_bootstrap}  redis {settings.redis_url}  state under {settings.var_dir}"
+            )
+        elif args.command == "down":
+            for name, what in stack.down().items():
+                print(f"{name}: {what}")
+        else:
+            print(format_table(stack.status(), ("service", "state", "pid", "ports (*=listening)", "log")))
+    except (StackError, JarsError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
