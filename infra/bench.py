@@ -1,0 +1,262 @@
+"""``make bench``: side-by-side benchmarks, each a ratio measured in one run (BRIEF 8).
+
+Absolute rates on a shared 2-core machine are noise; a ratio against a reference measured in the
+same run, on the same broker, is not. Each section is a function ``(BenchContext) -> dict``
+registered with ``@section(name)``; results are merged into ``var/reports/bench/latest.json``
+(other sections' earlier results are kept), a timestamped copy is written next to it, and a short
+table is printed.
+
+``python -m infra.bench [--only ingest] [--events N]``. Uses the running local stack if Kafka
+answers on the configured port, else starts one (``infra.stack``) and stops it afterwards.
+
+Sections here: ``ingest`` (the generator vs Kafka's own ``ProducerPerformance``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from infra.settings import Settings, get_settings
+
+SECTIONS: dict[str, Callable[[BenchContext], dict]] = {}
+
+
+def section(name: str):
+    """Register a benchmark section (runs in registration order)."""
+
+    def register(fn):
+        SECTIONS[name] = fn
+        return fn
+
+    return register
+
+
+@dataclass
+class BenchContext:
+    settings: Settings
+    events: int
+    run_id: str = field(default_factory=lambda: datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ"))
+    topics: list[str] = field(default_factory=list)
+
+    def topic(self, purpose: str, partitions: int | None = None) -> str:
+        """A fresh topic for this run (deleted at the end), with the event topic's partition count."""
+        from infra.stack import create_topic
+
+        name = f"bench.{purpose}.{self.run_id}".lower()
+        create_topic(self.settings, name, partitions or self.settings.events_partitions)
+        self.topics.append(name)
+        return name
+
+    def cleanup(self) -> None:
+        from infra.stack import delete_topic
+
+        for name in self.topics:
+            try:
+                delete_topic(self.settings, name)
+            except Exception as exc:  # cleanup must not hide the results
+                print(f"warning: could not delete topic {name}: {exc}", file=sys.stderr)
+
+
+# --- ingest -------------------------------------------------------------------------------------------
+
+PERF_TOOL = "org.apache.kafka.tools.ProducerPerformance"
+_PERF_LINE = re.compile(
+    r"(\d+) records sent, ([\d.]+) records/sec \(([\d.]+) MB/sec\), ([\d.]+) ms avg latency, "
+    r"([\d.]+) ms max latency(?:, (\d+) ms 50th, (\d+) ms 95th, (\d+) ms 99th)?"
+)
+
+
+def _java_producer_props(bootstrap: str) -> list[str]:
+    """The generator's producer settings, in Java client names (same durability, same batching)."""
+    from app_sim.generator import producer_config
+
+    cfg = producer_config(bootstrap)
+    return [
+        f"bootstrap.servers={bootstrap}",
+        f"acks={cfg['acks']}",
+        f"enable.idempotence={str(cfg['enable.idempotence']).lower()}",
+        f"compression.type={cfg['compression.type']}",
+        f"linger.ms={cfg['linger.ms']}",
+        f"batch.size={cfg['batch.size']}",
+        "buffer.memory=268435456",
+    ]
+
+
+def producer_performance(
+    settings: Settings, topic: str, records: int, payload_file: Path, timeout_s: float = 600
+) -> dict:
+    """Run Kafka's ``kafka-producer-perf-test`` (``ProducerPerformance``) and parse its summary."""
+    from infra.jars import kafka_classpath, require_java
+
+    cmd = [
+        require_java(),
+        "-Xmx1g",
+        "-cp",
+        kafka_classpath(settings),
+        PERF_TOOL,
+        "--topic",
+        topic,
+        "--num-records",
+        str(records),
+        "--throughput",
+        "-1",
+        "--payload-file",
+        str(payload_file),
+        "--producer-props",
+        *_java_producer_props(settings.kafka_bootstrap),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    lines = [m for m in _PERF_LINE.finditer(proc.stdout)]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"{PERF_TOOL} failed ({proc.returncode}): {(proc.stderr or proc.stdout)[-2000:]}")
+    m = lines[-1]  # the final summary line
+    out = {
+        "records": int(m.group(1)),
+        "events_per_s": float(m.group(2)),
+        "mb_per_s": float(m.group(3)),
+        "avg_latency_ms": float(m.group(4)),
+        "max_latency_ms": float(m.group(5)),
+    }
+    if m.group(8):
+        out["p99_latency_ms"] = float(m.group(8))
+    return out
+
+
+@section("ingest")
+def ingest(ctx: BenchContext) -> dict:
+    """Generator events/s into the broker vs ProducerPerformance with the same records and settings."""
+    import orjson
+
+    from app_sim.generator import GeneratorConfig, generate, produce
+
+    cfg = GeneratorConfig(users=2000, seed=42, invalid_share=0.001, duplicate_share=0.001)
+    n = ctx.events
+
+    # Pure generation + serialisation (no broker): the generator's own ceiling.
+    t = time.perf_counter()
+    n_gen = min(n, 300_000)
+    sample: list[bytes] = []
+    for i, (_k, v, _inj) in enumerate(generate(n_gen, cfg)):
+        raw = orjson.dumps(v) if type(v) is dict else v
+        if i % 29 == 0 and len(sample) < 10_000:
+            sample.append(raw)
+    generate_only = n_gen / (time.perf_counter() - t)
+
+    summary = produce(
+        n, cfg, topic=ctx.topic("ingest-generator"), bootstrap=ctx.settings.kafka_bootstrap, progress=False
+    )
+
+    # ProducerPerformance sends real generator records (same sizes, same compressibility), but
+    # without keys: it never does less work than the generator per record.
+    with tempfile.NamedTemporaryFile("wb", suffix=".jsonl", delete=False) as f:
+        f.write(b"\n".join(r.replace(b"\n", b" ") for r in sample if b"\n" not in r))
+        payload_file = Path(f.name)
+    try:
+        perf = producer_performance(ctx.settings, ctx.topic("ingest-perf"), n, payload_file)
+    finally:
+        payload_file.unlink(missing_ok=True)
+    return {
+        "events": n,
+        "partitions": ctx.settings.events_partitions,
+        "mean_record_bytes": summary.mean_record_bytes,
+        "producer": "acks=all, idempotent, lz4, linger.ms=20, batch.size=1MB",
+        "generator_only_events_per_s": round(generate_only),
+        "generator_events_per_s": summary.events_per_s,
+        "generator_delivery_failures": summary.delivery_failures,
+        "producer_perf_events_per_s": perf["events_per_s"],
+        "producer_perf": perf,
+        "ratio_generator_vs_producer_perf": round(summary.events_per_s / perf["events_per_s"], 3),
+    }
+
+
+# --- running and reporting ----------------------------------------------------------------------------
+
+
+def _headline(name: str, result: dict) -> list[tuple[str, str, str]]:
+    rows = []
+    for key, value in result.items():
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            rows.append(
+                (name, key, f"{value:,.3f}" if isinstance(value, float) and value < 10 else f"{value:,}")
+            )
+    return rows
+
+
+def write_report(results: dict[str, dict], settings: Settings, run_id: str) -> Path:
+    """Merge ``results`` into latest.json (keeping other sections) and write a timestamped copy."""
+    out_dir = Path(settings.reports_dir) / "bench"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    latest = out_dir / "latest.json"
+    report = json.loads(latest.read_text()) if latest.exists() else {}
+    report.setdefault("sections", {})
+    for name, result in results.items():
+        report["sections"][name] = {"run_id": run_id, **result}
+    report["updated"] = run_id
+    text = json.dumps(report, indent=2, sort_keys=False)
+    latest.write_text(text + "\n")
+    (out_dir / f"bench-{run_id}.json").write_text(text + "\n")
+    return latest
+
+
+def run(only: list[str] | None, events: int, settings: Settings | None = None) -> dict[str, dict]:
+    from infra.stack import Stack, port_listening
+
+    settings = settings or get_settings()
+    names = only or list(SECTIONS)
+    unknown = [n for n in names if n not in SECTIONS]
+    if unknown:
+        raise SystemExit(f"unknown section(s) {unknown}; known: {list(SECTIONS)}")
+    stack = None
+    if not port_listening(settings.kafka_port):
+        print("no broker running: starting the local stack for the benchmark", file=sys.stderr)
+        stack = Stack(settings)
+        stack.up()
+    ctx = BenchContext(settings=settings, events=events)
+    results: dict[str, dict] = {}
+    try:
+        for name in names:
+            print(f"bench {name} ...", file=sys.stderr)
+            t = time.perf_counter()
+            try:
+                results[name] = SECTIONS[name](ctx)
+            except Exception as exc:  # one failing section must not lose the others
+                results[name] = {"error": f"{type(exc).__name__}: {exc}"}
+            results[name]["seconds"] = round(time.perf_counter() - t, 1)
+    finally:
+        ctx.cleanup()
+        if stack is not None:
+            stack.down()
+    path = write_report(results, settings, ctx.run_id)
+    rows = [r for name, res in results.items() for r in _headline(name, res)]
+    width = [max(len(r[i]) for r in rows + [("section", "metric", "value")]) for i in range(3)]
+    print("  ".join(h.ljust(w) for h, w in zip(("section", "metric", "value"), width, strict=True)))
+    for r in rows:
+        print(f"{r[0].ljust(width[0])}  {r[1].ljust(width[1])}  {r[2].rjust(width[2])}")
+    for name, res in results.items():
+        if "error" in res:
+            print(f"{name}: ERROR {res['error']}")
+    print(f"-> {path}")
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m infra.bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--only", action="append", help="run only this section (repeatable)")
+    p.add_argument("--events", type=int, default=1_000_000, help="events per ingest run (default 1M)")
+    a = p.parse_args(argv)
+    results = run(a.only, a.events)
+    return 1 if any("error" in r for r in results.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
