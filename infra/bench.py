@@ -186,9 +186,11 @@ def _headline(name: str, result: dict) -> list[tuple[str, str, str]]:
     rows = []
     for key, value in result.items():
         if isinstance(value, int | float) and not isinstance(value, bool):
-            rows.append(
-                (name, key, f"{value:,.3f}" if isinstance(value, float) and value < 10 else f"{value:,}")
-            )
+            if isinstance(value, float):
+                shown = f"{value:,.3f}" if value < 10 else f"{value:,.1f}"
+            else:
+                shown = f"{value:,}"
+            rows.append((name, key, shown))
     return rows
 
 
