@@ -172,10 +172,17 @@ class Service:
         except (OSError, ValueError):
             return None
 
+    def _ours(self, pid: int) -> bool:
+        """pid is a live process of this service (not a reused pid of something else)."""
+        child = _children.get(pid)
+        if child is not None:  # started by this Python process: the Popen object knows for sure
+            return child.poll() is None
+        return _alive(pid) and self.marker in _cmdline(pid)
+
     def is_running(self) -> bool:
         """Our process (pid file + live process with our command line) is up."""
         pid = self.pid()
-        return pid is not None and _alive(pid) and self.marker in _cmdline(pid)
+        return pid is not None and self._ours(pid)
 
     def taken_ports(self) -> list[int]:
         return [p for p in self.ports() if not port_free(p)]
@@ -227,7 +234,7 @@ class Service:
         if pid is None:
             return "not running"
         outcome = "not running (stale pid file)"
-        if _alive(pid) and self.marker in _cmdline(pid):
+        if self._ours(pid):
             os.kill(pid, signal.SIGTERM)
             outcome = "stopped"
             deadline = time.monotonic() + self.stop_timeout_s
@@ -239,7 +246,8 @@ class Service:
                 while _alive(pid):
                     time.sleep(0.05)
         child = _children.pop(pid, None)
-        if child is not None:
+        if child is not None and child.poll() is None:  # never block on a process we did not stop
+            child.kill()
             child.wait()
         self.pid_file.unlink(missing_ok=True)
         return outcome

@@ -1,0 +1,110 @@
+"""Shared fixtures: one real local stack per test session, and a fresh topic per test.
+
+The session stack runs on its own ports (Kafka 19092/19093, Redis 16379, or free ports if those
+are taken, e.g. by a second test session) with its state in a temporary folder, so it never
+touches a user's `make up` stack on 9092/6379 or their var/. Only tests that ask for
+`kafka_stack` (mark them `@pytest.mark.integration`) start it; unit tests start nothing.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from infra.settings import Settings, get_settings
+
+PREFERRED_PORTS = {"kafka_port": 19092, "kafka_controller_port": 19093, "redis_port": 16379}
+
+
+def _free_port(preferred: int, avoid: set[int]) -> int:
+    """The preferred port if nobody uses it, else one the kernel picks."""
+    from infra.stack import port_free
+
+    if preferred not in avoid and port_free(preferred):
+        return preferred
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in avoid:
+            return port
+
+
+def isolated_settings(var_dir: Path, **overrides) -> Settings:
+    """Settings for a private stack: free ports near the preferred ones, state under var_dir."""
+    ports: dict[str, int] = {}
+    for name, preferred in PREFERRED_PORTS.items():
+        ports[name] = overrides.pop(name, None) or _free_port(preferred, set(ports.values()))
+    return get_settings(
+        **ports,
+        kafka_bootstrap=f"127.0.0.1:{ports['kafka_port']}",
+        redis_url=f"redis://127.0.0.1:{ports['redis_port']}/0",
+        var_dir=var_dir,
+        **overrides,
+    )
+
+
+@pytest.fixture
+def private_settings() -> Callable[..., Settings]:
+    """`private_settings(var_dir, **overrides)`: Settings for one more stack a test starts itself."""
+    return isolated_settings
+
+
+@dataclass(frozen=True)
+class RunningStack:
+    settings: Settings
+
+    @property
+    def bootstrap(self) -> str:
+        return self.settings.kafka_bootstrap
+
+    @property
+    def redis_url(self) -> str:
+        return self.settings.redis_url
+
+
+@pytest.fixture(scope="session")
+def kafka_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
+    """A real Kafka (KRaft) + Redis for the whole session; stopped at the end, also on failure."""
+    from infra.jars import fetch
+    from infra.stack import Stack
+
+    fetch()  # no-op (offline, seconds) when `make setup` already ran
+    settings = isolated_settings(tmp_path_factory.mktemp("var"))
+    stack = Stack(settings)
+    try:
+        stack.up()
+        yield RunningStack(settings)
+    finally:
+        stack.down()
+
+
+@pytest.fixture
+def topic_factory(kafka_stack: RunningStack, request: pytest.FixtureRequest) -> Iterator[Callable[..., str]]:
+    """`topic_factory(partitions=8, configs=None) -> name`: a new, uniquely named topic for this test.
+
+    The topics are deleted after the test, so a long session does not pile up partitions.
+    """
+    from infra.stack import create_topic, delete_topic
+
+    created: list[str] = []
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", request.node.name)[:80]
+
+    def make(partitions: int = 8, configs: dict[str, str] | None = None) -> str:
+        name = f"test.{slug}.{uuid.uuid4().hex[:8]}"
+        create_topic(kafka_stack.settings, name, partitions, configs)
+        created.append(name)
+        return name
+
+    yield make
+    for name in created:
+        try:
+            delete_topic(kafka_stack.settings, name)
+        except Exception:  # noqa: BLE001 - cleanup must not mask the test's own outcome
+            pass

@@ -1,0 +1,134 @@
+"""The local stack for real: a KRaft broker and Redis started by infra.stack, used, stopped."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import uuid
+
+import pytest
+import redis
+from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, Producer
+from confluent_kafka.admin import ConfigResource
+
+from infra.settings import REPO_ROOT
+from infra.stack import EVENTS_TOPIC_CONFIGS, Stack, StackError, admin_client, port_listening
+
+pytestmark = pytest.mark.integration
+
+
+def test_event_topic_is_created_with_retain_forever_configs(kafka_stack):
+    s = kafka_stack.settings
+    admin = admin_client(s)
+    topic = admin.list_topics(s.events_topic, timeout=10).topics[s.events_topic]
+    assert len(topic.partitions) == s.events_partitions
+    configs = admin.describe_configs([ConfigResource("topic", s.events_topic)])
+    described = next(iter(configs.values())).result(timeout=10)
+    for key, value in EVENTS_TOPIC_CONFIGS.items():
+        assert described[key].value == value, key
+
+
+def test_a_record_goes_through_the_real_broker(kafka_stack, topic_factory):
+    topic = topic_factory(partitions=3)
+    producer = Producer(
+        {"bootstrap.servers": kafka_stack.bootstrap, "acks": "all", "enable.idempotence": True}
+    )
+    producer.produce(topic, key=b"42", value=b'{"hello": "log"}')
+    assert producer.flush(10) == 0
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": kafka_stack.bootstrap,
+            "group.id": f"test-{uuid.uuid4().hex[:8]}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        consumer.subscribe([topic])
+        record = None
+        for _ in range(60):
+            record = consumer.poll(1.0)
+            if record is not None and not record.error():
+                break
+        assert record is not None and record.error() is None
+        assert (record.key(), record.value()) == (b"42", b'{"hello": "log"}')
+    finally:
+        consumer.close()
+
+
+def test_event_topic_stamps_records_at_append(kafka_stack):
+    s = kafka_stack.settings
+    producer = Producer({"bootstrap.servers": kafka_stack.bootstrap, "acks": "all"})
+    delivered = []
+    producer.produce(
+        s.events_topic, key=b"1", value=b"{}", timestamp=1, on_delivery=lambda e, m: delivered.append(m)
+    )
+    producer.flush(10)
+    assert delivered and delivered[0].error() is None
+    # the producer asked for timestamp 1; the broker overwrote it with its append time
+    kind, ts = delivered[0].timestamp()
+    assert kind == TIMESTAMP_LOG_APPEND_TIME and ts > 1
+
+
+def test_redis_answers(kafka_stack):
+    client = redis.Redis.from_url(kafka_stack.redis_url)
+    assert client.ping()
+    key = f"test:{uuid.uuid4().hex}"
+    client.set(key, "v", ex=60)
+    assert client.get(key) == b"v"
+    assert client.config_get("appendonly") == {"appendonly": "yes"}
+
+
+def test_up_twice_is_harmless(kafka_stack):
+    stack = Stack(kafka_stack.settings)
+    pids = {s.name: s.pid() for s in stack.services}
+    assert stack.up() == {name: "already running" for name in pids}
+    assert {s.name: s.pid() for s in stack.services} == pids
+
+
+def test_down_stops_exactly_what_up_started(tmp_path, kafka_stack, private_settings):
+    # A second stack (own free ports, own var dir), so the session stack keeps running.
+    settings = private_settings(tmp_path / "var")
+    stack = Stack(settings)
+    try:
+        assert stack.up() == {"kafka": "started", "redis": "started"}
+        ports = [p for s in stack.services for p in s.ports()]
+        assert all(port_listening(p) for p in ports)
+    finally:
+        stopped = stack.down()
+    assert stopped == {"redis": "stopped", "kafka": "stopped"}
+    assert not list(settings.run_dir.glob("*.pid"))
+    assert not any(port_listening(p) for p in ports)
+
+
+def test_a_taken_port_gives_a_clear_error(tmp_path, private_settings):
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        settings = private_settings(tmp_path / "var", kafka_port=taken)
+
+        with pytest.raises(StackError, match=f"port {taken}"):
+            Stack(settings).up()
+        assert not list(settings.run_dir.glob("*.pid")), "nothing may start when a port is taken"
+
+        env = {
+            **os.environ,
+            "SOCIAL_VAR_DIR": str(settings.var_dir),
+            "SOCIAL_KAFKA_PORT": str(taken),
+            "SOCIAL_KAFKA_CONTROLLER_PORT": str(settings.kafka_controller_port),
+            "SOCIAL_REDIS_PORT": str(settings.redis_port),
+        }
+        cli = subprocess.run(
+            [sys.executable, "-m", "infra.stack", "up"],
+            cwd=REPO_ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+    assert cli.returncode == 1
+    assert cli.stderr.strip().startswith("error: kafka: port") and "Traceback" not in cli.stderr
+    assert len(cli.stderr.strip().splitlines()) == 1

@@ -1,0 +1,75 @@
+"""Settings precedence (keyword > environment > default) and the one documented list of variables."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from infra.settings import REPO_ROOT, Settings, get_settings, settings_table
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch):
+    for env, _, _ in settings_table():
+        monkeypatch.delenv(env, raising=False)
+
+
+def test_default_when_nothing_is_set():
+    assert get_settings().kafka_port == 9092
+    assert get_settings().redis_url == "redis://127.0.0.1:6379/0"
+    assert get_settings().var_dir == REPO_ROOT / "var"
+
+
+def test_environment_beats_default(monkeypatch):
+    monkeypatch.setenv("SOCIAL_KAFKA_PORT", "19092")
+    monkeypatch.setenv("SOCIAL_VAR_DIR", "/tmp/elsewhere")
+    settings = get_settings()
+    assert settings.kafka_port == 19092
+    assert settings.var_dir == Path("/tmp/elsewhere")
+    assert settings.log_dir == Path("/tmp/elsewhere/log")
+
+
+def test_keyword_beats_environment(monkeypatch):
+    monkeypatch.setenv("SOCIAL_KAFKA_PORT", "19092")
+    assert get_settings(kafka_port=29092).kafka_port == 29092
+
+
+def test_empty_environment_variable_means_default(monkeypatch):
+    monkeypatch.setenv("SOCIAL_REDIS_PORT", "")
+    assert get_settings().redis_port == 6379
+
+
+def test_plain_constructor_ignores_environment(monkeypatch):
+    monkeypatch.setenv("SOCIAL_KAFKA_PORT", "19092")
+    assert Settings().kafka_port == 9092
+
+
+def test_bad_value_names_the_variable(monkeypatch):
+    monkeypatch.setenv("SOCIAL_EVENTS_PARTITIONS", "eight")
+    with pytest.raises(ValueError, match="SOCIAL_EVENTS_PARTITIONS"):
+        get_settings()
+
+
+def test_unknown_setting_is_refused():
+    with pytest.raises(TypeError, match="kafka_prot"):
+        get_settings(kafka_prot=1)
+
+
+def test_every_setting_has_a_distinct_documented_variable():
+    rows = settings_table()
+    envs = [env for env, _, _ in rows]
+    assert len(envs) == len(set(envs))
+    for env, _, doc in rows:
+        assert re.fullmatch(r"SOCIAL_[A-Z0-9_]+", env), env
+        assert doc.strip(), f"{env} has no documentation"
+
+
+def test_every_variable_is_in_the_readme():
+    readme = REPO_ROOT / "README.md"
+    if not readme.exists():
+        pytest.skip("README.md is not written yet; this test keeps its settings table complete once it is")
+    text = readme.read_text()
+    missing = [env for env, _, _ in settings_table() if env not in text]
+    assert not missing, f"README.md does not document: {', '.join(missing)}"
