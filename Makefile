@@ -14,7 +14,8 @@ help: ## list the targets
 
 $(STAMP): requirements.lock
 	@test -x $(PY) || python3 -m venv .venv
-	@test -x $(UV) || .venv/bin/pip install -q uv==0.13.8
+	@# a venv made by `uv venv` has no pip: bootstrap it with ensurepip, then install the pinned uv
+	@test -x $(UV) || { { $(PY) -m pip --version >/dev/null 2>&1 || $(PY) -m ensurepip >/dev/null; } && $(PY) -m pip install -q uv==0.13.8; }
 	$(UV) pip sync -q --python $(PY) requirements.lock
 	@touch $(STAMP)
 
