@@ -1,0 +1,176 @@
+"""The Delta Lake side of the speed layer: reading prior state and writing one batch, exactly once.
+
+Layout: ``<lake_dir>/<namespace>/<table>`` (a namespace is one version of the views, for
+blue/green rebuilds). Exactness (BRIEF section 6):
+
+- Prior state for batch k is every table *at the version batch k-1 recorded* in ``batches``
+  (time travel), never "whatever is there now": a re-run of batch k after a crash in the middle
+  of its writes recomputes exactly the same output.
+- Every write of batch k carries Delta's idempotent-write fence (``txnAppId`` = the writer,
+  ``txnVersion`` = k): a table that already committed batch k skips the write on re-run.
+- Every commit carries ``userMetadata`` with the batch id and the log position it covers; the
+  ``batches`` row, written last, maps batch k to end offsets P and all table versions, so
+  ``verify`` can time-travel to exactly P while the stream keeps running.
+- Upserts write absolute values for the keys the batch touched (MERGE on the table's key).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from pipelines.tables import TABLES
+from pipelines.views import BatchOutput, State
+
+TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
+TXN_VERSION = "spark.databricks.delta.write.txnVersion"
+USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+STATE_TABLES = tuple(State.__dataclass_fields__)
+
+
+@dataclass
+class BatchRecord:
+    batch_id: int
+    end_offsets: dict[int, int]  # partition -> next offset (exclusive end)
+    versions: dict[str, int]
+    row: dict
+
+
+class Lake:
+    """The Delta tables of one views namespace."""
+
+    def __init__(self, spark: SparkSession, root: Path, namespace: str, writer: str = "speed_layer"):
+        self.spark = spark
+        self.root = Path(root) / namespace
+        self.namespace = namespace
+        self.app_id = f"{writer}:{namespace}"
+
+    def path(self, table: str) -> str:
+        return str(self.root / table)
+
+    def exists(self) -> bool:
+        return (self.root / "batches" / "_delta_log").exists()
+
+    # -- creation ------------------------------------------------------------------------------
+    def ensure_tables(self) -> None:
+        from delta.tables import DeltaTable
+
+        for t in TABLES.values():
+            if DeltaTable.isDeltaTable(self.spark, self.path(t.name)):
+                continue
+            builder = DeltaTable.createIfNotExists(self.spark).location(self.path(t.name))
+            for col in t.ddl.split(","):
+                name, typ = col.strip().split(" ", 1)
+                builder = builder.addColumn(name, typ)
+            if t.partition_by:
+                builder = builder.partitionedBy(*t.partition_by)
+            builder = builder.property("delta.enableDeletionVectors", "true")
+            builder.execute()
+
+    # -- reading ---------------------------------------------------------------------------------
+    def read(self, table: str, version: int | None = None) -> DataFrame:
+        reader = self.spark.read.format("delta")
+        if version is not None:
+            reader = reader.option("versionAsOf", version)
+        return reader.load(self.path(table))
+
+    def last_batch(self) -> BatchRecord | None:
+        rows = self.read("batches").orderBy(F.col("batch_id").desc()).limit(1).collect()
+        if not rows:
+            return None
+        r = rows[0].asDict()
+        return BatchRecord(
+            batch_id=r["batch_id"],
+            end_offsets={int(k): v for k, v in json.loads(r["end_offsets"]).items()},
+            versions=json.loads(r["versions"]),
+            row=r,
+        )
+
+    def batch_at_or_before(self, batch_id: int) -> BatchRecord | None:
+        rows = self.read("batches").where(F.col("batch_id") <= batch_id).orderBy(F.col("batch_id").desc()).limit(1).collect()
+        if not rows:
+            return None
+        r = rows[0].asDict()
+        return BatchRecord(r["batch_id"], {int(k): v for k, v in json.loads(r["end_offsets"]).items()}, json.loads(r["versions"]), r)
+
+    def state(self, record: BatchRecord | None) -> State:
+        """Every state table as of ``record`` (the previous batch), or empty before the first."""
+        if record is None:
+            return State(**{t: self.read(t, 0) for t in STATE_TABLES})  # version 0: created empty
+        return State(**{t: self.read(t, record.versions[t]) for t in STATE_TABLES})
+
+    def version(self, table: str) -> int:
+        from delta.tables import DeltaTable
+
+        return DeltaTable.forPath(self.spark, self.path(table)).history(1).collect()[0]["version"]
+
+    # -- writing ----------------------------------------------------------------------------------
+    def write_batch(self, batch_id: int, out: BatchOutput, quarantine: DataFrame, meta: dict) -> dict[str, int]:
+        """Write every table for batch ``batch_id``; returns the table versions after it."""
+        conf = self.spark.conf
+        conf.set(TXN_APP_ID, self.app_id)
+        conf.set(TXN_VERSION, str(batch_id))
+        conf.set(USER_METADATA, json.dumps({"batch_id": batch_id, "end_offsets": meta["end_offsets"]}))
+        rejected_q = out.rejected.select(
+            "partition", "offset", "key", "raw", "reason", "event_id", "type", "kafka_timestamp"
+        )
+        writes = [
+            lambda: self._append("events_bronze", out.bronze),
+            lambda: self._append("quarantine", quarantine.unionByName(rejected_q)),
+            lambda: self._upsert("users", out.users),
+            lambda: self._upsert("follows", out.follows_upserts, deletes=out.follows_deletes),
+            lambda: self._upsert("posts", out.posts),
+            lambda: self._upsert("home_timeline", out.timeline_inserts, deletes=out.timeline_deletes),
+            lambda: self._upsert("inbox", out.inbox),
+            lambda: self._upsert("unread_counts", out.unread_counts),
+            lambda: self._upsert("user_status", out.user_status),
+        ]
+        try:
+            # Different tables commit independently; run them side by side to hide commit latency.
+            with ThreadPoolExecutor(max_workers=4) as pool:
+                for f in [pool.submit(w) for w in writes]:
+                    f.result()
+            versions = {t: self.version(t) for t in TABLES if t != "batches"}
+            row = {**meta, "batch_id": batch_id, "versions": json.dumps(versions), "committed_at": int(time.time() * 1000)}
+            row["end_offsets"] = json.dumps(meta["end_offsets"])
+            self._append("batches", self.spark.createDataFrame([row], TABLES["batches"].ddl))
+        finally:
+            for key in (TXN_APP_ID, TXN_VERSION, USER_METADATA):
+                conf.unset(key)
+        return versions
+
+    def _append(self, table: str, df: DataFrame) -> None:
+        t = TABLES[table]
+        writer = df.select(*t.columns).write.format("delta").mode("append")
+        if t.partition_by:
+            writer = writer.partitionBy(*t.partition_by)
+        writer.save(self.path(table))
+
+    def _upsert(self, table: str, rows: DataFrame, deletes: DataFrame | None = None) -> None:
+        """MERGE absolute rows for the touched keys (and delete the given keys)."""
+        from delta.tables import DeltaTable
+
+        t = TABLES[table]
+        source = rows.select(*t.columns).withColumn("_delete", F.lit(False))
+        if deletes is not None:
+            dels = deletes.select(*t.keys)
+            for col in t.columns:
+                if col not in t.keys:
+                    dels = dels.withColumn(col, F.lit(None).cast(rows.schema[col].dataType))
+            source = source.unionByName(dels.select(*t.columns).withColumn("_delete", F.lit(True)))
+        on = " AND ".join(f"t.{k} = s.{k}" for k in t.keys)
+        values = {c: f"s.{c}" for c in t.columns}
+        (
+            DeltaTable.forPath(self.spark, self.path(table)).alias("t")
+            .merge(source.alias("s"), on)
+            .whenMatchedDelete(condition="s._delete")
+            .whenMatchedUpdate(condition="NOT s._delete", set=values)
+            .whenNotMatchedInsert(condition="NOT s._delete", values=values)
+            .execute()
+        )

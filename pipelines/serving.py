@@ -1,0 +1,174 @@
+"""The Redis serving store: written by the speed layer, read by the app API.
+
+Writes are the fold's output for one batch (``BatchOutput``) applied as idempotent commands
+(ZADD/ZREM/SADD/SREM/HSET of absolute values, never INCR), so re-applying a batch after a crash
+changes nothing; the ``meta`` hash, written last, records the batch id and the log position
+(per-partition end offsets) the store covers: reads return it as ``as_of``.
+
+Keys, all under ``<namespace>:`` (one namespace per views version, for blue/green switching):
+
+==================  ======  =====================================================================
+``tl:<u>``          zset    fanned-out home timeline of u: member = post_id (zero-padded), score
+                            = corrected event time; equals the Delta ``home_timeline`` rows of u
+``posts:<a>``       zset    author a's live posts (read-time merge of high-fan-out authors)
+``p:<post_id>``     string  JSON of a live post
+``following:<u>``   set     follows(u)
+``celebs``          set     authors over the fan-out threshold
+``inbox:<u>``       zset    message ids of inbox(u) by event time; ``msgs:<u>`` hash id -> JSON
+``unread``          hash    u -> unread(u)
+``status``          hash    u -> JSON {text, event_time}
+``users``           hash    u -> JSON {handle, display_name}
+``meta``            hash    batch_id, offsets (JSON partition -> end offset), updated_at
+==================  ======  =====================================================================
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import time
+from collections.abc import Iterable, Iterator
+
+import redis
+
+from pipelines.views import BatchOutput
+
+PAD = 19  # int64 post ids zero-padded: lexicographic order == numeric order for equal scores
+
+
+def _pid(post_id: int) -> str:
+    return str(post_id).zfill(PAD)
+
+
+def connect(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url, decode_responses=True, socket_timeout=30)
+
+
+def _rows(df, *cols) -> Iterator[tuple]:
+    """Stream a DataFrame's columns to the driver through Arrow (no per-row Row objects)."""
+    table = df.select(*cols).toArrow()
+    columns = [table.column(c).to_pylist() for c in cols]
+    return zip(*columns, strict=True)
+
+
+class ServingStore:
+    def __init__(self, client: redis.Redis, namespace: str, chunk: int = 5000):
+        self.r = client
+        self.ns = namespace
+        self.chunk = chunk
+
+    def k(self, *parts) -> str:
+        return ":".join([self.ns, *map(str, parts)])
+
+    # -- writing -------------------------------------------------------------------------------
+    def applied_batch(self) -> int:
+        v = self.r.hget(self.k("meta"), "batch_id")
+        return int(v) if v is not None else -1
+
+    def _pipelined(self, commands: Iterable) -> int:
+        n = 0
+        pipe = self.r.pipeline(transaction=False)
+        for cmd in commands:
+            cmd(pipe)
+            n += 1
+            if n % self.chunk == 0:
+                pipe.execute()
+        pipe.execute()
+        return n
+
+    def apply(self, batch_id: int, out: BatchOutput, end_offsets: dict[int, int]) -> int:
+        """Apply batch ``batch_id`` unless the store already covers it; returns commands sent."""
+        if self.applied_batch() >= batch_id:
+            return 0
+        k = self.k
+        cmds = []
+        for u, pid, t in _rows(out.timeline_inserts, "user_id", "post_id", "event_time"):
+            cmds.append(lambda p, u=u, pid=pid, t=t: p.zadd(k("tl", u), {_pid(pid): t}))
+        for u, pid in _rows(out.timeline_deletes, "user_id", "post_id"):
+            cmds.append(lambda p, u=u, pid=pid: p.zrem(k("tl", u), _pid(pid)))
+        for a, pid, t, text, deleted in _rows(out.posts, "author_id", "post_id", "event_time", "text", "deleted"):
+            if deleted:
+                cmds.append(lambda p, a=a, pid=pid: (p.zrem(k("posts", a), _pid(pid)), p.delete(k("p", pid))))
+            else:
+                body = json.dumps({"post_id": pid, "author_id": a, "text": text, "event_time": t})
+                cmds.append(lambda p, a=a, pid=pid, t=t, body=body: (p.zadd(k("posts", a), {_pid(pid): t}), p.set(k("p", pid), body)))
+        for u, f in _rows(out.follows_upserts, "user_id", "followee_id"):
+            cmds.append(lambda p, u=u, f=f: p.sadd(k("following", u), f))
+        for u, f in _rows(out.follows_deletes, "user_id", "followee_id"):
+            cmds.append(lambda p, u=u, f=f: p.srem(k("following", u), f))
+        for a, celeb in _rows(out.celebrities, "author_id", "celebrity"):
+            cmds.append(lambda p, a=a, celeb=celeb: (p.sadd if celeb else p.srem)(k("celebs"), a))
+        for u, mid, s, text, t, read in _rows(out.inbox, "recipient_id", "message_id", "sender_id", "text", "event_time", "read"):
+            body = json.dumps({"message_id": mid, "sender_id": s, "text": text, "event_time": t, "read": read})
+            cmds.append(lambda p, u=u, mid=mid, t=t, body=body: (p.zadd(k("inbox", u), {_pid(mid): t}), p.hset(k("msgs", u), mid, body)))
+        for u, n in _rows(out.unread_counts, "user_id", "unread"):
+            cmds.append(lambda p, u=u, n=n: p.hset(k("unread"), u, n))
+        for u, text, t in _rows(out.user_status, "user_id", "text", "event_time"):
+            cmds.append(lambda p, u=u, body=json.dumps({"text": text, "event_time": t}): p.hset(k("status"), u, body))
+        for u, h, d in _rows(out.users, "user_id", "handle", "display_name"):
+            cmds.append(lambda p, u=u, body=json.dumps({"handle": h, "display_name": d}): p.hset(k("users"), u, body))
+        sent = self._pipelined(cmds)
+        # Written last: readers see the new position only once everything it covers is there.
+        self.r.hset(
+            k("meta"),
+            mapping={"batch_id": batch_id, "offsets": json.dumps(end_offsets), "updated_at": int(time.time() * 1000)},
+        )
+        return sent
+
+    # -- reading (the API's read model) ------------------------------------------------------------
+    def as_of(self) -> dict[str, int]:
+        raw = self.r.hget(self.k("meta"), "offsets")
+        return json.loads(raw) if raw else {}
+
+    def timeline(self, user_id: int, limit: int = 50) -> list[dict]:
+        """Home timeline of u: fanned-out entries merged with followed high-fan-out authors."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.zrevrange(self.k("tl", user_id), 0, limit - 1, withscores=True)
+        pipe.sinter(self.k("following", user_id), self.k("celebs"))
+        own, celebs = pipe.execute()
+        lists = [own]
+        if celebs:
+            pipe = self.r.pipeline(transaction=False)
+            for c in celebs:
+                pipe.zrevrange(self.k("posts", c), 0, limit - 1, withscores=True)
+            lists += pipe.execute()
+        # newest first by (event time, post id): the same order as the Delta view
+        merged = heapq.merge(*lists, key=lambda m: (m[1], m[0]), reverse=True)
+        top, seen = [], set()
+        for member, _score in merged:
+            if member not in seen:
+                seen.add(member)
+                top.append(member)
+            if len(top) == limit:
+                break
+        bodies = self.r.mget([self.k("p", int(m)) for m in top]) if top else []
+        return [json.loads(b) for b in bodies if b]
+
+    def inbox(self, user_id: int, limit: int = 50) -> list[dict]:
+        ids = self.r.zrevrange(self.k("inbox", user_id), 0, limit - 1)
+        if not ids:
+            return []
+        bodies = self.r.hmget(self.k("msgs", user_id), [str(int(m)) for m in ids])
+        return [json.loads(b) for b in bodies if b]
+
+    def unread(self, user_id: int) -> int:
+        return int(self.r.hget(self.k("unread"), user_id) or 0)
+
+    def status(self, user_id: int) -> dict | None:
+        raw = self.r.hget(self.k("status"), user_id)
+        return json.loads(raw) if raw else None
+
+    def user(self, user_id: int) -> dict | None:
+        raw = self.r.hget(self.k("users"), user_id)
+        return json.loads(raw) if raw else None
+
+    # -- dumping (verify compares these with the Delta views) ------------------------------------
+    def dump_timelines(self) -> Iterator[tuple[int, int]]:
+        prefix = self.k("tl", "")
+        for key in self.r.scan_iter(match=prefix + "*", count=1000):
+            u = int(key[len(prefix):])
+            for m in self.r.zrange(key, 0, -1):
+                yield u, int(m)
+
+    def dump_hash(self, name: str) -> dict[str, str]:
+        return self.r.hgetall(self.k(name))

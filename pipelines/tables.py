@@ -1,0 +1,127 @@
+"""The derived Delta tables: names, schemas, keys and meaning, in one place.
+
+Both the speed layer and the replay write exactly these tables; `verify` compares them key by
+key. The meaning of each view is BRIEF section 5; docs/views.md is generated from this module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Table:
+    name: str
+    ddl: str  # Spark DDL of the columns
+    keys: tuple[str, ...]  # primary key: one row per key
+    doc: str
+    verified: bool = True  # compared row for row by verify
+    partition_by: tuple[str, ...] = ()
+
+    @property
+    def columns(self) -> list[str]:
+        return [c.strip().split(" ")[0] for c in self.ddl.split(",")]
+
+
+EVENT_COLUMNS = (
+    "event_id STRING, type STRING, user_id BIGINT, device_time BIGINT, sent_time BIGINT, "
+    "received_time BIGINT, event_time BIGINT, handle STRING, display_name STRING, text STRING, "
+    "followee_id BIGINT, post_id BIGINT, message_id BIGINT, recipient_id BIGINT, "
+    "partition INT, offset BIGINT"
+)
+
+TABLES: dict[str, Table] = {
+    t.name: t
+    for t in [
+        Table(
+            "events_bronze",
+            EVENT_COLUMNS + ", disposition STRING, reason STRING, received_date STRING",
+            ("partition", "offset"),
+            "Every record that satisfies the event contract, in log order, with its disposition: "
+            "`applied`, `duplicate` (event_id seen in the same partition within the dedup window) or "
+            "`rejected` (valid shape but not applicable, e.g. deleting someone else's post; also in "
+            "quarantine). Also the dedup index.",
+            partition_by=("received_date",),
+        ),
+        Table(
+            "quarantine",
+            "partition INT, offset BIGINT, key STRING, raw STRING, reason STRING, event_id STRING, "
+            "type STRING, kafka_timestamp BIGINT",
+            ("partition", "offset"),
+            "Every record that has no effect because it is invalid: the raw record, its log position "
+            "and the reason.",
+        ),
+        Table(
+            "users",
+            "user_id BIGINT, handle STRING, display_name STRING, registered_time BIGINT",
+            ("user_id",),
+            "Registered users (last `user_registered` per user in log order).",
+        ),
+        Table(
+            "follows",
+            "user_id BIGINT, followee_id BIGINT, since_time BIGINT",
+            ("user_id", "followee_id"),
+            "follows(u): who u follows after applying u's followed/unfollowed in log order.",
+        ),
+        Table(
+            "posts",
+            "author_id BIGINT, post_id BIGINT, event_time BIGINT, text STRING, deleted BOOLEAN, "
+            "deleted_time BIGINT",
+            ("author_id", "post_id"),
+            "Every post ever created; `deleted` marks a tombstone (a deleted post never comes back).",
+        ),
+        Table(
+            "home_timeline",
+            "user_id BIGINT, post_id BIGINT, author_id BIGINT, event_time BIGINT",
+            ("user_id", "post_id"),
+            "Fanned-out part of home timeline(u): the latest N non-deleted posts by u or by the "
+            "people u follows whose follower count is at most the fan-out threshold, newest first by "
+            "corrected event time (ties: post_id desc). Posts of authors above the threshold are "
+            "merged at read time.",
+        ),
+        Table(
+            "inbox",
+            "recipient_id BIGINT, message_id BIGINT, sender_id BIGINT, text STRING, event_time BIGINT, "
+            "read BOOLEAN",
+            ("recipient_id", "message_id"),
+            "inbox(u): messages sent to u, with their read state.",
+        ),
+        Table(
+            "unread_counts",
+            "user_id BIGINT, unread BIGINT",
+            ("user_id",),
+            "unread(u): messages in inbox(u) not read by u; always equals the count over inbox.",
+        ),
+        Table(
+            "user_status",
+            "user_id BIGINT, text STRING, event_time BIGINT",
+            ("user_id",),
+            "status(u): text of u's last status_updated in log order.",
+        ),
+        Table(
+            "batches",
+            "batch_id BIGINT, end_offsets STRING, events_read BIGINT, applied BIGINT, "
+            "duplicates BIGINT, quarantined BIGINT, versions STRING, committed_at BIGINT, "
+            "min_received BIGINT, max_received BIGINT, received_hist STRING, visible_at BIGINT",
+            ("batch_id",),
+            "One row per micro-batch, written last: the log position it covers (per-partition end "
+            "offsets, exclusive), the accounting, the version of every table after it, and freshness.",
+            verified=False,
+        ),
+    ]
+}
+
+VIEWS = ("users", "follows", "posts", "home_timeline", "inbox", "unread_counts", "user_status")
+ARCHIVES = ("events_bronze", "quarantine")
+
+
+def views_doc() -> str:
+    """Markdown documentation of every table (docs/views.md)."""
+    lines = ["# Derived tables", "", "Generated from `pipelines/tables.py`.", ""]
+    for t in TABLES.values():
+        lines += [f"## `{t.name}`", "", t.doc, "", f"Key: `{', '.join(t.keys)}`", "", "| column | type |", "|---|---|"]
+        for col in t.ddl.split(","):
+            name, typ = col.strip().split(" ", 1)
+            lines.append(f"| `{name}` | {typ} |")
+        lines.append("")
+    return "\n".join(lines)

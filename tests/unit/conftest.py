@@ -1,0 +1,16 @@
+"""Unit-test fixtures: one small local SparkSession (the test baseline of pipelines.spark)."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory):
+    from infra.settings import get_settings
+    from pipelines.spark import build_spark
+
+    settings = get_settings(var_dir=tmp_path_factory.mktemp("spark-var"), spark_master="local[2]")
+    session = build_spark("unit-tests", settings, testing=True)
+    yield session
+    session.stop()
