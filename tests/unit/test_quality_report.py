@@ -1,0 +1,51 @@
+"""The verify report page (pipelines.report): a self-contained HTML page from the verify JSON."""
+
+from __future__ import annotations
+
+from pipelines.report import render, write_html
+
+REPORT = {
+    "ok": False,
+    "namespace": "v1",
+    "position": {"batch_id": 7, "end_offsets": {"0": 120, "1": 98}},
+    "views": {
+        "home_timeline": {
+            "live_rows": 10,
+            "recomputed_rows": 11,
+            "mismatches": 1,
+            "examples": [{"user_id": 3, "post_id": 9}],
+            "ok": False,
+        },
+        "unread_counts": {"live_rows": 4, "recomputed_rows": 4, "mismatches": 0, "examples": [], "ok": True},
+    },
+    "serving": {"ok": True, "timelines_checked": 10},
+    "accounting": {"events_read": 218, "applied": 200, "duplicates": 8, "quarantined": 10, "ok": True},
+    "freshness": {"p50_ms": 800, "p99_ms": 2400},
+    "generated_at": "2026-01-01T00:00:00Z",
+}
+
+
+def test_page_shows_verdict_views_and_embedded_plot():
+    page = render(REPORT)
+    assert "MISMATCH" in page
+    assert "home_timeline" in page and "unread_counts" in page
+    assert "data:image/png;base64," in page  # the freshness plot is embedded, not linked
+    assert "<script" not in page
+
+
+def test_write_html_is_atomic_and_escapes(tmp_path):
+    report = {
+        **REPORT,
+        "ok": True,
+        "namespace": "<v2>",
+        "freshness": {"hist": {"500": 3, "1000": 5}, "p50_ms": 900, "p99_ms": 1000},
+    }
+    out = write_html(report, tmp_path / "verify" / "latest.html")
+    text = out.read_text()
+    assert "&lt;v2&gt;" in text and "<v2>" not in text
+    assert not list(out.parent.glob("*.tmp"))
+
+
+def test_no_freshness_no_plot():
+    page = render({**REPORT, "freshness": {}})
+    assert "data:image/png" not in page
