@@ -31,6 +31,18 @@ class Settings:
     redis_port: int = _setting("SOCIAL_REDIS_PORT", 6379, "port of the local Redis started by `make up`")
     api_host: str = _setting("SOCIAL_API_HOST", "127.0.0.1", "app API bind address")
     api_port: int = _setting("SOCIAL_API_PORT", 8000, "app API port")
+    api_workers: int = _setting("SOCIAL_API_WORKERS", 2, "uvicorn worker processes of the app API")
+    api_worker_id: int = _setting(
+        "SOCIAL_API_WORKER_ID",
+        1,
+        "first snowflake worker id of the API; each API process claims the next free one (never 1023)",
+    )
+    api_secret: str = _setting(
+        "SOCIAL_API_SECRET", "", "token signing secret; empty = generated once under var/api/ and reused"
+    )
+    api_produce_timeout_ms: int = _setting(
+        "SOCIAL_API_PRODUCE_TIMEOUT_MS", 5000, "longest an API write waits for the broker before a 503"
+    )
     var_dir: Path = _setting("SOCIAL_VAR_DIR", REPO_ROOT / "var", "all runtime state: logs, data, reports")
     jars_dir: Path = _setting(
         "SOCIAL_JARS_DIR", REPO_ROOT / ".cache" / "jars", "fetched, checksum-verified JVM jars"

@@ -1,0 +1,77 @@
+"""Bearer tokens of the app API: the user id, signed with a server secret (HMAC-SHA256).
+
+Registration (``POST /v1/users``) returns ``token = issue(user_id)``; every other authenticated
+request sends ``Authorization: Bearer <token>`` and the API learns the caller's id from
+``verify(token)`` alone, with no lookup: a token is valid iff its signature matches. Tokens do
+not expire (the simulated app has no sessions to revoke); rotating the secret invalidates all.
+
+The secret is ``SOCIAL_API_SECRET``, or, when that is empty, 32 random bytes generated once under
+``<var_dir>/api/secret`` (created exclusively, mode 0600) and reused by every API process and
+restart, so tokens survive ``make down && make up``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import time
+from pathlib import Path
+
+from itsdangerous import BadSignature, Signer
+
+from infra.settings import Settings
+
+SALT = "social-api-token-v1"  # a token of this API is useless as a signature anywhere else
+
+
+class InvalidToken(ValueError):
+    """Missing, malformed or forged token."""
+
+
+def secret_file(settings: Settings) -> Path:
+    return Path(settings.var_dir) / "api" / "secret"
+
+
+def load_secret(settings: Settings) -> bytes:
+    """The configured secret, else the one under var/ (generated on first use, race-free)."""
+    if settings.api_secret:
+        return settings.api_secret.encode()
+    path = secret_file(settings)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        # O_EXCL: when several API workers start at once, exactly one creates it, the rest read it
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        for _ in range(50):  # the creator may not have written it yet
+            value = path.read_bytes().strip()
+            if value:
+                return value
+            time.sleep(0.02)
+        raise RuntimeError(f"{path} exists but is empty; delete it to generate a new secret") from None
+    value = secrets.token_hex(32).encode()
+    with os.fdopen(fd, "wb") as f:
+        f.write(value + b"\n")
+    return value
+
+
+class TokenSigner:
+    """``issue(user_id) -> token`` and ``verify(token) -> user_id``."""
+
+    def __init__(self, secret: bytes):
+        self._signer = Signer(secret, salt=SALT, digest_method=hashlib.sha256)
+
+    def issue(self, user_id: int) -> str:
+        return self._signer.sign(str(user_id)).decode("ascii")
+
+    def verify(self, token: str) -> int:
+        try:
+            raw = self._signer.unsign(token.encode("ascii"))
+        except (BadSignature, UnicodeEncodeError):
+            raise InvalidToken("token signature does not match") from None
+        if not raw.isdigit():  # signed by us, so this only happens with a leaked secret
+            raise InvalidToken("token does not name a user")
+        user_id = int(raw)
+        if user_id < 1:
+            raise InvalidToken("token does not name a user")
+        return user_id
