@@ -69,6 +69,37 @@ class Settings:
         "SOCIAL_MAX_OFFSETS_PER_TRIGGER", 200_000, "upper bound of events per micro-batch"
     )
 
+    # Orchestration, data quality, maintenance (dags/, quality/, pipelines/maintenance.py) --------
+    airflow_standalone: int = _setting(
+        "SOCIAL_AIRFLOW_STANDALONE",
+        0,
+        "1: `make up` also starts `airflow standalone` (scheduler + UI); off by default",
+    )
+    airflow_port: int = _setting(
+        "SOCIAL_AIRFLOW_PORT", 8080, "Airflow UI/API port when SOCIAL_AIRFLOW_STANDALONE=1"
+    )
+    quality_max_quarantine_pct: int = _setting(
+        "SOCIAL_QUALITY_MAX_QUARANTINE_PCT",
+        5,
+        "data_quality fails when more than this % of events is quarantined",
+    )
+    quality_max_staleness_s: int = _setting(
+        "SOCIAL_QUALITY_MAX_STALENESS_S",
+        900,
+        "data_quality fails when the views lag the log by more than this",
+    )
+    delta_retention_hours: int = _setting(
+        "SOCIAL_DELTA_RETENTION_HOURS",
+        168,
+        "VACUUM keeps files needed for time travel this far back (>= 168)",
+    )
+    namespace_retention_days: int = _setting(
+        "SOCIAL_NAMESPACE_RETENTION_DAYS", 7, "a replaced views namespace is kept this long for rollback"
+    )
+    report_retention_days: int = _setting(
+        "SOCIAL_REPORT_RETENTION_DAYS", 30, "maintenance prunes reports and Airflow logs older than this"
+    )
+
     # Derived locations -------------------------------------------------------------------------
     @property
     def log_dir(self) -> Path:
@@ -85,6 +116,10 @@ class Settings:
     @property
     def reports_dir(self) -> Path:
         return Path(self.var_dir) / "reports"
+
+    @property
+    def airflow_home(self) -> Path:
+        return Path(self.var_dir) / "airflow"
 
 
 def _coerce(type_name, raw: str, env: str):
