@@ -442,10 +442,67 @@ class RedisServer(Service):
         client.close()
 
 
+class ApiServer(Service):
+    """The app API (``python -m app_sim.api``: uvicorn, ``api_workers`` processes) on api_host:api_port."""
+
+    name = "api"
+    marker = "app_sim.api"
+    stop_timeout_s = 20.0
+    ready_timeout_s = 60.0
+
+    def ports(self) -> list[int]:
+        return [self.settings.api_port]
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "app_sim.api"]
+
+    def env(self) -> Mapping[str, str]:
+        # the API builds its Settings from the environment: hand it exactly this stack's settings
+        from dataclasses import fields as dataclass_fields
+
+        env = dict(os.environ)
+        for f in dataclass_fields(self.settings):
+            env[f.metadata["env"]] = str(getattr(self.settings, f.name))
+        return env
+
+    @property
+    def health_url(self) -> str:
+        return f"http://{self.settings.api_host}:{self.settings.api_port}/v1/health"
+
+    def wait_ready(self, deadline: float) -> None:
+        import urllib.error
+        import urllib.request
+
+        while True:
+            if not self.is_running():
+                raise self._died()
+            try:
+                with urllib.request.urlopen(self.health_url, timeout=2) as answer:
+                    if answer.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                raise StackError(f"the API did not answer {self.health_url} in time; see {self.log_file}")
+            time.sleep(0.2)
+
+    def stop(self) -> str:
+        pid = self.pid()
+        outcome = super().stop()
+        if pid is not None and outcome in ("stopped", "killed after timeout"):
+            # uvicorn stops its workers on SIGTERM; should one outlive its parent, it is still in
+            # the session (process group) the parent led, which only our processes are in
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        return outcome
+
+
 # The registry. `up` starts these in order, `down` stops them in reverse order.
 # Extension point: the speed layer (pipelines/) and the app API (app_sim/) become Service
 # subclasses (ports, command, wait_ready) and are appended here, after the stores they need.
-SERVICES: list[type[Service]] = [KafkaBroker, RedisServer]
+SERVICES: list[type[Service]] = [KafkaBroker, RedisServer, ApiServer]
 
 
 # Kafka administration --------------------------------------------------------------------------
