@@ -1,0 +1,182 @@
+"""Locust users of the simulated social app (``make load`` runs it headless via ``app_sim.load``).
+
+Each simulated user registers, follows others by the generator's heavy-tailed popularity model
+(``app_sim.graph.popularity``: a few celebrities attract most follows), then loops over a mixed
+workload by weight: ~60% home timeline reads, ~30% other reads (inbox, unread, someone's status),
+~10% writes (mostly posts, plus messages, message reads and follows).
+
+Every Locust process draws the same popularity ranking (fixed seed) over a shared pool of users:
+the first ``CELEBRITIES`` users registered become the popular ones, so follows concentrate on
+them as in the generator's graph. Environment: ``LOAD_FOLLOWS`` (mean follows per user, default
+20), ``LOAD_SEED``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+
+import numpy as np
+from locust import FastHttpUser, between, events, task
+
+from app_sim import graph
+
+FOLLOWS = int(os.environ.get("LOAD_FOLLOWS", "20"))
+SEED = int(os.environ.get("LOAD_SEED", "0"))
+POOL = 2000  # popularity ranks: user k registered in this process gets weight pop[k % POOL]
+_WORDS = "kafka log stream replay timeline inbox follow post coffee launch ship green fast".split()
+
+_lock = threading.Lock()
+_registered: list[int] = []  # user ids registered by this process, in order
+_popularity = graph.popularity(POOL, np.random.default_rng(SEED))
+
+
+def _pick_followees(rng: random.Random, me: int, k: int) -> list[int]:
+    """Up to k distinct registered users, drawn by popularity (heavy-tailed), never oneself."""
+    with _lock:
+        pool = list(_registered)
+    if len(pool) < 2:
+        return []
+    weights = [_popularity[i % POOL] for i in range(len(pool))]
+    picks: set[int] = set()
+    for uid in rng.choices(pool, weights=weights, k=min(4 * k, 4 * len(pool))):
+        if uid != me:
+            picks.add(uid)
+        if len(picks) >= k:
+            break
+    return list(picks)
+
+
+def _text(rng: random.Random) -> str:
+    return " ".join(rng.choices(_WORDS, k=rng.randint(2, 12)))
+
+
+class SocialUser(FastHttpUser):
+    wait_time = between(0.0, 0.05)  # overridden by `load --wait`; small: the test is about throughput
+
+    def on_start(self) -> None:
+        self.rng = random.Random()
+        handle = f"u{self.rng.getrandbits(40):x}"[:15]
+        with self.client.post(
+            "/v1/users",
+            json={"handle": handle, "display_name": handle},
+            name="POST /v1/users",
+            catch_response=True,
+        ) as r:
+            if r.status_code != 201:
+                r.failure(f"register: {r.status_code} {r.text[:200]}")
+                self.user_id = None
+                return
+            body = r.json()
+        self.user_id = body["user_id"]
+        self.auth = {"Authorization": f"Bearer {body['token']}"}
+        with _lock:
+            _registered.append(self.user_id)
+        n = max(1, int(self.rng.lognormvariate(np.log(FOLLOWS), 0.8)))
+        for followee in _pick_followees(self.rng, self.user_id, n):
+            self.client.post(
+                "/v1/follows", json={"followee_id": followee}, headers=self.auth, name="POST /v1/follows"
+            )
+        self.my_posts: list[int] = []
+        self.inbox: list[int] = []
+
+    # -- reads: ~90% ------------------------------------------------------------------------------
+    @task(60)
+    def home_timeline(self) -> None:
+        if self.user_id:
+            self.client.get("/v1/timeline?limit=50", headers=self.auth, name="GET /v1/timeline")
+
+    @task(12)
+    def inbox_read(self) -> None:
+        if not self.user_id:
+            return
+        r = self.client.get("/v1/inbox?limit=20", headers=self.auth, name="GET /v1/inbox")
+        if r.status_code == 200:
+            self.inbox = [m["message_id"] for m in r.json()["messages"] if not m["read"]]
+
+    @task(10)
+    def unread(self) -> None:
+        if self.user_id:
+            self.client.get("/v1/unread", headers=self.auth, name="GET /v1/unread")
+
+    @task(8)
+    def someones_status(self) -> None:
+        if self.user_id:
+            (other,) = _pick_followees(self.rng, self.user_id, 1) or [self.user_id]
+            self.client.get(f"/v1/users/{other}/status", name="GET /v1/users/{id}/status")
+
+    # -- writes: ~10% -----------------------------------------------------------------------------
+    @task(6)
+    def post(self) -> None:
+        if not self.user_id:
+            return
+        r = self.client.post(
+            "/v1/posts", json={"text": _text(self.rng)}, headers=self.auth, name="POST /v1/posts"
+        )
+        if r.status_code == 202 and self.rng.random() < 0.1:
+            # now and then delete it again (at most one delete per post)
+            self.client.delete(
+                f"/v1/posts/{r.json()['post_id']}", headers=self.auth, name="DELETE /v1/posts/{id}"
+            )
+
+    @task(2)
+    def message(self) -> None:
+        if self.user_id:
+            (to,) = _pick_followees(self.rng, self.user_id, 1) or [self.user_id]
+            body = {"recipient_id": to, "text": _text(self.rng)}
+            self.client.post("/v1/messages", json=body, headers=self.auth, name="POST /v1/messages")
+
+    @task(1)
+    def read_message(self) -> None:
+        if self.user_id and self.inbox:
+            mid = self.inbox.pop()
+            self.client.post(
+                f"/v1/messages/{mid}/read", headers=self.auth, name="POST /v1/messages/{id}/read"
+            )
+
+    @task(1)
+    def follow_more(self) -> None:
+        if self.user_id:
+            for f in _pick_followees(self.rng, self.user_id, 1):
+                self.client.post(
+                    "/v1/follows", json={"followee_id": f}, headers=self.auth, name="POST /v1/follows"
+                )
+
+
+@events.test_start.add_listener
+def _reset(**_kwargs) -> None:
+    with _lock:
+        _registered.clear()
+
+
+@events.quitting.add_listener
+def _write_summary(environment, **_kwargs) -> None:
+    """Reads vs writes, each merged over its endpoints (exact percentiles), for ``load``/``bench``."""
+    path = os.environ.get("LOAD_SUMMARY_JSON")
+    if not path or environment.stats is None:
+        return
+    import json
+
+    from locust.stats import StatsEntry
+
+    stats = environment.stats
+    groups = {"reads": StatsEntry(stats, "reads", ""), "writes": StatsEntry(stats, "writes", "")}
+    for (_name, method), entry in stats.entries.items():
+        groups["reads" if method == "GET" else "writes"].extend(entry)
+    seconds = max(stats.total.last_request_timestamp - stats.total.start_time, 1e-9)
+    out = {
+        "seconds": round(seconds, 1),
+        "requests": stats.total.num_requests,
+        "failures": stats.total.num_failures,
+    }
+    for label, g in groups.items():
+        out[label] = {
+            "requests": g.num_requests,
+            "failures": g.num_failures,
+            "per_s": round(g.num_requests / seconds, 1),
+            "p50_ms": g.get_response_time_percentile(0.5),
+            "p99_ms": g.get_response_time_percentile(0.99),
+        }
+    with open(path, "w") as f:
+        json.dump(out, f, indent=2)
