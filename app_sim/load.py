@@ -75,6 +75,10 @@ def run_locust(
         raise RuntimeError(f"locust failed ({done.returncode}): {(done.stderr or done.stdout)[-2000:]}")
     summary = json.loads(summary_file.read_text())
     summary["endpoints"] = endpoint_rows(out_dir / "load_stats.csv")
+    # rates as Locust computes them (requests over its own run time); percentiles from the merge
+    for label, is_read in (("reads", True), ("writes", False)):
+        rows = [r for r in summary["endpoints"] if r["method"] and (r["method"] == "GET") == is_read]
+        summary[label]["per_s"] = round(sum(r["per_s"] for r in rows), 1)
     summary["locust_exit_code"] = done.returncode  # 1 when any request failed
     summary_file.write_text(json.dumps(summary, indent=2) + "\n")
     return summary
@@ -87,6 +91,7 @@ def endpoint_rows(stats_csv: Path) -> list[dict]:
             rows.append(
                 {
                     "name": r["Name"] if r["Name"] != "Aggregated" else "all",
+                    "method": r["Type"] or None,
                     "requests": int(r["Request Count"]),
                     "failures": int(r["Failure Count"]),
                     "per_s": round(float(r["Requests/s"]), 1),

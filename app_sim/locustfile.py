@@ -8,7 +8,8 @@ workload by weight: ~60% home timeline reads, ~30% other reads (inbox, unread, s
 Every Locust process draws the same popularity ranking (fixed seed) over a shared pool of users:
 the first ``CELEBRITIES`` users registered become the popular ones, so follows concentrate on
 them as in the generator's graph. Environment: ``LOAD_FOLLOWS`` (mean follows per user, default
-20), ``LOAD_SEED``.
+20), ``LOAD_SEED``, ``LOAD_USERS_FILE`` (a JSON list of ``[user_id, token]``: act as these
+existing users instead of registering, e.g. over a pre-populated serving store in ``make bench``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,12 @@ _WORDS = "kafka log stream replay timeline inbox follow post coffee launch ship 
 _lock = threading.Lock()
 _registered: list[int] = []  # user ids registered by this process, in order
 _popularity = graph.popularity(POOL, np.random.default_rng(SEED))
+_existing: list[list] = []
+if os.environ.get("LOAD_USERS_FILE"):
+    import json
+
+    with open(os.environ["LOAD_USERS_FILE"]) as _f:
+        _existing = json.load(_f)
 
 
 def _pick_followees(rng: random.Random, me: int, k: int) -> list[int]:
@@ -57,6 +64,14 @@ class SocialUser(FastHttpUser):
 
     def on_start(self) -> None:
         self.rng = random.Random()
+        self.my_posts: list[int] = []
+        self.inbox: list[int] = []
+        if _existing:  # log in as a pre-populated user: they already follow others
+            with _lock:
+                self.user_id, token = _existing[len(_registered) % len(_existing)]
+                _registered.append(self.user_id)
+            self.auth = {"Authorization": f"Bearer {token}"}
+            return
         handle = f"u{self.rng.getrandbits(40):x}"[:15]
         with self.client.post(
             "/v1/users",

@@ -9,7 +9,8 @@ table is printed.
 ``python -m infra.bench [--only ingest] [--events N]``. Uses the running local stack if Kafka
 answers on the configured port, else starts one (``infra.stack``) and stops it afterwards.
 
-Sections here: ``ingest`` (the generator vs Kafka's own ``ProducerPerformance``).
+Sections here: ``ingest`` (the generator vs Kafka's own ``ProducerPerformance``); ``serving``
+(the API's reads/s and p99 under Locust over a pre-populated serving store, writes/s too).
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ class BenchContext:
     events: int
     run_id: str = field(default_factory=lambda: datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ"))
     topics: list[str] = field(default_factory=list)
+    serving_users: int = 50
+    serving_seconds: int = 30
 
     def topic(self, purpose: str, partitions: int | None = None) -> str:
         """A fresh topic for this run (deleted at the end), with the event topic's partition count."""
@@ -177,6 +180,130 @@ def ingest(ctx: BenchContext) -> dict:
         "producer_perf": perf,
         "ratio_generator_vs_producer_perf": round(summary.events_per_s / perf["events_per_s"], 3),
     }
+
+
+# --- serving ------------------------------------------------------------------------------------------
+
+
+def _populate_serving_store(settings: Settings, namespace: str, users: int, seed: int) -> list[int]:
+    """A serving store as the speed layer leaves it, written directly (key layout of ServingStore).
+
+    Users follow others by the generator's heavy-tailed graph (``app_sim.graph``); each home
+    timeline holds the latest 50 posts of the user and their followees, every user has a status,
+    a few inbox messages and an unread count. Returns the user ids.
+    """
+    import numpy as np
+    import orjson
+
+    from app_sim import graph
+    from pipelines.serving import ServingStore, _pid, connect
+
+    rng = np.random.default_rng(seed)
+    edges = graph.follower_graph(users, 20.0, rng)
+    store = ServingStore(connect(settings.redis_url), namespace)
+    k, r = store.k, store.r
+    posts_per_user = 10
+    post_ids = {u: [u * 1000 + i for i in range(posts_per_user)] for u in range(1, users + 1)}
+    following: dict[int, list[int]] = {u: [] for u in range(1, users + 1)}
+    for a, b in edges.tolist():
+        following[a].append(b)
+    pipe = r.pipeline(transaction=False)
+    for u in range(1, users + 1):
+        pipe.hset(k("users"), u, orjson.dumps({"handle": f"u{u}", "display_name": f"User {u}"}))
+        pipe.hset(k("status"), u, orjson.dumps({"text": f"status of {u}", "event_time": 1}))
+        for i, pid in enumerate(post_ids[u]):
+            body = {"post_id": pid, "author_id": u, "text": "x" * int(rng.integers(20, 200)), "event_time": i}
+            pipe.set(k("p", pid), orjson.dumps(body))
+            pipe.zadd(k("posts", u), {_pid(pid): i})
+        authors = [u, *following[u]]
+        candidates = [(i * users + a, post_ids[a][i]) for a in authors for i in range(posts_per_user)]
+        top = sorted(candidates, reverse=True)[:50]
+        pipe.zadd(k("tl", u), {_pid(pid): score for score, pid in top})
+        for f in following[u]:
+            pipe.sadd(k("following", u), f)
+        for j in range(3):
+            mid = 10_000_000 + u * 10 + j
+            pipe.zadd(k("inbox", u), {_pid(mid): j})
+            msg = {"message_id": mid, "sender_id": 1, "text": "hello", "event_time": j, "read": j == 0}
+            pipe.hset(k("msgs", u), mid, orjson.dumps(msg))
+        pipe.hset(k("unread"), u, 2)
+        if u % 200 == 0:
+            pipe.execute()
+    pipe.hset(k("meta"), mapping={"batch_id": 0, "offsets": orjson.dumps({"0": 0}).decode()})
+    pipe.execute()
+    return list(range(1, users + 1))
+
+
+@section("serving")
+def serving(ctx: BenchContext) -> dict:
+    """Reads/s and p99 of the API under Locust (2 workers + Locust on this machine), writes too."""
+    import dataclasses
+    import socket
+
+    import orjson
+
+    from app_sim.auth import TokenSigner, load_secret
+    from app_sim.load import run_locust
+    from infra.stack import ApiServer
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    namespace = f"bench-serving-{ctx.run_id}".lower()
+    settings = dataclasses.replace(
+        ctx.settings,
+        events_topic=ctx.topic("serving"),
+        api_port=port,
+        views_namespace=namespace,
+        var_dir=Path(ctx.settings.var_dir) / "bench" / "serving",
+    )
+    users = _populate_serving_store(settings, namespace, users=2000, seed=11)
+    signer = TokenSigner(load_secret(settings))
+    out_dir = Path(ctx.settings.reports_dir) / "bench" / "serving"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    users_file = out_dir / "users.json"
+    users_file.write_text(orjson.dumps([[u, signer.issue(u)] for u in users]).decode())
+    api = ApiServer(settings)
+    api.start()
+    try:
+        summary = run_locust(
+            f"http://127.0.0.1:{port}",
+            out_dir,
+            users=ctx.serving_users,
+            spawn_rate=ctx.serving_users,
+            run_time_s=ctx.serving_seconds,
+            extra_env={"LOAD_USERS_FILE": str(users_file)},
+        )
+    finally:
+        api.stop()
+        _drop_namespace(settings, namespace)
+    reads, writes = summary["reads"], summary["writes"]
+    return {
+        "api_workers": settings.api_workers,
+        "locust_users": ctx.serving_users,
+        "seconds": summary["seconds"],
+        "store_users": len(users),
+        "reads_per_s": reads["per_s"],
+        "reads_p50_ms": reads["p50_ms"],
+        "reads_p99_ms": reads["p99_ms"],
+        "writes_per_s": writes["per_s"],
+        "writes_p50_ms": writes["p50_ms"],
+        "writes_p99_ms": writes["p99_ms"],
+        "failures": summary["failures"],
+        "target": "reads >= 1500/s with p99 <= 50 ms",
+        "target_met": reads["per_s"] >= 1500 and (reads["p99_ms"] or 1e9) <= 50,
+        "endpoints": summary["endpoints"],
+        "report": str(out_dir / "report.html"),
+    }
+
+
+def _drop_namespace(settings: Settings, namespace: str) -> None:
+    from pipelines.serving import connect
+
+    r = connect(settings.redis_url)
+    keys = list(r.scan_iter(match=f"{namespace}:*", count=5000))
+    for i in range(0, len(keys), 5000):
+        r.delete(*keys[i : i + 5000])
 
 
 # --- running and reporting ----------------------------------------------------------------------------
