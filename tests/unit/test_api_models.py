@@ -1,0 +1,100 @@
+"""API request rules without a broker: strict models, headers, worker ids, the contract gate."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from pydantic import ValidationError
+
+from app_sim.api import models as m
+from app_sim.api.app import ApiError, claim_worker_id, client_headers
+from app_sim.api.eventlog import EventLog, InvalidEvent
+from app_sim.contract import MAX_TEXT_LENGTH
+from app_sim.ids import GENERATOR_WORKER_ID
+from infra.settings import Settings
+
+
+@pytest.mark.parametrize(
+    "model, body",
+    [
+        (m.NewPost, {"text": ""}),
+        (m.NewPost, {"text": "x" * (MAX_TEXT_LENGTH + 1)}),
+        (m.NewPost, {"text": "hi", "extra": 1}),
+        (m.NewPost, {"text": 1}),
+        (m.NewPost, {"text": "\ud800"}),
+        (m.NewFollow, {"followee_id": "5"}),
+        (m.NewFollow, {"followee_id": 5.0}),
+        (m.NewFollow, {"followee_id": True}),
+        (m.NewFollow, {"followee_id": 0}),
+        (m.NewFollow, {"followee_id": 2**63}),
+        (m.NewUser, {"handle": "has space", "display_name": "x"}),
+        (m.NewUser, {"handle": "ok", "display_name": ""}),
+        (m.NewMessage, {"recipient_id": 1}),
+    ],
+)
+def test_models_are_strict_and_closed(model, body):
+    with pytest.raises(ValidationError):
+        model.model_validate(body)
+
+
+def test_models_accept_the_contracts_limits():
+    assert m.NewPost.model_validate({"text": "é" * MAX_TEXT_LENGTH}).text  # code points, not bytes
+    assert m.NewFollow.model_validate({"followee_id": 2**63 - 1}).followee_id == 2**63 - 1
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"idempotency_key": ""},
+        {"idempotency_key": "x" * 65},
+        {"idempotency_key": "with space"},
+        {"x_device_time": "-1"},
+        {"x_sent_time": "12.5"},
+        {"x_sent_time": str(2**63)},
+    ],
+)
+def test_bad_client_headers_are_400(headers):
+    with pytest.raises(ApiError) as err:
+        client_headers(**headers)
+    assert err.value.status == 400
+
+
+def test_client_headers_parse():
+    got = client_headers(idempotency_key="k-1", x_device_time="5", x_sent_time="7")
+    assert (got.idempotency_key, got.device_time, got.sent_time) == ("k-1", 5, 7)
+
+
+def test_each_api_process_claims_its_own_worker_id_never_the_generators(tmp_path):
+    settings = Settings(var_dir=tmp_path, api_worker_id=GENERATOR_WORKER_ID - 1)
+    first, lock1 = claim_worker_id(settings)
+    try:
+        # the lock is per open file description: a second claim (as another process would) moves on
+        with pytest.raises(RuntimeError):
+            claim_worker_id(settings)  # 1022 is held and 1023 is the generator's: none left
+        assert first == GENERATOR_WORKER_ID - 1
+    finally:
+        lock1.close()
+    again, lock2 = claim_worker_id(settings)
+    lock2.close()
+    assert again == first  # released with the process (here: the file)
+
+
+def test_an_invalid_event_is_never_produced():
+    log = EventLog("127.0.0.1:1", "never", timeout_ms=1000)  # nothing listens; nothing must be sent
+    try:
+        bad = {
+            "event_id": "e",
+            "type": "followed",
+            "schema_version": 1,
+            "user_id": 1,
+            "device_time": 0,
+            "sent_time": 0,
+            "received_time": 0,
+            "followee_id": 1,
+        }  # self-follow
+        with pytest.raises(InvalidEvent, match="self_follow"):
+            asyncio.run(log.append(bad))
+        assert len(log._producer) == 0
+    finally:
+        log.close(timeout_s=0)
