@@ -53,6 +53,9 @@ def build_spark(
         .config("spark.databricks.delta.properties.defaults.enableDeletionVectors", "true")
         .config("spark.databricks.delta.schema.autoMerge.enabled", "false")
         .config("spark.scheduler.mode", "FAIR")
+        # Delta rebuilds a table snapshot with this many tasks (default 50): far too many for
+        # the small logs of a micro-batch pipeline on a few cores.
+        .config("spark.databricks.delta.snapshotPartitions", "4")
         .config("spark.sql.streaming.stateStore.providerClass",
                 "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
     )
