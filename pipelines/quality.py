@@ -1,0 +1,507 @@
+"""Data-quality reports: Great Expectations checkpoints over the raw-event archive, quarantine and views.
+
+Where it sits: after the speed layer (reads one views namespace in Delta), beside ``verify``.
+``verify`` proves the views equal a replay of the log; this checks properties a replay cannot
+see being wrong in the same way twice (schemas, keys, ranges, referential integrity, the unread
+invariant, the quarantine rate, freshness), and leaves human-readable Data Docs.
+
+- The suites are data: ``quality/expectations/<suite>.json`` (GX's own suite format); each names
+  the *check frame* it validates in ``meta.frame``. Thresholds that depend on the deployment are
+  suite parameters (``{"$PARAMETER": ...}``) filled from settings at run time.
+- A check frame is a table of the namespace, or a derived frame computed here in Spark when a
+  rule spans tables (GX validates one batch at a time): ``home_timeline_references`` and
+  ``unread_invariant`` carry one boolean column per rule, ``log_health`` one row of accounting
+  and freshness from ``batches``.
+- Tables are read at one consistent snapshot: the versions the last micro-batch recorded, unless
+  a table was written since by something other than the speed layer (a repair, a corruption, a
+  maintenance commit): then its latest version, since that is what readers see.
+- One GX checkpoint per suite (each validates its own in-memory Spark DataFrame) with an
+  ``UpdateDataDocsAction``; the GX file context lives under ``var/quality/`` (run state, not
+  source) and the Data Docs site under ``var/reports/quality/``. A summary goes to
+  ``var/reports/quality/latest.json``.
+
+CLI: ``python -m pipelines.quality [--namespace NS] [--topic T] [--suite NAME ...]``; exit 1 when a
+suite fails. The ``data_quality`` DAG runs exactly this.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from infra.settings import REPO_ROOT, Settings, get_settings
+
+log = logging.getLogger("quality")
+
+SUITES_DIR = REPO_ROOT / "quality" / "expectations"
+DOCS_SITE = "reports"
+DAY_MS = 24 * 3600 * 1000
+
+
+# Suites as data ----------------------------------------------------------------------------------
+
+
+def load_suite_specs(names: Iterable[str] | None = None, suites_dir: Path = SUITES_DIR) -> list[dict]:
+    """The suite JSON documents, by name (all when ``names`` is None), sorted by name."""
+    specs = [json.loads(p.read_text()) for p in sorted(Path(suites_dir).glob("*.json"))]
+    if names is not None:
+        wanted = set(names)
+        unknown = wanted - {s["name"] for s in specs}
+        if unknown:
+            raise ValueError(f"unknown suite(s): {', '.join(sorted(unknown))}")
+        specs = [s for s in specs if s["name"] in wanted]
+    return specs
+
+
+def build_suite(spec: dict):
+    """A GX ExpectationSuite from its JSON document."""
+    import great_expectations as gx
+    from great_expectations.expectations.expectation_configuration import ExpectationConfiguration
+
+    suite = gx.ExpectationSuite(name=spec["name"], meta=spec.get("meta") or {})
+    for e in spec["expectations"]:
+        suite.add_expectation_configuration(
+            ExpectationConfiguration(type=e["type"], kwargs=e["kwargs"], meta=e.get("meta"))
+        )
+    return suite
+
+
+def suite_parameters(settings: Settings, now_ms: int | None = None) -> dict:
+    """Values of the ``$PARAMETER`` placeholders in the suites."""
+    now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
+    return {
+        # devices buffer offline and clocks are skewed, but not by a week into the future
+        "max_plausible_time_ms": now_ms + 7 * DAY_MS,
+        "max_quarantine_pct": float(settings.quality_max_quarantine_pct),
+        "max_staleness_s": float(settings.quality_max_staleness_s),
+    }
+
+
+# A consistent snapshot of one namespace -------------------------------------------------------------
+
+
+@dataclass
+class Snapshot:
+    namespace: str
+    tables: dict  # table name -> DataFrame
+    batch_id: int | None
+    end_offsets: dict[int, int]
+    versions: dict[str, int | None] = field(default_factory=dict)  # None = latest (written since)
+
+
+def _commit_metadata(path: str, version: int) -> list[str | None]:
+    """``userMetadata`` of every commit after ``version`` (read from a local ``_delta_log``)."""
+    log_dir = Path(path) / "_delta_log"
+    out = []
+    for f in sorted(log_dir.glob("[0-9]" * 20 + ".json")):
+        if int(f.stem) <= version:
+            continue
+        meta = None
+        for line in f.read_text().splitlines():
+            action = json.loads(line)
+            if "commitInfo" in action:
+                meta = action["commitInfo"].get("userMetadata")
+        out.append(meta)
+    return out
+
+
+def _written_since(spark, path: str, version: int, batch_id: int) -> bool:
+    """True when a commit after ``version`` was not a speed-layer micro-batch newer than ``batch_id``.
+
+    Cheap on purpose (a listing of the local Delta log, no Spark job): it runs for every table.
+    """
+    if "://" in path:  # object stores: ask Delta
+        from delta.tables import DeltaTable
+
+        rows = DeltaTable.forPath(spark, path).history(50).collect()
+        metas = [r["userMetadata"] for r in rows if r["version"] > version]
+    else:
+        metas = _commit_metadata(path, version)
+    for raw in metas:
+        try:
+            meta = json.loads(raw or "{}")
+        except ValueError:
+            meta = {}
+        if not isinstance(meta, dict) or int(meta.get("batch_id", -1)) <= batch_id:
+            return True
+    return False
+
+
+def snapshot(spark, settings: Settings, namespace: str) -> Snapshot:
+    """Every table of ``namespace`` as of its last micro-batch (see the module docstring)."""
+    from pipelines.lake import Lake
+    from pipelines.tables import TABLES
+
+    lake = Lake(spark, settings.lake_dir, namespace)
+    if not lake.exists():
+        raise FileNotFoundError(f"no views namespace {namespace!r} under {settings.lake_dir}")
+    last = lake.last_batch()
+    tables, versions = {}, {}
+    for name in TABLES:
+        version = None
+        if last is not None and name in last.versions:
+            recorded = int(last.versions[name])
+            if not _written_since(spark, lake.path(name), recorded, last.batch_id):
+                version = recorded
+        tables[name] = lake.read(name, version)
+        versions[name] = version
+    return Snapshot(
+        namespace=namespace,
+        tables=tables,
+        batch_id=last.batch_id if last else None,
+        end_offsets=dict(last.end_offsets) if last else {},
+        versions=versions,
+    )
+
+
+# Check frames: one boolean column per cross-table rule -----------------------------------------------
+
+
+def home_timeline_references(snap: Snapshot, settings: Settings):
+    """One row per home_timeline row: is the post live, is its author u or followed by u, is the
+    timeline within N entries."""
+    from pyspark.sql import functions as F
+
+    t = snap.tables
+    live = t["posts"].where(~F.col("deleted")).select("author_id", "post_id", F.lit(True).alias("_live"))
+    follows = t["follows"].select(
+        "user_id", F.col("followee_id").alias("author_id"), F.lit(True).alias("_follows")
+    )
+    lengths = t["home_timeline"].groupBy("user_id").agg(F.count(F.lit(1)).alias("_length"))
+    return (
+        t["home_timeline"]
+        .join(live, ["author_id", "post_id"], "left")
+        .join(follows, ["user_id", "author_id"], "left")
+        .join(lengths, "user_id", "left")
+        .select(
+            "user_id",
+            "post_id",
+            "author_id",
+            F.coalesce(F.col("_live"), F.lit(False)).alias("post_live"),
+            ((F.col("author_id") == F.col("user_id")) | F.col("_follows").isNotNull()).alias(
+                "author_followed"
+            ),
+            (F.col("_length") <= F.lit(settings.timeline_length)).alias("within_length"),
+        )
+    )
+
+
+def unread_invariant(snap: Snapshot, settings: Settings):
+    """One row per user with a counter or an inbox: counter == number of unread inbox rows."""
+    from pyspark.sql import functions as F
+
+    t = snap.tables
+    from_inbox = (
+        t["inbox"]
+        .where(~F.col("read"))
+        .groupBy(F.col("recipient_id").alias("user_id"))
+        .agg(F.count(F.lit(1)).alias("inbox_unread"))
+    )
+    return (
+        t["unread_counts"]
+        .join(from_inbox, "user_id", "full")
+        .select(
+            "user_id",
+            F.coalesce(F.col("unread"), F.lit(0)).alias("unread"),
+            F.coalesce(F.col("inbox_unread"), F.lit(0)).alias("inbox_unread"),
+        )
+        .withColumn("counter_matches_inbox", F.col("unread") == F.col("inbox_unread"))
+    )
+
+
+def log_health(
+    snap: Snapshot, settings: Settings, log_end: dict[int, int] | None = None, now_ms: int | None = None
+):
+    """One row (none before the first micro-batch): accounting over every batch and staleness.
+
+    Staleness is 0 when the views cover the log's current end (an idle log is not stale), else
+    the time since the last micro-batch became visible.
+    """
+    from pyspark.sql import functions as F
+
+    spark = snap.tables["batches"].sparkSession
+    agg = (
+        snap.tables["batches"]
+        .agg(
+            F.count(F.lit(1)).alias("batches"),
+            F.sum("events_read").alias("events_read"),
+            F.sum("applied").alias("applied"),
+            F.sum("duplicates").alias("duplicates"),
+            F.sum("quarantined").alias("quarantined"),
+            F.max("visible_at").alias("visible_at"),
+        )
+        .collect()[0]
+    )
+    ddl = (
+        "events_read BIGINT, applied BIGINT, duplicates BIGINT, quarantined BIGINT, "
+        "accounting_balanced BOOLEAN, quarantine_pct DOUBLE, caught_up BOOLEAN, staleness_s DOUBLE"
+    )
+    if not agg["batches"]:
+        return spark.createDataFrame([], ddl)
+    now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
+    read = int(agg["events_read"] or 0)
+    quarantined = int(agg["quarantined"] or 0)
+    caught_up = log_end is not None and all(snap.end_offsets.get(p, 0) >= end for p, end in log_end.items())
+    staleness = 0.0 if caught_up else max(0.0, (now_ms - int(agg["visible_at"] or 0)) / 1000)
+    row = (
+        read,
+        int(agg["applied"] or 0),
+        int(agg["duplicates"] or 0),
+        quarantined,
+        read == int(agg["applied"] or 0) + int(agg["duplicates"] or 0) + quarantined,
+        100.0 * quarantined / read if read else 0.0,
+        caught_up,
+        staleness,
+    )
+    return spark.createDataFrame([row], ddl)
+
+
+FRAMES: dict[str, Callable] = {
+    "home_timeline_references": home_timeline_references,
+    "unread_invariant": unread_invariant,
+}
+
+
+def check_frame(name: str, snap: Snapshot, settings: Settings, log_end: dict[int, int] | None = None):
+    if name == "log_health":
+        return log_health(snap, settings, log_end)
+    if name in FRAMES:
+        return FRAMES[name](snap, settings)
+    return snap.tables[name]
+
+
+def log_end_offsets(settings: Settings, topic: str, timeout_s: float = 5.0) -> dict[int, int] | None:
+    """Per-partition end offsets of the log (None when the broker does not answer)."""
+    try:
+        from confluent_kafka import Consumer, TopicPartition
+
+        consumer = Consumer(
+            {
+                "bootstrap.servers": settings.kafka_bootstrap,
+                "group.id": "data-quality",
+                "enable.auto.commit": False,
+            }
+        )
+        try:
+            meta = consumer.list_topics(topic, timeout=timeout_s).topics[topic]
+            if meta.error is not None:
+                return None
+            return {
+                p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)[1]
+                for p in sorted(meta.partitions)
+            }
+        finally:
+            consumer.close()
+    except Exception:  # noqa: BLE001 - freshness then falls back to the time since the last batch
+        return None
+
+
+# Running the checkpoints -----------------------------------------------------------------------------
+
+
+@dataclass
+class SuiteResult:
+    suite: str
+    frame: str
+    success: bool
+    evaluated: int
+    failed: int
+    rows: int
+    failures: list[dict]
+
+
+@dataclass
+class QualityResult:
+    ok: bool
+    namespace: str
+    batch_id: int | None
+    suites: list[SuiteResult]
+    data_docs: str
+    generated_at: str
+    seconds: float
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _context(settings: Settings):
+    import great_expectations as gx
+
+    root = Path(settings.var_dir) / "quality"
+    root.mkdir(parents=True, exist_ok=True)
+    ctx = gx.get_context(mode="file", project_root_dir=str(root))
+    docs_dir = Path(settings.reports_dir) / "quality"
+    site = {
+        "class_name": "SiteBuilder",
+        "show_how_to_buttons": False,
+        "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(docs_dir)},
+        "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
+    }
+    sites = ctx.get_config().data_docs_sites or {}
+    if DOCS_SITE not in sites:
+        ctx.add_data_docs_site(site_name=DOCS_SITE, site_config=site)
+    elif sites[DOCS_SITE]["store_backend"]["base_directory"] != str(docs_dir):
+        ctx.update_data_docs_site(site_name=DOCS_SITE, site_config=site)
+    return ctx, docs_dir
+
+
+def _failures(validation) -> list[dict]:
+    out = []
+    for r in validation.results:
+        if r.success:
+            continue
+        cfg = r.expectation_config
+        result = r.result or {}
+        out.append(
+            {
+                "expectation": cfg.type,
+                "column": cfg.kwargs.get("column") or cfg.kwargs.get("column_list"),
+                "observed": result.get("observed_value"),
+                "unexpected_count": result.get("unexpected_count"),
+                "examples": (result.get("partial_unexpected_list") or [])[:5],
+                "exception": (r.exception_info or {}).get("exception_message")
+                if isinstance(r.exception_info, dict)
+                else None,
+            }
+        )
+    return out
+
+
+def run_suites(
+    spark,
+    settings: Settings,
+    frames: dict,
+    specs: list[dict],
+    parameters: dict | None = None,
+) -> tuple[list[SuiteResult], Path]:
+    """Run one checkpoint per suite over its frame (``frames[spec.meta.frame]``); Data Docs updated."""
+    import great_expectations as gx
+    from great_expectations.checkpoint import UpdateDataDocsAction
+
+    ctx, docs_dir = _context(settings)
+    source = ctx.data_sources.add_or_update_spark(name="lake")
+    results = []
+    for spec in specs:
+        frame_name = spec["meta"]["frame"]
+        df = frames[frame_name]
+        suite = ctx.suites.add_or_update(build_suite(spec))
+        try:
+            asset = source.get_asset(frame_name)
+        except LookupError:
+            asset = source.add_dataframe_asset(name=frame_name)
+        try:
+            batch_def = asset.get_batch_definition("whole")
+        except (KeyError, LookupError, ValueError):
+            batch_def = asset.add_batch_definition_whole_dataframe("whole")
+        definition = ctx.validation_definitions.add_or_update(
+            gx.ValidationDefinition(name=spec["name"], data=batch_def, suite=suite)
+        )
+        checkpoint = ctx.checkpoints.add_or_update(
+            gx.Checkpoint(
+                name=spec["name"],
+                validation_definitions=[definition],
+                actions=[UpdateDataDocsAction(name="update_data_docs", site_names=[DOCS_SITE])],
+                result_format={"result_format": "SUMMARY", "partial_unexpected_count": 5},
+            )
+        )
+        df = df.cache()  # GX computes its metrics in several Spark jobs over the same frame
+        try:
+            rows = df.count()
+            outcome = checkpoint.run(
+                batch_parameters={"dataframe": df}, expectation_parameters=parameters or {}
+            )
+        finally:
+            df.unpersist()
+        validation = next(iter(outcome.run_results.values()))
+        stats = validation.statistics
+        results.append(
+            SuiteResult(
+                suite=spec["name"],
+                frame=frame_name,
+                success=bool(validation.success),
+                evaluated=int(stats.get("evaluated_expectations", 0)),
+                failed=int(stats.get("unsuccessful_expectations", 0)),
+                rows=rows,
+                failures=_failures(validation),
+            )
+        )
+        log.info("suite %s: %s (%d rows)", spec["name"], "ok" if validation.success else "FAILED", rows)
+    return results, docs_dir
+
+
+def run(
+    settings: Settings,
+    *,
+    namespace: str | None = None,
+    topic: str | None = None,
+    suites: Iterable[str] | None = None,
+    spark=None,
+    log_end: dict[int, int] | None = None,
+) -> QualityResult:
+    """Validate one namespace with every suite (or the named ones); writes the reports."""
+    from pipelines import namespaces
+
+    started = time.monotonic()
+    namespace = namespace or namespaces.active(settings)
+    if spark is None:
+        from pipelines.spark import build_spark
+
+        spark = build_spark("data-quality", settings)
+    specs = load_suite_specs(suites)
+    snap = snapshot(spark, settings, namespace)
+    if log_end is None and any(s["meta"]["frame"] == "log_health" for s in specs):
+        log_end = log_end_offsets(settings, topic or settings.events_topic)
+    frames = {s["meta"]["frame"]: check_frame(s["meta"]["frame"], snap, settings, log_end) for s in specs}
+    results, docs_dir = run_suites(spark, settings, frames, specs, suite_parameters(settings))
+    report = QualityResult(
+        ok=all(r.success for r in results),
+        namespace=namespace,
+        batch_id=snap.batch_id,
+        suites=results,
+        data_docs=str(docs_dir / "index.html"),
+        generated_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        seconds=round(time.monotonic() - started, 1),
+    )
+    docs_dir.mkdir(parents=True, exist_ok=True)
+    (docs_dir / "latest.json").write_text(json.dumps(report.as_dict(), indent=2, default=str) + "\n")
+    return report
+
+
+def summary(report: QualityResult) -> str:
+    lines = [
+        f"data quality of namespace {report.namespace} (batch {report.batch_id}): {'ok' if report.ok else 'FAILED'}"
+    ]
+    for r in report.suites:
+        lines.append(
+            f"  {'ok    ' if r.success else 'FAILED'} {r.suite:<26} {r.rows:>10,} rows  {r.evaluated - r.failed}/{r.evaluated}"
+        )
+        for f in r.failures:
+            lines.append(
+                f"         - {f['expectation']} {f['column'] or ''}: observed {f['observed']} examples {f['examples']}"
+            )
+    lines.append(f"  Data Docs: {report.data_docs}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m pipelines.quality", description=__doc__.splitlines()[0])
+    p.add_argument("--namespace", help="views version to check (default: the active one)")
+    p.add_argument("--topic", help="event topic, for freshness (default: SOCIAL_EVENTS_TOPIC)")
+    p.add_argument("--suite", action="append", help="run only this suite (repeatable)")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("great_expectations").setLevel(logging.WARNING)
+    report = run(get_settings(), namespace=args.namespace, topic=args.topic, suites=args.suite)
+    print(summary(report))
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,206 @@
+"""The quality suites fail when their data is broken, and pass when it is not.
+
+Small Delta tables are written with the real layout (pipelines.lake.Lake, pipelines.tables
+schemas) in a temporary folder; each test breaks one thing on purpose, the way a bug or a dual
+write would, and runs the suite that must catch it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+
+import pytest
+
+from infra.settings import get_settings
+
+pytestmark = pytest.mark.spark
+
+NS = "v1"
+T = 1_767_225_600_000  # 2026-01-01T00:00:00Z, like the generator's simulated clock
+
+
+def _rows(spark, lake, table, rows):
+    from pipelines.tables import TABLES
+
+    lake._append(table, spark.createDataFrame(rows, TABLES[table].ddl))
+
+
+def _bronze(event_id, type_, user_id, offset, disposition="applied", event_time=T, reason=None):
+    return (
+        event_id,
+        type_,
+        user_id,
+        event_time,
+        event_time,
+        event_time,
+        event_time,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        0,
+        offset,
+        disposition,
+        reason,
+        "2026-01-01",
+    )
+
+
+@pytest.fixture(scope="module")
+def clean_lake(spark, tmp_path_factory):
+    """A consistent namespace: 3 users, 1 follows 2, timelines, an inbox, one batch row."""
+    from pipelines.lake import Lake
+    from pipelines.tables import TABLES
+
+    var = tmp_path_factory.mktemp("quality-var")
+    settings = get_settings(var_dir=var)
+    lake = Lake(spark, settings.lake_dir, NS)
+    for name in TABLES:  # one commit per table (its first append creates it): fast
+        if name not in ("batches",):
+            _rows(spark, lake, name, [])
+    _rows(spark, lake, "users", [(1, "ann", "Ann", T), (2, "bob", "Bob", T), (3, "cy", "Cy", T)])
+    _rows(spark, lake, "follows", [(1, 2, T)])
+    _rows(
+        spark,
+        lake,
+        "posts",
+        [(2, 100, T, "hi", False, None), (1, 101, T, "me", False, None), (2, 102, T, "x", True, T + 5)],
+    )
+    _rows(spark, lake, "home_timeline", [(1, 100, 2, T), (1, 101, 1, T), (2, 100, 2, T)])
+    _rows(spark, lake, "inbox", [(1, 500, 2, "hey", T, False), (1, 501, 3, "yo", T, True)])
+    _rows(spark, lake, "unread_counts", [(1, 1), (3, 0)])
+    _rows(spark, lake, "user_status", [(1, "busy", T)])
+    _rows(
+        spark,
+        lake,
+        "events_bronze",
+        [
+            _bronze("e1", "post_created", 2, 0),
+            _bronze("e2", "post_created", 1, 1),
+            _bronze("e1", "post_created", 2, 2, disposition="duplicate"),
+            _bronze("e3", "post_deleted", 3, 3, disposition="rejected", reason="not_author"),
+        ],
+    )
+    _rows(spark, lake, "quarantine", [(0, 4, "3", "{not json", "bad_json", None, None, T)])
+    versions = {t: lake.version(t) for t in TABLES if t != "batches"}
+    batch = (
+        0,
+        json.dumps({"0": 5}),
+        100,
+        97,
+        2,
+        1,
+        json.dumps(versions),
+        int(time.time() * 1000),
+        T,
+        T,
+        "{}",
+        int(time.time() * 1000),
+    )
+    _rows(spark, lake, "batches", [batch])
+    return settings
+
+
+@pytest.fixture
+def lake_copy(clean_lake, tmp_path):
+    """A private copy of the clean namespace that a test may break."""
+    var = tmp_path / "var"
+    shutil.copytree(clean_lake.var_dir / "lake", var / "lake")
+    return get_settings(var_dir=var)
+
+
+def _run(spark, settings, *suites, **kw):
+    from pipelines import quality
+
+    return quality.run(settings, namespace=NS, suites=suites or None, spark=spark, **kw)
+
+
+def _sql(spark, settings, table, statement):
+    spark.sql(statement.replace("{t}", f"delta.`{settings.lake_dir / NS / table}`"))
+
+
+def test_clean_namespace_passes_every_suite_and_writes_data_docs(spark, lake_copy):
+    report = _run(spark, lake_copy, log_end={0: 5})
+    failed = {r.suite: r.failures for r in report.suites if not r.success}
+    assert report.ok, failed
+    assert len(report.suites) >= 12
+    docs = lake_copy.reports_dir / "quality"
+    assert (docs / "index.html").exists()
+    assert json.loads((docs / "latest.json").read_text())["ok"] is True
+
+
+# Each break targets one suite; together they prove every suite catches something and no suite
+# fails for a table it does not check.
+BREAKS = {
+    "unread_invariant": ("unread_counts", "UPDATE {t} SET unread = 5 WHERE user_id = 1"),
+    "home_timeline_references": ("home_timeline", "INSERT INTO {t} VALUES (2, 101, 1, 1767225600000)"),
+    "events_bronze": ("events_bronze", "UPDATE {t} SET disposition = 'applied' WHERE offset = 2"),
+    "users": ("users", "INSERT INTO {t} VALUES (NULL, 'x', 'X', 1767225600000)"),
+    "follows": ("follows", "INSERT INTO {t} VALUES (1, 2, 1767225600000)"),
+    "posts": ("posts", "ALTER TABLE {t} ADD COLUMNS (likes BIGINT)"),
+    "quarantine": ("quarantine", "UPDATE {t} SET reason = NULL"),
+    "user_status": ("user_status", "UPDATE {t} SET event_time = 1767225600"),  # seconds, not ms
+    "log_health": ("batches", "UPDATE {t} SET applied = applied - 1"),  # accounting gap
+}
+
+
+def test_each_break_fails_exactly_its_suite(spark, lake_copy):
+    for table, statement in BREAKS.values():
+        _sql(spark, lake_copy, table, statement)
+    report = _run(spark, lake_copy, log_end={0: 5})
+    failed = {r.suite for r in report.suites if not r.success}
+    assert failed == set(BREAKS)
+    assert not report.ok
+    for r in report.suites:
+        assert bool(r.failures) == (r.suite in BREAKS), r
+
+
+@pytest.mark.parametrize(
+    ("suite", "table", "statement"),
+    [
+        ("unread_counts", "unread_counts", "UPDATE {t} SET unread = -1 WHERE user_id = 3"),
+        ("home_timeline_references", "home_timeline", "INSERT INTO {t} VALUES (2, 102, 2, 1767225600000)"),
+        ("events_bronze", "events_bronze", "UPDATE {t} SET event_time = 1767225600 WHERE offset = 1"),
+    ],
+    ids=["negative-unread", "deleted-post-in-timeline", "time-in-seconds"],
+)
+def test_broken_table_fails_its_suite(spark, lake_copy, suite, table, statement):
+    _sql(spark, lake_copy, table, statement)
+    report = _run(spark, lake_copy, suite)
+    assert not report.ok
+    assert report.suites[0].failures
+
+
+def test_quarantine_rate_over_threshold_fails(spark, lake_copy):
+    assert _run(spark, lake_copy, "log_health", log_end={0: 5}).ok  # 1% quarantined
+    strict = get_settings(var_dir=lake_copy.var_dir, quality_max_quarantine_pct=0)
+    report = _run(spark, strict, "log_health", log_end={0: 5})
+    assert [f["column"] for f in report.suites[0].failures] == ["quarantine_pct"]
+
+
+def test_views_behind_the_log_and_old_are_stale(spark, lake_copy):
+    _sql(spark, lake_copy, "batches", f"UPDATE {{t}} SET visible_at = {int(time.time() * 1000) - 3_600_000}")
+    assert _run(spark, lake_copy, "log_health", log_end={0: 5}).ok  # caught up: an idle log is not stale
+    report = _run(spark, lake_copy, "log_health", log_end={0: 6})  # one event not yet visible after 1 h
+    assert [f["column"] for f in report.suites[0].failures] == ["staleness_s"]
+
+
+def test_in_flight_speed_layer_commits_are_not_read(spark, lake_copy):
+    """A micro-batch newer than the last batches row is invisible: tables are read as of that row."""
+    from pipelines.lake import Lake
+    from pipelines.quality import snapshot
+
+    lake = Lake(spark, lake_copy.lake_dir, NS)
+    spark.conf.set("spark.databricks.delta.commitInfo.userMetadata", json.dumps({"batch_id": 1}))
+    try:
+        _sql(spark, lake_copy, "unread_counts", "UPDATE {t} SET unread = 7 WHERE user_id = 1")
+    finally:
+        spark.conf.unset("spark.databricks.delta.commitInfo.userMetadata")
+    snap = snapshot(spark, lake_copy, NS)
+    assert snap.versions["unread_counts"] == lake.last_batch().versions["unread_counts"]
+    assert _run(spark, lake_copy, "unread_invariant").ok
