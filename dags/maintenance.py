@@ -1,0 +1,60 @@
+"""maintenance: every day, Delta OPTIMIZE + VACUUM, retired namespaces, old reports, checkpoints.
+
+Thin: each task runs one step of ``python -m pipelines.maintenance`` in a child process.
+"""
+
+from __future__ import annotations
+
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from airflow.sdk import dag, task
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+DOC = """
+### maintenance
+
+* `optimize`: compaction of the live namespace's append-only tables (safe beside the running
+  stream) and of every table of frozen namespaces.
+* `vacuum`: keeps `SOCIAL_DELTA_RETENTION_HOURS` (default 168 h) of time travel.
+* `namespaces`: removes views namespaces replaced more than `SOCIAL_NAMESPACE_RETENTION_DAYS` ago
+  (never the live one or the rollback target): tables, checkpoint, Redis keys.
+* `reports`: prunes reports and Airflow logs older than `SOCIAL_REPORT_RETENTION_DAYS`.
+* `checkpoints`: removes Spark checkpoints of namespaces that no longer exist, stale temp files.
+
+By hand: `python -m pipelines.maintenance [--step NAME] [--dry-run]`.
+"""
+
+
+def _step(name: str):
+    @task(task_id=name, execution_timeout=timedelta(hours=2))
+    def step() -> None:
+        from infra.airflow import run_module
+
+        run_module("pipelines.maintenance", ["--step", name])
+
+    return step()
+
+
+@dag(
+    dag_id="maintenance",
+    schedule="@daily",
+    start_date=datetime(2026, 1, 1, tzinfo=UTC),
+    catchup=False,
+    max_active_runs=1,
+    tags=["kappa", "maintenance"],
+    doc_md=DOC,
+    default_args={"retries": 2, "retry_delay": timedelta(minutes=10), "owner": "data-eng"},
+)
+def maintenance():
+    # vacuum after optimize: the files a compaction replaced become vacuumable after the retention
+    compacted = _step("optimize")
+    vacuumed = _step("vacuum")
+    compacted >> vacuumed >> [_step("namespaces"), _step("reports"), _step("checkpoints")]
+
+
+maintenance()

@@ -1,0 +1,251 @@
+"""Kappa reprocessing (blue/green): rebuild every view from the earliest offset into a new namespace.
+
+Where it sits: beside the speed layer, driven by the ``rebuild_views`` DAG or by hand. The steps
+are the same code the rest of the system runs, so a rebuild is nothing but a second speed layer
+that starts from offset 0:
+
+1. ``build``: ``python -m pipelines.speed_layer --namespace NEW --available-now`` with its own
+   checkpoint (``var/checkpoints/NEW``) and its own Delta tables and Redis keys (``NEW:*``);
+   it stops once it has caught up with the log.
+2. ``verify``: ``python -m pipelines.verify --namespace NEW`` (a replay of the log up to the new
+   views' position must equal them, and Redis must equal Delta); a mismatch stops the rebuild.
+3. ``switch``: the pointer moves atomically (``var/lake/ACTIVE`` + Redis ``active_namespace``,
+   which the API reads per request), then the stack's speed-layer service, if it runs, restarts on
+   the new namespace and catches up from its checkpoint.
+4. The old namespace stays as it is (frozen at the switch) for rollback until
+   ``python -m pipelines.maintenance`` removes it after ``SOCIAL_NAMESPACE_RETENTION_DAYS``.
+
+Rollback is one command: ``python -m pipelines.rebuild rollback`` (switch back to the namespace
+that was live before; its speed layer resumes from its own checkpoint).
+
+The history of switches is ``var/lake/namespaces.json``. Spark runs in child processes: each step
+gets a fresh JVM, and an Airflow task that calls :func:`main` stays light.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from infra.settings import REPO_ROOT, Settings, get_settings
+from pipelines import namespaces
+
+log = logging.getLogger("rebuild")
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+
+
+class RebuildError(RuntimeError):
+    """A step failed; nothing after it ran (the live namespace is unchanged unless it says so)."""
+
+
+# History ------------------------------------------------------------------------------------------
+
+
+def history_file(settings: Settings) -> Path:
+    return Path(settings.lake_dir) / "namespaces.json"
+
+
+def load_history(settings: Settings) -> list[dict]:
+    try:
+        return json.loads(history_file(settings).read_text())["switches"]
+    except (OSError, ValueError, KeyError):
+        return []
+
+
+def _record(settings: Settings, entry: dict) -> None:
+    path = history_file(settings)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    switches = [*load_history(settings), entry]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"switches": switches}, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def existing_namespaces(settings: Settings) -> list[str]:
+    root = Path(settings.lake_dir)
+    if not root.exists():
+        return []
+    return sorted(p.name for p in root.iterdir() if p.is_dir() and (p / "batches" / "_delta_log").exists())
+
+
+def next_namespace(settings: Settings) -> str:
+    """``v<N+1>`` for the highest ``v<N>`` seen (active, on disk or in the history)."""
+    seen = {namespaces.active(settings), *existing_namespaces(settings)}
+    seen |= {e["namespace"] for e in load_history(settings)}
+    numbers = [int(m.group(1)) for n in seen if (m := re.fullmatch(r"v(\d+)", n))]
+    return f"v{max(numbers, default=1) + 1}"
+
+
+def previous_namespace(settings: Settings) -> str | None:
+    """The namespace that was live before the current one (the rollback target)."""
+    active = namespaces.active(settings)
+    for entry in reversed(load_history(settings)):
+        if entry["namespace"] == active and entry.get("previous") and entry["previous"] != active:
+            return entry["previous"]
+    return None
+
+
+# Steps ----------------------------------------------------------------------------------------------
+
+
+def _python_module(module: str, args: list[str], settings: Settings, timeout_s: float | None = None) -> int:
+    """Run ``python -m module args`` in the repository with this process's environment; stream its output."""
+    cmd = [sys.executable, "-m", module, *args]
+    log.info("$ %s", " ".join(cmd))
+    env = {**os.environ, "SOCIAL_VAR_DIR": str(settings.var_dir)}
+    try:
+        return subprocess.run(cmd, cwd=REPO_ROOT, env=env, timeout=timeout_s, check=False).returncode
+    except subprocess.TimeoutExpired:
+        raise RebuildError(f"{module} did not finish within {timeout_s}s") from None
+
+
+def build(settings: Settings, namespace: str, topic: str | None = None) -> None:
+    """Compute the new views from the earliest offset until caught up (a fresh speed layer)."""
+    if namespace == namespaces.active(settings):
+        raise RebuildError(f"{namespace!r} is the live namespace; rebuild into a new one")
+    args = ["--namespace", namespace, "--available-now", *(["--topic", topic] if topic else [])]
+    if _python_module("pipelines.speed_layer", args, settings) != 0:
+        raise RebuildError(f"building namespace {namespace!r} failed (see the output above)")
+
+
+def verify(settings: Settings, namespace: str, topic: str | None = None) -> None:
+    args = ["--namespace", namespace, *(["--topic", topic] if topic else [])]
+    if _python_module("pipelines.verify", args, settings) != 0:
+        raise RebuildError(
+            f"namespace {namespace!r} does not verify; not switching "
+            f"(report: {Path(settings.reports_dir) / 'verify' / 'latest.html'})"
+        )
+
+
+def restart_speed_layer(settings: Settings) -> str:
+    """Restart the stack's speed-layer service (if it runs) so that it follows the active namespace."""
+    from infra import stack
+
+    for cls in stack.SERVICES:
+        if cls.name == "speed_layer":
+            service = cls(settings)
+            if not service.is_running():
+                return "not running"
+            service.stop()
+            service.start()
+            return "restarted"
+    return "no speed-layer service in the stack"
+
+
+def switch(
+    settings: Settings, namespace: str, *, restart: bool = True, reason: str = "rebuild"
+) -> str | None:
+    """Make ``namespace`` live (file + Redis pointer); returns the previous one."""
+    from pipelines.serving import connect
+
+    if namespace not in existing_namespaces(settings):
+        raise RebuildError(f"no namespace {namespace!r} under {settings.lake_dir}; build it first")
+    client = connect(settings.redis_url)
+    client.ping()  # both pointers or neither: fail before moving the file pointer
+    previous = namespaces.switch(settings, namespace, redis_client=client)
+    _record(settings, {"namespace": namespace, "previous": previous, "switched_at": _now(), "reason": reason})
+    log.info("live namespace: %s (was %s)", namespace, previous)
+    if restart:
+        log.info("speed layer: %s", restart_speed_layer(settings))
+    return previous
+
+
+def rollback(settings: Settings, *, restart: bool = True) -> str:
+    target = previous_namespace(settings)
+    if target is None:
+        raise RebuildError("nothing to roll back to: no earlier namespace in " + str(history_file(settings)))
+    if target not in existing_namespaces(settings):
+        raise RebuildError(f"the previous namespace {target!r} was already removed by maintenance")
+    switch(settings, target, restart=restart, reason="rollback")
+    return target
+
+
+def rebuild(
+    settings: Settings,
+    namespace: str | None = None,
+    topic: str | None = None,
+    *,
+    do_switch: bool = True,
+    restart: bool = True,
+) -> str:
+    """build -> verify -> switch; returns the new namespace."""
+    namespace = namespace or next_namespace(settings)
+    if not NAME_RE.match(namespace):
+        raise RebuildError(f"bad namespace name {namespace!r}")
+    started = time.monotonic()
+    build(settings, namespace, topic)
+    verify(settings, namespace, topic)
+    if do_switch:
+        switch(settings, namespace, restart=restart)
+    log.info("rebuild of %s done in %.0fs", namespace, time.monotonic() - started)
+    return namespace
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m pipelines.rebuild", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    for name, doc in [
+        ("run", "build, verify, switch"),
+        ("build", "compute a namespace from the earliest offset"),
+        ("verify", "verify a namespace against a replay"),
+        ("switch", "make a namespace live"),
+    ]:
+        s = sub.add_parser(name, help=doc)
+        s.add_argument("--namespace", required=name != "run", help="default for run: the next vN")
+        s.add_argument("--topic", help="event topic (default: SOCIAL_EVENTS_TOPIC)")
+        if name in ("run", "switch"):
+            s.add_argument("--no-restart", action="store_true", help="do not restart the speed-layer service")
+        if name == "run":
+            s.add_argument("--no-switch", action="store_true", help="build and verify only")
+    r = sub.add_parser("rollback", help="switch back to the namespace live before the current one")
+    r.add_argument("--no-restart", action="store_true")
+    sub.add_parser("status", help="live namespace, namespaces on disk, switch history")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    settings = get_settings()
+    try:
+        if args.command == "run":
+            ns = rebuild(
+                settings,
+                args.namespace,
+                args.topic,
+                do_switch=not args.no_switch,
+                restart=not args.no_restart,
+            )
+            print(f"rebuilt namespace {ns}; live: {namespaces.active(settings)}")
+        elif args.command == "build":
+            build(settings, args.namespace, args.topic)
+        elif args.command == "verify":
+            verify(settings, args.namespace, args.topic)
+        elif args.command == "switch":
+            prev = switch(settings, args.namespace, restart=not args.no_restart, reason="manual")
+            print(f"live: {args.namespace} (was {prev})")
+        elif args.command == "rollback":
+            print(f"rolled back; live: {rollback(settings, restart=not args.no_restart)}")
+        elif args.command == "status":
+            print(f"live: {namespaces.active(settings)}")
+            print(f"on disk: {', '.join(existing_namespaces(settings)) or '-'}")
+            print(f"rollback target: {previous_namespace(settings) or '-'}")
+            for e in load_history(settings):
+                print(f"  {e['switched_at']}  {e.get('previous')} -> {e['namespace']}  ({e.get('reason')})")
+    except RebuildError as exc:
+        print(f"rebuild: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
