@@ -1,0 +1,232 @@
+"""``make demo``: the whole story end to end, on the local stack.
+
+1. start the stack (Kafka, Redis, the speed layer and the API when the stack runs them);
+2. append ~200k events to the log with the generator (small shares of invalid and duplicate
+   records, server clock = wall clock so freshness is real);
+3. wait until the speed layer has caught up with the log (its position in the serving store's
+   ``meta`` vs the topic's end offsets); when the stack runs no speed layer, run one in catch-up
+   mode (``python -m pipelines.speed_layer --available-now``);
+4. ``airflow dags test verify_views``: the live views equal a replay of the log at their position;
+5. ``airflow dags test data_quality``: the Great Expectations suites;
+6. a summary, where to look, how to stop.
+
+``python -m infra.demo [--events N] [--no-airflow]`` (``--no-airflow`` calls the same entrypoints,
+``python -m pipelines.verify`` / ``pipelines.quality``, without Airflow).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from infra.settings import REPO_ROOT, Settings, get_settings
+
+
+def say(msg: str) -> None:
+    print(f"\n==> {msg}", flush=True)
+
+
+def log_end_offsets(settings: Settings, topic: str) -> dict[int, int]:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(
+        {"bootstrap.servers": settings.kafka_bootstrap, "group.id": "demo", "enable.auto.commit": False}
+    )
+    try:
+        parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        return {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in sorted(parts)
+        }
+    finally:
+        consumer.close()
+
+
+def serving_position(settings: Settings) -> dict[int, int]:
+    """Per-partition end offsets the live namespace's serving store covers (written per micro-batch)."""
+    from pipelines import namespaces
+    from pipelines.serving import ServingStore, connect
+
+    client = connect(settings.redis_url)
+    return {int(p): int(o) for p, o in ServingStore(client, namespaces.active(settings)).as_of().items()}
+
+
+def wait_caught_up(
+    settings: Settings, topic: str, timeout_s: float, proc: subprocess.Popen | None = None
+) -> float:
+    """Block until the speed layer covers the log's end; returns seconds waited."""
+    from tqdm import tqdm
+
+    target = log_end_offsets(settings, topic)
+    total = sum(target.values())
+    started = time.monotonic()
+    with tqdm(
+        total=total, unit="ev", unit_scale=True, desc="speed layer", mininterval=1, file=sys.stderr
+    ) as bar:
+        while True:
+            pos = serving_position(settings)
+            done = sum(min(pos.get(p, 0), end) for p, end in target.items())
+            bar.update(done - bar.n)
+            if done >= total:
+                return time.monotonic() - started
+            if proc is not None and proc.poll() is not None and proc.returncode != 0:
+                raise SystemExit(f"the speed layer exited with {proc.returncode}; see its output above")
+            if time.monotonic() - started > timeout_s:
+                raise SystemExit(f"the speed layer did not catch up within {timeout_s:.0f}s ({done}/{total})")
+            time.sleep(1)
+
+
+def has_speed_layer_service() -> bool:
+    from infra import stack
+
+    return any(cls.name == "speed_layer" for cls in stack.SERVICES)
+
+
+def run_job(dag_id: str, module: str, settings: Settings, use_airflow: bool) -> tuple[bool, float]:
+    started = time.monotonic()
+    if use_airflow:
+        from infra.airflow import dags_test
+
+        done = dags_test(dag_id, settings, capture=True)
+        out = done.stdout + done.stderr
+        tail = [
+            line
+            for line in out.splitlines()
+            if "exited" in line or "state=" in line or "DagRun Finished" in line
+        ]
+        print("\n".join(tail[-6:]))
+        ok = (
+            done.returncode == 0
+            and "state=failed" not in out.replace(" ", "")
+            and "DagRunState.FAILED" not in out
+        )
+        if not ok:
+            log = Path(settings.var_dir) / "log" / f"demo-{dag_id}.log"
+            log.parent.mkdir(parents=True, exist_ok=True)
+            log.write_text(out)
+            print(f"{dag_id} failed; full output: {log}")
+    else:
+        env = {**os.environ, "SOCIAL_VAR_DIR": str(settings.var_dir)}
+        ok = subprocess.run([sys.executable, "-m", module], cwd=REPO_ROOT, env=env).returncode == 0
+    return ok, time.monotonic() - started
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m infra.demo", description=__doc__.splitlines()[0])
+    p.add_argument("--events", type=int, default=200_000)
+    p.add_argument("--users", type=int, default=5_000)
+    p.add_argument(
+        "--no-airflow", action="store_true", help="call verify/quality directly, not via `airflow dags test`"
+    )
+    p.add_argument("--catch-up-timeout", type=float, default=900)
+    args = p.parse_args(argv)
+    settings = get_settings()
+    topic = settings.events_topic
+    t0 = time.monotonic()
+
+    from app_sim.generator import GeneratorConfig, produce
+    from infra.stack import Stack
+
+    say("starting the stack (make up)")
+    for name, outcome in Stack(settings).up().items():
+        print(f"  {name:<12} {outcome}")
+
+    say(f"appending {args.events:,} events to {topic} (0.5% invalid, 0.5% duplicates)")
+    config = GeneratorConfig(
+        users=args.users,
+        seed=random.SystemRandom().randrange(1, 2**31),  # a new run appends new ids, never replays old ones
+        invalid_share=0.005,
+        duplicate_share=0.005,
+        realtime=True,
+    )
+    gen = produce(args.events, config, topic=topic, bootstrap=settings.kafka_bootstrap, progress=True)
+    print(f"  {gen.events:,} events in {gen.seconds:.1f}s = {gen.events_per_s:,.0f} events/s")
+    if gen.delivery_failures:
+        print(f"  {gen.delivery_failures} delivery failures")
+        return 1
+
+    say("waiting for the speed layer to catch up with the log")
+    proc = None
+    if not has_speed_layer_service():
+        print("  (the stack runs no speed layer: running one in catch-up mode, --available-now)")
+        env = {**os.environ, "SOCIAL_VAR_DIR": str(settings.var_dir)}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pipelines.speed_layer", "--available-now"],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=(Path(settings.log_dir) / "speed_layer-demo.log").open("ab"),
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        waited = wait_caught_up(settings, topic, args.catch_up_timeout, proc)
+        if proc is not None:
+            proc.wait(timeout=300)
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            proc.wait(timeout=60)
+    print(f"  caught up {waited:.0f}s after the last event was acknowledged")
+
+    via = "airflow dags test" if not args.no_airflow else "python -m"
+    say(f"verify_views ({via}): live views vs. a replay of the log")
+    verified, verify_s = run_job("verify_views", "pipelines.verify", settings, not args.no_airflow)
+    say(f"data_quality ({via}): Great Expectations suites")
+    quality_ok, quality_s = run_job("data_quality", "pipelines.quality", settings, not args.no_airflow)
+
+    reports = Path(settings.reports_dir)
+    verify_json = reports / "verify" / "latest.json"
+    report = json.loads(verify_json.read_text()) if verify_json.exists() else {}
+    views = report.get("views", {})
+    fresh = report.get("freshness", {})
+    acct = report.get("accounting", {})
+    say("summary")
+    rows = [
+        ("events appended", f"{gen.events:,} at {gen.events_per_s:,.0f} events/s"),
+        ("speed layer caught up", f"{waited:.0f}s after the last event"),
+        (
+            "freshness p50 / p99",
+            f"{fresh.get('p50_ms', '-')} ms / {fresh.get('p99_ms', '-')} ms (receive -> visible)",
+        ),
+        (
+            "rows verified",
+            f"{sum(v.get('recomputed_rows', 0) for v in views.values()):,} in {len(views)} views ({verify_s:.0f}s)",
+        ),
+        (
+            "mismatches",
+            f"{sum(v.get('mismatches', 0) for v in views.values())} -> verify {'OK' if verified and report.get('ok') else 'FAILED'}",
+        ),
+        (
+            "accounting",
+            f"read {acct.get('events_read', '-')} = applied {acct.get('applied', '-')} + duplicates "
+            f"{acct.get('duplicates', '-')} + quarantined {acct.get('quarantined', '-')}",
+        ),
+        ("data quality", f"{'OK' if quality_ok else 'FAILED'} ({quality_s:.0f}s)"),
+        ("verify report", f"{verify_json} (+ latest.html)"),
+        ("quality Data Docs", str(reports / "quality" / "index.html")),
+        ("total", f"{time.monotonic() - t0:.0f}s"),
+    ]
+    for k, v in rows:
+        print(f"  {k:<22} {v}")
+    say("look around")
+    print(
+        "  make status                                  what runs, pids, ports, logs\n"
+        f"  redis-cli -p {settings.redis_port} get active_namespace    the live views version\n"
+        f"  redis-cli -p {settings.redis_port} hgetall v1:meta         position the serving store covers\n"
+        f"  redis-cli -p {settings.redis_port} --scan --pattern 'v1:tl:*' | head   home timelines\n"
+        f"  curl -s 127.0.0.1:{settings.api_port}/v1/health                the API (if the stack runs it)\n"
+        "  python -m pipelines.rebuild run              blue/green rebuild of every view (rollback: ... rollback)\n"
+        '  eval "$(python -m infra.airflow env)"; airflow dags list    this project\'s Airflow\n'
+        "  SOCIAL_AIRFLOW_STANDALONE=1 make up          Airflow UI on "
+        f"127.0.0.1:{settings.airflow_port} (password in var/airflow/)\n"
+        "  stop everything: make down"
+    )
+    return 0 if verified and quality_ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
