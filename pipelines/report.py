@@ -104,6 +104,19 @@ def freshness_plot(freshness: dict) -> str | None:
             ax.bar([k for k, _ in items], [v for _, v in items], width=width, color="#4c78a8")
             ax.set_xlabel("server receive -> visible (s)")
             ax.set_ylabel("events")
+        elif freshness.get("series"):
+            pts = sorted(freshness["series"], key=lambda b: b.get("visible_at") or b.get("batch_id", 0))
+            t0 = pts[0].get("visible_at") or 0
+            xs = [((b.get("visible_at") or t0) - t0) / 1000 for b in pts]
+            ys = [(b.get("max_delay_ms") or 0) / 1000 for b in pts]
+            ax.plot(xs, ys, marker="o", color="#e45756", label="slowest event of the micro-batch")
+            for key, style in (("p50_ms", "--"), ("p99_ms", ":")):
+                if freshness.get(key) is not None:
+                    ax.axhline(freshness[key] / 1000, color="#333", linestyle=style, label=key[:3])
+            ax.set_xlabel("time since the first micro-batch became visible (s)")
+            ax.set_ylabel("receive -> visible (s)")
+            ax.set_ylim(bottom=0)
+            ax.legend()
         elif freshness.get("per_batch"):
             pts = sorted(freshness["per_batch"], key=lambda b: b.get("batch_id", 0))
             xs = [b.get("batch_id", i) for i, b in enumerate(pts)]
@@ -156,8 +169,19 @@ def render(report: dict) -> str:
         "<h2>Views (row for row at P)</h2>",
         _views_table(report.get("views") or {}),
     ]
-    if report.get("serving"):
-        parts += ["<h2>Serving store (Redis) vs. Delta</h2>", _kv_table(report["serving"])]
+    serving = report.get("serving") or {}
+    if serving:
+        per_view = {k: v for k, v in serving.items() if isinstance(v, dict) and "live_rows" in v}
+        rest = {k: v for k, v in serving.items() if k not in per_view}
+        parts.append("<h2>Serving store (Redis) vs. Delta</h2>")
+        if per_view:
+            parts.append(
+                _views_table(per_view)
+                .replace("rows recomputed", "rows in Delta")
+                .replace("rows live", "rows in Redis")
+            )
+        if rest:
+            parts.append(_kv_table(rest))
     if report.get("accounting"):
         parts += [
             "<h2>Accounting: events read = applied + duplicates + quarantined</h2>",

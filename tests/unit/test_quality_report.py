@@ -46,6 +46,27 @@ def test_write_html_is_atomic_and_escapes(tmp_path):
     assert not list(out.parent.glob("*.tmp"))
 
 
+def test_series_and_nested_serving_render():
+    report = {
+        **REPORT,
+        "freshness": {
+            "p50_ms": 900,
+            "p99_ms": 2000,
+            "series": [
+                {"batch_id": 0, "visible_at": 1000, "max_delay_ms": 1500},
+                {"batch_id": 1, "visible_at": 3000, "max_delay_ms": 2100},
+            ],
+        },
+        "serving": {
+            "unread_counts": {"live_rows": 4, "recomputed_rows": 4, "mismatches": 0, "ok": True},
+            "ok": True,
+        },
+    }
+    page = render(report)
+    assert "data:image/png;base64," in page
+    assert "rows in Redis" in page
+
+
 def test_no_freshness_no_plot():
     page = render({**REPORT, "freshness": {}})
     assert "data:image/png" not in page
