@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -103,9 +104,18 @@ def dags_test(
     )
 
 
-def dag_run_succeeded(output: str) -> bool:
-    """Whether ``airflow dags test`` output reports a successful run (its exit status does not)."""
-    return "state=success" in output.replace("'", "").replace(" ", "") or "DagRunState.SUCCESS" in output
+def dag_run_state(output: str) -> str | None:
+    """The final state (``success``/``failed``) from ``airflow dags test`` output, None if it never finished.
+
+    Read from the "DagRun Finished: ... state=..." line, not from task lines (``new_state=success``
+    of an upstream task says nothing about the run).
+    """
+    state = None
+    for line in output.splitlines():
+        if "DagRun Finished" in line:
+            m = re.search(r"[ ,]state=(\w+)", line)
+            state = m.group(1) if m else state
+    return state
 
 
 def run_module(module: str, args: list[str] | None = None, *, timeout_s: float | None = None) -> int:

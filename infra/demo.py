@@ -90,21 +90,16 @@ def has_speed_layer_service() -> bool:
 def run_job(dag_id: str, module: str, settings: Settings, use_airflow: bool) -> tuple[bool, float]:
     started = time.monotonic()
     if use_airflow:
-        from infra.airflow import dags_test
+        from infra.airflow import dag_run_state, dags_test
 
         done = dags_test(dag_id, settings, capture=True)
         out = done.stdout + done.stderr
-        tail = [
-            line
-            for line in out.splitlines()
-            if "exited" in line or "state=" in line or "DagRun Finished" in line
-        ]
-        print("\n".join(tail[-6:]))
-        ok = (
-            done.returncode == 0
-            and "state=failed" not in out.replace(" ", "")
-            and "DagRunState.FAILED" not in out
-        )
+        state = dag_run_state(out)
+        for line in out.splitlines():
+            if " exited " in line or line.startswith("$ "):
+                print(f"  {line.strip()}")
+        print(f"  DAG run {dag_id}: {state or 'did not finish'}")
+        ok = done.returncode == 0 and state == "success"
         if not ok:
             log = Path(settings.var_dir) / "log" / f"demo-{dag_id}.log"
             log.parent.mkdir(parents=True, exist_ok=True)
