@@ -1,0 +1,239 @@
+"""The DAGs against the real stack: verify_views passes, catches a corrupted view row (so does the
+quality suite), and rebuild_views repairs it by blue/green reprocessing; rollback is one command.
+
+One story in order (module-scoped state), because every step needs the previous one's lake:
+
+1. a few thousand generated events -> the speed layer (catch-up mode) into namespace A;
+2. ``airflow dags test verify_views``: success;
+3. one ``unread_counts`` row of A is changed through Delta (what a buggy writer or a dual write
+   would do); the quality suite catches it at once; after the next micro-batch (which touches
+   another user) ``verify_views`` fails;
+4. ``airflow dags test rebuild_views`` (namespace B): build from offset 0, verify, switch: B is
+   live (file + Redis pointer) and verifies; A is kept;
+5. ``python -m pipelines.rebuild rollback``: A is live again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from infra.settings import REPO_ROOT, Settings, get_settings
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """Environment that makes every child process (Airflow, its tasks, the jobs) use ``settings``."""
+    env = dict(os.environ)
+    for f in fields(Settings):
+        env[f.metadata["env"]] = str(getattr(settings, f.name))
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    return env
+
+
+def run_py(settings: Settings, args: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=REPO_ROOT,
+        env=settings_env(settings),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def speed_layer(settings: Settings, namespace: str, topic: str) -> None:
+    done = run_py(
+        settings,
+        ["-m", "pipelines.speed_layer", "--namespace", namespace, "--topic", topic, "--available-now"],
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def dags_test(settings: Settings, dag_id: str, conf: dict) -> tuple[bool, str]:
+    from infra.airflow import airflow_env, dag_run_state, ensure_db
+
+    base = settings_env(settings)
+    ensure_db(settings)
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("airflow")), "dags", "test", dag_id, "--conf", json.dumps(conf)],
+        cwd=REPO_ROOT,
+        env=airflow_env(settings, base=base),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    out = done.stdout + done.stderr
+    return dag_run_state(out) == "success", out
+
+
+def spark_sql(settings: Settings, statement: str) -> None:
+    script = textwrap.dedent(
+        f"""
+        from infra.settings import get_settings
+        from pipelines.spark import build_spark
+        spark = build_spark("corrupt", get_settings(), testing=True)
+        spark.sql({statement!r})
+        spark.stop()
+        """
+    )
+    done = run_py(settings, ["-c", script], timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def produce_status_update(settings: Settings, topic: str, user_id: int) -> None:
+    """One valid event touching only ``user_id`` (a new micro-batch that leaves other users alone)."""
+    from confluent_kafka import Producer
+
+    now = int(time.time() * 1000)
+    event = {
+        "event_id": str(uuid.uuid4()),
+        "type": "status_updated",
+        "schema_version": 1,
+        "user_id": user_id,
+        "device_time": now,
+        "sent_time": now,
+        "received_time": now,
+        "text": "back from lunch",
+    }
+    producer = Producer({"bootstrap.servers": settings.kafka_bootstrap})
+    producer.produce(topic, json.dumps(event).encode(), str(user_id).encode())
+    assert producer.flush(30) == 0
+
+
+@pytest.fixture(scope="module")
+def story(kafka_stack, tmp_path_factory):
+    """Settings on the session stack with a private var dir, a topic with events, namespace A built."""
+    from app_sim.generator import GeneratorConfig, produce
+    from infra.stack import create_topic, delete_topic
+    from pipelines import namespaces
+    from pipelines.serving import connect
+
+    suffix = uuid.uuid4().hex[:6]
+    settings = get_settings(
+        **{f.name: getattr(kafka_stack.settings, f.name) for f in fields(Settings) if f.name != "var_dir"},
+        var_dir=tmp_path_factory.mktemp("dags-var"),
+    )
+    topic = f"test.dags.{suffix}"
+    create_topic(settings, topic, 4)
+    redis = connect(settings.redis_url)
+    saved_pointer = redis.get(namespaces.REDIS_KEY)
+    produce(
+        4000,
+        GeneratorConfig(users=60, mean_followers=8, invalid_share=0.01, duplicate_share=0.01, seed=7),
+        topic=topic,
+        bootstrap=settings.kafka_bootstrap,
+        progress=False,
+    )
+    ns_a, ns_b = f"a{suffix}", f"b{suffix}"
+    namespaces.switch(settings, ns_a)  # the file pointer only: the session's Redis pointer is restored below
+    speed_layer(settings, ns_a, topic)
+    yield {"settings": settings, "topic": topic, "a": ns_a, "b": ns_b, "redis": redis}
+    for ns in (ns_a, ns_b):
+        for key in redis.scan_iter(match=f"{ns}:*", count=1000):
+            redis.unlink(key)
+    if saved_pointer is None:
+        redis.delete(namespaces.REDIS_KEY)
+    else:
+        redis.set(namespaces.REDIS_KEY, saved_pointer)
+    try:
+        delete_topic(settings, topic)
+    except Exception:  # noqa: BLE001 - cleanup must not mask the test's outcome
+        pass
+
+
+def test_1_verify_views_passes_on_the_live_namespace(story):
+    ok, out = dags_test(story["settings"], "verify_views", {"topic": story["topic"]})
+    assert ok, out[-5000:]
+    report = json.loads((story["settings"].reports_dir / "verify" / "latest.json").read_text())
+    assert report["ok"] and report["namespace"] == story["a"]
+    assert (story["settings"].reports_dir / "verify" / "latest.html").exists()
+
+
+def test_2_corrupted_row_is_caught_by_quality_and_verify(story):
+    from pipelines import quality
+
+    s, ns = story["settings"], story["a"]
+    table = f"delta.`{s.lake_dir / ns / 'unread_counts'}`"
+    spark_sql(s, f"UPDATE {table} SET unread = unread + 3 WHERE user_id = (SELECT min(user_id) FROM {table})")
+
+    done = run_py(
+        s,
+        [
+            "-m",
+            "pipelines.quality",
+            "--namespace",
+            ns,
+            "--suite",
+            "unread_invariant",
+            "--suite",
+            "unread_counts",
+        ],
+    )
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads((s.reports_dir / "quality" / "latest.json").read_text())
+    failed = {r["suite"] for r in summary["suites"] if not r["success"]}
+    assert failed == {"unread_invariant"}
+    assert (s.reports_dir / "quality" / "index.html").exists()
+    assert quality  # the module imported cleanly in the test process too
+
+    # the next micro-batch (one status update of the highest user id) records table versions
+    # that include the corrupted row: the live views at P are now wrong, and verify says so
+    users = s.lake_dir / ns / "users"
+    produce_status_update(s, story["topic"], user_id=_max_user(s, users))
+    speed_layer(s, ns, story["topic"])
+    ok, out = dags_test(s, "verify_views", {"topic": story["topic"]})
+    assert not ok, out[-3000:]
+    report = json.loads((s.reports_dir / "verify" / "latest.json").read_text())
+    assert report["ok"] is False and report["views"]["unread_counts"]["mismatches"] >= 1
+
+
+def _max_user(settings: Settings, users_path: Path) -> int:
+    done = run_py(
+        settings,
+        [
+            "-c",
+            "from infra.settings import get_settings; from pipelines.spark import build_spark; "
+            "s = build_spark('q', get_settings(), testing=True); "
+            f"print(s.read.format('delta').load({str(users_path)!r}).agg({{'user_id': 'max'}}).collect()[0][0])",
+        ],
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return int(done.stdout.strip().splitlines()[-1])
+
+
+def test_3_rebuild_views_repairs_by_blue_green_switch(story):
+    from pipelines import namespaces
+
+    s = story["settings"]
+    ok, out = dags_test(s, "rebuild_views", {"namespace": story["b"], "topic": story["topic"]})
+    assert ok, out[-5000:]
+    assert namespaces.active(s) == story["b"]
+    assert story["redis"].get(namespaces.REDIS_KEY) == story["b"]
+    report = json.loads((s.reports_dir / "verify" / "latest.json").read_text())
+    assert report["namespace"] == story["b"] and report["ok"] is True
+    assert (s.lake_dir / story["a"] / "batches").exists()  # the old version is kept for rollback
+
+    ok, out = dags_test(s, "verify_views", {"topic": story["topic"]})  # the live views verify again
+    assert ok, out[-5000:]
+
+
+def test_4_rollback_is_one_command(story):
+    from pipelines import namespaces
+
+    s = story["settings"]
+    done = run_py(s, ["-m", "pipelines.rebuild", "rollback", "--no-restart"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert namespaces.active(s) == story["a"]
+    assert story["redis"].get(namespaces.REDIS_KEY) == story["a"]
