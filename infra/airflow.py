@@ -170,7 +170,12 @@ try:
         stop_timeout_s = 60.0
 
         def ports(self) -> list[int]:
-            return [self.settings.airflow_port]
+            return [self.settings.airflow_port] if self.settings.airflow_standalone else []
+
+        def start(self) -> str:
+            if not self.settings.airflow_standalone and not self.is_running():
+                return "disabled (SOCIAL_AIRFLOW_STANDALONE=1 enables it)"
+            return super().start()
 
         def env(self):
             return airflow_env(self.settings)
