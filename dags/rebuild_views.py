@@ -93,7 +93,7 @@ def rebuild_views():
 
         if not context["params"].get("switch", True):
             raise AirflowSkipException(f"switch=false: {namespace} built and verified, not live")
-        run_module("pipelines.rebuild", ["switch", "--namespace", namespace])
+        run_module("pipelines.rebuild", ["switch", "--namespace", namespace, "--reason", "rebuild_views"])
 
     @task(trigger_rule="none_failed")
     def retire_old_versions() -> None:

@@ -208,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
         s.add_argument("--topic", help="event topic (default: SOCIAL_EVENTS_TOPIC)")
         if name in ("run", "switch"):
             s.add_argument("--no-restart", action="store_true", help="do not restart the speed-layer service")
+        if name == "switch":
+            s.add_argument("--reason", default="manual", help="recorded in the switch history")
         if name == "run":
             s.add_argument("--no-switch", action="store_true", help="build and verify only")
     r = sub.add_parser("rollback", help="switch back to the namespace live before the current one")
@@ -231,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "verify":
             verify(settings, args.namespace, args.topic)
         elif args.command == "switch":
-            prev = switch(settings, args.namespace, restart=not args.no_restart, reason="manual")
+            prev = switch(settings, args.namespace, restart=not args.no_restart, reason=args.reason)
             print(f"live: {args.namespace} (was {prev})")
         elif args.command == "rollback":
             print(f"rolled back; live: {rollback(settings, restart=not args.no_restart)}")
