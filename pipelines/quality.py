@@ -134,27 +134,35 @@ def _written_since(spark, path: str, version: int, batch_id: int) -> bool:
     return False
 
 
-def snapshot(spark, settings: Settings, namespace: str) -> Snapshot:
-    """Every table of ``namespace`` as of its last micro-batch (see the module docstring)."""
-    from pipelines.lake import Lake
+def consistent_versions(spark, lake, last) -> dict[str, int | None]:
+    """Per table: the version ``last`` (a BatchRecord) recorded, or None (= latest) when the table was
+    written since by something other than a newer speed-layer micro-batch (a repair, a corruption,
+    a maintenance commit): that is what readers see, so that is what must be checked."""
     from pipelines.tables import TABLES
 
-    lake = Lake(spark, settings.lake_dir, namespace)
-    if not lake.exists():
-        raise FileNotFoundError(f"no views namespace {namespace!r} under {settings.lake_dir}")
-    last = lake.last_batch()
-    tables, versions = {}, {}
+    versions: dict[str, int | None] = {}
     for name in TABLES:
         version = None
         if last is not None and name in last.versions:
             recorded = int(last.versions[name])
             if not _written_since(spark, lake.path(name), recorded, last.batch_id):
                 version = recorded
-        tables[name] = lake.read(name, version)
         versions[name] = version
+    return versions
+
+
+def snapshot(spark, settings: Settings, namespace: str) -> Snapshot:
+    """Every table of ``namespace`` as of its last micro-batch (see the module docstring)."""
+    from pipelines.lake import Lake
+
+    lake = Lake(spark, settings.lake_dir, namespace)
+    if not lake.exists():
+        raise FileNotFoundError(f"no views namespace {namespace!r} under {settings.lake_dir}")
+    last = lake.last_batch()
+    versions = consistent_versions(spark, lake, last)
     return Snapshot(
         namespace=namespace,
-        tables=tables,
+        tables={name: lake.read(name, version) for name, version in versions.items()},
         batch_id=last.batch_id if last else None,
         end_offsets=dict(last.end_offsets) if last else {},
         versions=versions,

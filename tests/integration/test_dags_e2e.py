@@ -77,18 +77,19 @@ def dags_test(settings: Settings, dag_id: str, conf: dict) -> tuple[bool, str]:
     return dag_run_state(out) == "success", out
 
 
-def spark_sql(settings: Settings, statement: str) -> None:
-    script = textwrap.dedent(
-        f"""
-        from infra.settings import get_settings
-        from pipelines.spark import build_spark
-        spark = build_spark("corrupt", get_settings(), testing=True)
-        spark.sql({statement!r})
-        spark.stop()
-        """
+def spark_job(settings: Settings, body: str) -> str:
+    """Run ``body`` (Python, with ``spark`` and ``F`` defined) in a child process; returns its stdout."""
+    script = (
+        "from infra.settings import get_settings\n"
+        "from pipelines.spark import build_spark\n"
+        "from pyspark.sql import functions as F\n"
+        "spark = build_spark('test-helper', get_settings(), testing=True)\n"
+        + textwrap.dedent(body)
+        + "\nspark.stop()\n"
     )
     done = run_py(settings, ["-c", script], timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
 
 
 def produce_status_update(settings: Settings, topic: str, user_id: int) -> None:
@@ -164,8 +165,14 @@ def test_2_corrupted_row_is_caught_by_quality_and_verify(story):
     from pipelines import quality
 
     s, ns = story["settings"], story["a"]
-    table = f"delta.`{s.lake_dir / ns / 'unread_counts'}`"
-    spark_sql(s, f"UPDATE {table} SET unread = unread + 3 WHERE user_id = (SELECT min(user_id) FROM {table})")
+    path = s.lake_dir / ns / "unread_counts"
+    spark_job(
+        s,
+        f"""
+        victim = spark.read.format("delta").load({str(path)!r}).agg(F.min("user_id")).collect()[0][0]
+        spark.sql(f"UPDATE delta.`{path}` SET unread = unread + 3 WHERE user_id = {{victim}}")
+        """,
+    )
 
     done = run_py(
         s,
@@ -199,18 +206,11 @@ def test_2_corrupted_row_is_caught_by_quality_and_verify(story):
 
 
 def _max_user(settings: Settings, users_path: Path) -> int:
-    done = run_py(
+    out = spark_job(
         settings,
-        [
-            "-c",
-            "from infra.settings import get_settings; from pipelines.spark import build_spark; "
-            "s = build_spark('q', get_settings(), testing=True); "
-            f"print(s.read.format('delta').load({str(users_path)!r}).agg({{'user_id': 'max'}}).collect()[0][0])",
-        ],
-        timeout=300,
+        f"print(spark.read.format('delta').load({str(users_path)!r}).agg(F.max('user_id')).collect()[0][0])",
     )
-    assert done.returncode == 0, done.stderr[-2000:]
-    return int(done.stdout.strip().splitlines()[-1])
+    return int(out.strip().splitlines()[-1])
 
 
 def test_3_rebuild_views_repairs_by_blue_green_switch(story):
