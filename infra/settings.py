@@ -49,7 +49,7 @@ class Settings:
     )
     spark_master: str = _setting("SOCIAL_SPARK_MASTER", "local[*]", "Spark master URL")
     spark_shuffle_partitions: int = _setting(
-        "SOCIAL_SPARK_SHUFFLE_PARTITIONS", 8, "spark.sql.shuffle.partitions for the pipeline jobs"
+        "SOCIAL_SPARK_SHUFFLE_PARTITIONS", 4, "spark.sql.shuffle.partitions for the pipeline jobs"
     )
     views_namespace: str = _setting(
         "SOCIAL_VIEWS_NAMESPACE", "", "views version to serve; empty = the active one recorded under var/"
@@ -158,3 +158,27 @@ def get_settings(**overrides) -> Settings:
     if overrides:
         raise TypeError(f"unknown settings: {sorted(overrides)}")
     return Settings(**values)
+
+
+README_START, README_END = "<!-- settings:start -->", "<!-- settings:end -->"
+
+
+def readme_table() -> str:
+    lines = ["| environment variable | default | meaning |", "|---|---|---|"]
+    lines += [f"| `{env}` | `{default}` | {doc} |" for env, default, doc in settings_table()]
+    return "\n".join(lines)
+
+
+def sync_readme(path: Path = REPO_ROOT / "README.md") -> bool:
+    """Rewrite the settings table of the README; True when it changed."""
+    text = path.read_text()
+    head, rest = text.split(README_START, 1)
+    _, tail = rest.split(README_END, 1)
+    new = f"{head}{README_START}\n{readme_table()}\n{README_END}{tail}"
+    if new != text:
+        path.write_text(new)
+    return new != text
+
+
+if __name__ == "__main__":
+    print("README settings table", "updated" if sync_readme() else "already up to date")

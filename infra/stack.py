@@ -442,6 +442,52 @@ class RedisServer(Service):
         client.close()
 
 
+def settings_env(settings: Settings) -> dict[str, str]:
+    """The environment that makes a child process build exactly these Settings."""
+    from dataclasses import fields as dataclass_fields
+
+    env = dict(os.environ)
+    for f in dataclass_fields(settings):
+        env[f.metadata["env"]] = str(getattr(settings, f.name))
+    return env
+
+
+class SpeedLayer(Service):
+    """The Spark Structured Streaming speed layer (``python -m pipelines.speed_layer``).
+
+    Its Spark UI is on http://127.0.0.1:4040 (or the next free port) while it runs.
+    """
+
+    name = "speed_layer"
+    marker = "pipelines.speed_layer"
+    stop_timeout_s = 60.0
+    ready_timeout_s = 180.0
+    READY_LINE = b"speed layer running"
+
+    def ports(self) -> list[int]:
+        return []
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "pipelines.speed_layer"]
+
+    def env(self) -> Mapping[str, str]:
+        return settings_env(self.settings)
+
+    def wait_ready(self, deadline: float) -> None:
+        start = self.log_file.stat().st_size if self.log_file.exists() else 0
+        start = max(0, start - 4096)  # the start marker of this run was just written
+        while True:
+            if not self.is_running():
+                raise self._died()
+            with self.log_file.open("rb") as f:
+                f.seek(start)
+                if self.READY_LINE in f.read():
+                    return
+            if time.monotonic() > deadline:
+                raise StackError(f"the speed layer did not start in time; see {self.log_file}")
+            time.sleep(0.5)
+
+
 class ApiServer(Service):
     """The app API (``python -m app_sim.api``: uvicorn, ``api_workers`` processes) on api_host:api_port."""
 
@@ -458,12 +504,7 @@ class ApiServer(Service):
 
     def env(self) -> Mapping[str, str]:
         # the API builds its Settings from the environment: hand it exactly this stack's settings
-        from dataclasses import fields as dataclass_fields
-
-        env = dict(os.environ)
-        for f in dataclass_fields(self.settings):
-            env[f.metadata["env"]] = str(getattr(self.settings, f.name))
-        return env
+        return settings_env(self.settings)
 
     @property
     def health_url(self) -> str:
@@ -502,7 +543,8 @@ class ApiServer(Service):
 # The registry. `up` starts these in order, `down` stops them in reverse order.
 # Extension point: the speed layer (pipelines/) and the app API (app_sim/) become Service
 # subclasses (ports, command, wait_ready) and are appended here, after the stores they need.
-SERVICES: list[type[Service]] = [KafkaBroker, RedisServer, ApiServer]
+SERVICES: list[type[Service]] = [KafkaBroker, RedisServer, SpeedLayer, ApiServer]
+BACKBONE: tuple[type[Service], ...] = (KafkaBroker, RedisServer)  # what the other parts need first
 
 
 # Kafka administration --------------------------------------------------------------------------
@@ -543,6 +585,24 @@ def create_topic(
             return False
         raise StackError(f"creating topic {name!r} failed: {exc.args[0].str()}") from None
     return True
+
+
+def end_offsets(settings: Settings, topic: str, timeout_s: float = 10.0) -> dict[int, int]:
+    """The current end (high watermark) of every partition of ``topic``."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": settings.kafka_bootstrap, "group.id": "end-offsets",
+                         "enable.auto.commit": False})
+    try:
+        meta = consumer.list_topics(topic, timeout=timeout_s).topics[topic]
+        if meta.error is not None:
+            raise StackError(f"topic {topic}: {meta.error}")
+        return {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)[1]
+            for p in sorted(meta.partitions)
+        }
+    finally:
+        consumer.close()
 
 
 def delete_topic(settings: Settings, name: str, timeout_s: float = 30.0) -> None:

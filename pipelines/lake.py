@@ -146,6 +146,8 @@ class Lake:
         return versions
 
     def _append(self, table: str, df: DataFrame) -> None:
+        if table != "batches" and df.isEmpty():
+            return  # nothing to fence: a re-run finds nothing to write either
         t = TABLES[table]
         writer = df.select(*t.columns).write.format("delta").mode("append")
         if t.partition_by:
@@ -156,6 +158,8 @@ class Lake:
         """MERGE absolute rows for the touched keys (and delete the given keys)."""
         from delta.tables import DeltaTable
 
+        if rows.isEmpty() and (deletes is None or deletes.isEmpty()):
+            return
         t = TABLES[table]
         source = rows.select(*t.columns).withColumn("_delete", F.lit(False))
         if deletes is not None:

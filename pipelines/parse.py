@@ -8,6 +8,7 @@ A unit test runs both over the same invalid records and compares the reasons.
 
 from __future__ import annotations
 
+from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
@@ -124,7 +125,9 @@ def parse_records(records: DataFrame) -> tuple[DataFrame, DataFrame]:
     parsed = base.withColumn(
         "_v", F.when(F.col("_utf8"), F.expr("try_parse_json(raw)"))
     ).withColumn("_keys", F.when(F.col("_v").isNotNull(), F.expr("json_object_keys(raw)")))
+    # Computed once and cut from its lineage: events and quarantine both come from it.
     checked = parsed.select("*", *_field_columns()).withColumn("reason", reason_column())
+    checked = checked.localCheckpoint(eager=True, storageLevel=StorageLevel.DISK_ONLY)
 
     quarantine_cols = TABLES["quarantine"].columns
     quarantine = checked.where(F.col("reason").isNotNull()).select(

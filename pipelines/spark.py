@@ -44,6 +44,8 @@ def build_spark(
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.shuffle.partitions", str(settings.spark_shuffle_partitions))
         .config("spark.sql.adaptive.enabled", "true")
+        # The fold joins small per-batch frames with state; broadcasting them avoids shuffles.
+        .config("spark.sql.autoBroadcastJoinThreshold", str(64 * 1024 * 1024))
         .config("spark.driver.memory", "3g")
         .config("spark.local.dir", str(Path(settings.var_dir) / "spark-tmp"))
         .config("spark.sql.warehouse.dir", str(Path(settings.var_dir) / "spark-warehouse"))

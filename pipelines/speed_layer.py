@@ -81,16 +81,29 @@ class BatchProcessor:
             if self.store is not None and prev.batch_id == batch_id:
                 pass  # Redis was written before Delta: it covers the batch already
             return
+        phases: dict[str, float] = {}
+
+        def phase(name: str, t0: list[float] = [started]) -> None:  # noqa: B006 - a tiny stopwatch
+            now = time.time()
+            phases[name] = round(now - t0[0], 2)
+            t0[0] = now
+
         records = materialize(records)
         n_read = records.count()
         end_offsets = _end_offsets(records, prev.end_offsets if prev else {})
+        phase("read")
         events, quarantine = parse_records(records)
         events = materialize(events)
         quarantine = materialize(quarantine)
-        out = apply_batch(events, self.lake.state(prev), self.cfg)
+        phase("parse")
+        state = self.lake.state(prev)
+        phase("state")
+        out = apply_batch(events, state, self.cfg)
+        phase("fold")
         if self.store is not None:
             self.store.apply(batch_id, out, end_offsets)
         visible_at = int(time.time() * 1000)
+        phase("redis")
         counts = {r["disposition"]: r["count"] for r in out.bronze.groupBy("disposition").count().collect()}
         hist = {
             str(r["b"]): r["count"]
@@ -108,10 +121,12 @@ class BatchProcessor:
             "received_hist": json.dumps(hist),
             "visible_at": visible_at,
         }
+        phase("accounting")
         self.lake.write_batch(batch_id, out, quarantine, meta)
+        phase("delta")
         log.info(
-            "batch %d: %d read, %d applied, %d duplicates, %d quarantined in %.1fs",
-            batch_id, n_read, meta["applied"], meta["duplicates"], n_quarantined, time.time() - started,
+            "batch %d: %d read, %d applied, %d duplicates, %d quarantined in %.1fs %s",
+            batch_id, n_read, meta["applied"], meta["duplicates"], n_quarantined, time.time() - started, phases,
         )
 
 

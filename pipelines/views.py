@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
@@ -80,7 +81,7 @@ def materialize(df: DataFrame) -> DataFrame:
     lineage at these stage boundaries, the analysed plan grows with every join (and the
     optimiser runs out of memory). Each is computed once per batch either way.
     """
-    return df.localCheckpoint(eager=True)
+    return df.localCheckpoint(eager=True, storageLevel=StorageLevel.DISK_ONLY)
 
 
 def _of_type(events: DataFrame, *types: str) -> DataFrame:
@@ -281,6 +282,13 @@ def _rank_top(rows: DataFrame, n: int) -> DataFrame:
     return rows.withColumn("_rn", F.row_number().over(w)).where(F.col("_rn") <= n).drop("_rn")
 
 
+def _top_posts(posts: DataFrame, n: int) -> DataFrame:
+    """Each author's latest ``n`` live posts (author_id, post_id, event_time)."""
+    w = Window.partitionBy("author_id").orderBy(F.col("event_time").desc(), F.col("post_id").desc())
+    live = posts.where(~F.col("deleted")).select("author_id", "post_id", "event_time")
+    return live.withColumn("_rn", F.row_number().over(w)).where(F.col("_rn") <= n).drop("_rn")
+
+
 def timeline_changes(
     applied: DataFrame,
     state: State,
@@ -289,21 +297,23 @@ def timeline_changes(
     posts_upserts: DataFrame,
     cfg: ViewConfig,
 ) -> tuple[DataFrame, DataFrame, DataFrame]:
-    """Rows to insert into and keys to delete from home_timeline, and celebrity changes.
+    """Rows to insert into and keys to delete from home_timeline, and follower-count changes.
 
-    Users whose timeline cannot be maintained by adding the batch's new posts are recomputed
-    from posts and follows (R): they followed/unfollowed, follow an author who crossed the
-    fan-out threshold, or lost a post from a full timeline. Everyone else gets the new posts
-    of the (non-celebrity) authors they follow, then the timeline is trimmed to N.
+    Timelines change incrementally: new posts fan out to the followers of non-celebrity authors
+    (and to their author); a new follow (or an author dropping below the threshold) backfills
+    that author's latest N posts; an unfollow (or an author rising above it) and a delete remove
+    posts. Then each touched timeline is trimmed to N. Only a *full* timeline that loses posts
+    cannot be trimmed back: those few users are recomputed from posts and follows.
     """
     n, threshold = cfg.timeline_length, cfg.fanout_threshold
     tl_cols = ["user_id", "post_id", "author_id", "event_time"]
+    post_key = ["author_id", "post_id"]
     changed_pairs = follows_upserts.select("user_id", "followee_id").unionByName(follows_deletes)
     follows1 = state.follows.join(changed_pairs, ["user_id", "followee_id"], "left_anti").unionByName(
         follows_upserts
     )
     new_posts = posts_upserts.where(~F.col("deleted") & F.col("text").isNotNull())
-    deleted_posts = posts_upserts.where(F.col("deleted")).select("author_id", "post_id")
+    deleted_posts = posts_upserts.where(F.col("deleted")).select(*post_key)
     authors = new_posts.select(F.col("author_id").alias("followee_id")).union(
         changed_pairs.select("followee_id")
     ).distinct()
@@ -313,66 +323,77 @@ def timeline_changes(
             F.count("*").alias(name)
         )
 
-    followers = (
+    followers = materialize(
         authors.join(counts(state.follows, "before"), "followee_id", "left")
         .join(counts(follows1, "after"), "followee_id", "left")
         .fillna(0, ["before", "after"])
         .withColumn("celebrity", F.col("after") > threshold)
         .withColumn("flipped", (F.col("before") > threshold) != F.col("celebrity"))
     )
-    followers = materialize(followers)
-    flipped = followers.where("flipped").select("followee_id")
     celebrities = followers.where(F.col("before") != F.col("after")).select(
         F.col("followee_id").alias("author_id"), F.col("after").alias("followers"), "celebrity"
     )
+    normal = followers.where(~F.col("celebrity")).select("followee_id")
+    to_celeb = followers.where(F.col("flipped") & F.col("celebrity")).select("followee_id")
+    to_normal = followers.where(F.col("flipped") & ~F.col("celebrity")).select("followee_id")
 
-    prior_tl = state.home_timeline
-    # Users losing a post from a timeline that is full cannot be trimmed back: recompute them.
-    hit = materialize(
-        prior_tl.join(F.broadcast(deleted_posts), ["author_id", "post_id"], "left_semi").select("user_id").distinct()
+    # Whose posts leave whose timeline, and which (user, author) pairs get backfilled.
+    removed_pairs = materialize(
+        follows_deletes.unionByName(follows1.join(F.broadcast(to_celeb), "followee_id", "left_semi").select(
+            "user_id", "followee_id"))
+        .select("user_id", F.col("followee_id").alias("author_id")).distinct()
     )
-    full = prior_tl.join(F.broadcast(hit), "user_id", "left_semi").groupBy("user_id").count().where(F.col("count") >= n)
-    recompute = materialize(
-        changed_pairs.select("user_id")
-        .union(follows1.join(F.broadcast(flipped), "followee_id", "left_semi").select("user_id"))
-        .union(full.select("user_id"))
-        .distinct()
+    backfill_pairs = (
+        follows_upserts.join(F.broadcast(normal), "followee_id", "left_semi").select("user_id", "followee_id")
+        .unionByName(follows1.join(F.broadcast(to_normal), "followee_id", "left_semi").select("user_id", "followee_id"))
+        .select("user_id", F.col("followee_id").alias("author_id")).distinct()
     )
-
-    # Recomputed users: own posts plus posts of their non-celebrity followees, from all posts.
-    all_posts = state.posts.join(posts_upserts.select("author_id", "post_id"), ["author_id", "post_id"], "left_anti").unionByName(posts_upserts)
-    live_posts = all_posts.where(~F.col("deleted")).select("author_id", "post_id", "event_time")
-    r_follows = follows1.join(F.broadcast(recompute), "user_id", "left_semi")
-    r_followee_counts = (
-        r_follows.select("followee_id").distinct()
-        .join(follows1, "followee_id")
-        .groupBy("followee_id").count()
-        .where(F.col("count") <= threshold)
-        .select("followee_id")
+    posts1 = state.posts.join(posts_upserts.select(*post_key), post_key, "left_anti").unionByName(posts_upserts)
+    backfill_authors = backfill_pairs.select("author_id").distinct()
+    backfill = materialize(
+        backfill_pairs.join(_top_posts(posts1.join(F.broadcast(backfill_authors), "author_id", "left_semi"), n), "author_id")
+        .select(*tl_cols)
     )
-    r_sources = r_follows.join(r_followee_counts, "followee_id", "left_semi").select(
-        "user_id", F.col("followee_id").alias("author_id")
-    ).unionByName(recompute.select("user_id", F.col("user_id").alias("author_id")))
-    recomputed = materialize(_rank_top(r_sources.join(live_posts, "author_id").select(*tl_cols), n))
-
-    # Everyone else: prior timeline minus deleted posts plus the batch's new fanned-out posts.
-    fan_authors = followers.where(~F.col("celebrity")).select(F.col("followee_id").alias("author_id"))
     fanned = materialize(
-        new_posts.join(F.broadcast(fan_authors), "author_id", "left_semi")
+        new_posts.join(F.broadcast(normal.withColumnRenamed("followee_id", "author_id")), "author_id", "left_semi")
         .join(follows1.withColumnRenamed("followee_id", "author_id"), "author_id")
         .select(*tl_cols)
         .unionByName(new_posts.select(F.col("author_id").alias("user_id"), "post_id", "author_id", "event_time"))
-        .join(F.broadcast(recompute), "user_id", "left_anti")
     )
-    incremental_users = fanned.select("user_id").union(hit.join(recompute, "user_id", "left_anti")).distinct()
-    kept = prior_tl.join(incremental_users, "user_id", "left_semi").join(
-        F.broadcast(deleted_posts), ["author_id", "post_id"], "left_anti"
-    )
-    incremental = materialize(_rank_top(kept.select(*tl_cols).unionByName(fanned), n))
 
-    touched = recompute.union(incremental_users).distinct()
-    old = materialize(prior_tl.join(touched, "user_id", "left_semi").select(*tl_cols))
-    new = recomputed.unionByName(incremental)
+    prior_tl = state.home_timeline
+    hit = prior_tl.join(F.broadcast(deleted_posts), post_key, "left_semi").select("user_id")
+    touched = materialize(
+        hit.union(removed_pairs.select("user_id")).union(backfill.select("user_id")).union(fanned.select("user_id")).distinct()
+    )
+    old = materialize(prior_tl.join(F.broadcast(touched), "user_id", "left_semi").select(*tl_cols))
+    leaving = old.join(F.broadcast(deleted_posts), post_key, "left_semi").unionByName(
+        old.join(F.broadcast(removed_pairs), ["user_id", "author_id"], "left_semi")
+    ).select("user_id", "post_id").distinct()
+    # A full timeline losing posts must be refilled from older posts: recompute those users.
+    sizes = old.groupBy("user_id").count()
+    recompute = materialize(
+        leaving.select("user_id").distinct().join(sizes.where(F.col("count") >= n), "user_id", "left_semi")
+    )
+    r_follows = follows1.join(F.broadcast(recompute), "user_id", "left_semi")
+    r_authors = r_follows.select("followee_id").distinct()
+    r_normal = (
+        follows1.join(F.broadcast(r_authors), "followee_id", "left_semi").groupBy("followee_id").count()
+        .where(F.col("count") <= threshold).select(F.col("followee_id").alias("author_id"))
+    )
+    r_sources = r_follows.select("user_id", F.col("followee_id").alias("author_id")).join(
+        r_normal, "author_id", "left_semi"
+    ).unionByName(recompute.select("user_id", F.col("user_id").alias("author_id")))
+    r_posts = _top_posts(posts1.join(r_sources.select("author_id").distinct(), "author_id", "left_semi"), n)
+    recomputed = _rank_top(r_sources.join(r_posts, "author_id").select(*tl_cols), n)
+
+    kept = old.join(leaving, ["user_id", "post_id"], "left_anti")
+    candidates = (
+        kept.unionByName(backfill).unionByName(fanned)
+        .join(F.broadcast(recompute), "user_id", "left_anti")
+        .dropDuplicates(["user_id", "post_id"])
+    )
+    new = materialize(_rank_top(candidates, n).unionByName(recomputed))
     inserts = new.join(old.select("user_id", "post_id"), ["user_id", "post_id"], "left_anti")
     deletes = old.join(new.select("user_id", "post_id"), ["user_id", "post_id"], "left_anti").select(
         "user_id", "post_id", "author_id"

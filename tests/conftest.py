@@ -19,7 +19,7 @@ import pytest
 
 from infra.settings import Settings, get_settings
 
-PREFERRED_PORTS = {"kafka_port": 19092, "kafka_controller_port": 19093, "redis_port": 16379}
+PREFERRED_PORTS = {"kafka_port": 19092, "kafka_controller_port": 19093, "redis_port": 16379, "api_port": 18000}
 
 
 def _free_port(preferred: int, avoid: set[int]) -> int:
@@ -73,11 +73,11 @@ class RunningStack:
 def kafka_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
     """A real Kafka (KRaft) + Redis for the whole session; stopped at the end, also on failure."""
     from infra.jars import fetch
-    from infra.stack import Stack
+    from infra.stack import BACKBONE, Stack
 
     fetch()  # no-op (offline, seconds) when `make setup` already ran
     settings = isolated_settings(tmp_path_factory.mktemp("var"))
-    stack = Stack(settings)
+    stack = Stack(settings, service_types=BACKBONE)  # tests start the speed layer / API they need
     try:
         stack.up()
         yield RunningStack(settings)

@@ -14,7 +14,7 @@ from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, Producer
 from confluent_kafka.admin import ConfigResource
 
 from infra.settings import REPO_ROOT
-from infra.stack import EVENTS_TOPIC_CONFIGS, Stack, StackError, admin_client, port_listening
+from infra.stack import BACKBONE, EVENTS_TOPIC_CONFIGS, Stack, StackError, admin_client, port_listening
 
 pytestmark = pytest.mark.integration
 
@@ -83,7 +83,7 @@ def test_redis_answers(kafka_stack):
 
 
 def test_up_twice_is_harmless(kafka_stack):
-    stack = Stack(kafka_stack.settings)
+    stack = Stack(kafka_stack.settings, service_types=BACKBONE)
     pids = {s.name: s.pid() for s in stack.services}
     assert stack.up() == {name: "already running" for name in pids}
     assert {s.name: s.pid() for s in stack.services} == pids
@@ -92,7 +92,7 @@ def test_up_twice_is_harmless(kafka_stack):
 def test_down_stops_exactly_what_up_started(tmp_path, kafka_stack, private_settings):
     # A second stack (own free ports, own var dir), so the session stack keeps running.
     settings = private_settings(tmp_path / "var")
-    stack = Stack(settings)
+    stack = Stack(settings, service_types=BACKBONE)
     try:
         assert stack.up() == {"kafka": "started", "redis": "started"}
         ports = [p for s in stack.services for p in s.ports()]
@@ -112,7 +112,7 @@ def test_a_taken_port_gives_a_clear_error(tmp_path, private_settings):
         settings = private_settings(tmp_path / "var", kafka_port=taken)
 
         with pytest.raises(StackError, match=f"port {taken}"):
-            Stack(settings).up()
+            Stack(settings, service_types=BACKBONE).up()
         assert not list(settings.run_dir.glob("*.pid")), "nothing may start when a port is taken"
 
         env = {

@@ -49,17 +49,17 @@ def records(spark, events, start_offsets=None):
 def run(spark, batches, **cfg):
     """Fold the batches one after the other; return (final state, outputs of each step)."""
     from pipelines.parse import parse_records
-    from pipelines.views import State, ViewConfig, apply_batch, fold_into
+    from pipelines.views import State, ViewConfig, apply_batch, fold_into, materialize
 
     config = ViewConfig(**cfg)
     state, offsets, outs = State.empty(spark), {}, []
     for batch in batches:
         df, offsets = records(spark, batch, offsets)
         events, _ = parse_records(df)
-        out = apply_batch(events.localCheckpoint(), state, config)
+        out = apply_batch(materialize(events), state, config)
         outs.append(out)
         state = fold_into(state, out)
-        state = type(state)(**{k: v.localCheckpoint() for k, v in vars(state).items()})
+        state = type(state)(**{k: materialize(v) for k, v in vars(state).items()})
     return state, outs
 
 
