@@ -50,6 +50,12 @@ class BenchContext:
     topics: list[str] = field(default_factory=list)
     serving_users: int = 50
     serving_seconds: int = 30
+    replay_events: int = 200_000  # 10x; 1x is a tenth
+    stream_events: int = 100_000
+    freshness_rate: int = 500
+    freshness_seconds: int = 60
+    scaling_state_events: int = 20_000
+    scaling_probe_events: int = 5_000
 
     def topic(self, purpose: str, partitions: int | None = None) -> str:
         """A fresh topic for this run (deleted at the end), with the event topic's partition count."""
@@ -306,6 +312,178 @@ def _drop_namespace(settings: Settings, namespace: str) -> None:
         r.delete(*keys[i : i + 5000])
 
 
+# --- the speed layer, the replay, scaling (issue 3) -----------------------------------------------------
+
+
+def _fill(ctx: BenchContext, purpose: str, events: int, users: int, **gen) -> tuple[str, object]:
+    from app_sim.generator import GeneratorConfig, produce
+
+    topic = ctx.topic(purpose)
+    cfg = GeneratorConfig(users=users, seed=3, **gen)
+    summary = produce(events, cfg, topic=topic, bootstrap=ctx.settings.kafka_bootstrap, progress=False)
+    return topic, summary
+
+
+def _spark(ctx: BenchContext):
+    from pipelines.spark import build_spark
+
+    return build_spark("bench", ctx.settings)
+
+
+@section("replay")
+def replay_section(ctx: BenchContext) -> dict:
+    """Full recompute from the log vs a bare batch read of the same offsets; 1x and 10x log size."""
+    from pipelines.replay import read_log, recompute
+    from pipelines.speed_layer import view_config
+
+    spark = _spark(ctx)
+    out: dict = {}
+    for label, n in (("1x", ctx.replay_events // 10), ("10x", ctx.replay_events)):
+        topic, _ = _fill(ctx, f"replay{label}", n, users=max(200, n // 100), mean_followers=30)
+        t = time.perf_counter()
+        read_log(spark, ctx.settings, topic, None).write.format("noop").mode("overwrite").save()
+        bare = time.perf_counter() - t
+        t = time.perf_counter()
+        result = recompute(spark, ctx.settings, topic, None, view_config(ctx.settings))
+        rows = sum(df.count() for df in result.tables().values())
+        full = time.perf_counter() - t
+        out[f"events_{label}"] = n
+        out[f"bare_read_events_per_s_{label}"] = round(n / bare)
+        out[f"replay_events_per_s_{label}"] = round(n / full)
+        out[f"replay_seconds_{label}"] = round(full, 1)
+        out[f"replay_vs_bare_ratio_{label}"] = round(bare / full, 3)
+        out[f"rows_{label}"] = rows
+    out["replay_time_ratio_10x_over_1x"] = round(out["replay_seconds_10x"] / out["replay_seconds_1x"], 2)
+    spark.stop()
+    return out
+
+
+@section("stream")
+def stream_section(ctx: BenchContext) -> dict:
+    """Speed-layer catch-up throughput vs Spark reading the same topic into a noop sink; freshness."""
+    import shutil
+    import tempfile
+
+    from pipelines.lake import Lake
+    from pipelines.speed_layer import run as run_speed_layer
+    from pipelines.verify import freshness
+
+    n = ctx.stream_events
+    topic, _ = _fill(ctx, "stream", n, users=max(200, n // 100), mean_followers=30)
+    spark = _spark(ctx)
+    chk = tempfile.mkdtemp(prefix="bench-noop-")
+    t = time.perf_counter()
+    (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", ctx.settings.kafka_bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", ctx.settings.max_offsets_per_trigger)
+        .load()
+        .writeStream.format("noop")
+        .option("checkpointLocation", chk)
+        .trigger(availableNow=True)
+        .start()
+        .awaitTermination()
+    )
+    noop = time.perf_counter() - t
+    shutil.rmtree(chk, ignore_errors=True)
+    ns = f"bench_stream_{ctx.run_id}".lower()
+    t = time.perf_counter()
+    run_speed_layer(ctx.settings, namespace=ns, topic=topic, available_now=True)
+    speed = time.perf_counter() - t
+    lake = Lake(spark, ctx.settings.lake_dir, ns)
+    batches = lake.read("batches").orderBy("batch_id").collect()
+    durations = [
+        (b2["committed_at"] - b1["committed_at"]) / 1000 for b1, b2 in zip(batches, batches[1:], strict=False)
+    ]
+    out = {
+        "events": n,
+        "noop_events_per_s": round(n / noop),
+        "speed_layer_events_per_s": round(n / speed),
+        "speed_layer_vs_noop_ratio": round(noop / speed, 4),
+        "micro_batches": len(batches),
+        "micro_batch_seconds_median": round(sorted(durations)[len(durations) // 2], 1) if durations else None,
+    }
+    # Freshness at a fixed moderate rate: real server clock, the stream running continuously.
+    rate, seconds = ctx.freshness_rate, ctx.freshness_seconds
+    ftopic = ctx.topic("freshness")
+    fns = f"bench_fresh_{ctx.run_id}".lower()
+    import threading
+
+    from app_sim.generator import GeneratorConfig, produce
+
+    stream = threading.Thread(
+        target=run_speed_layer,
+        kwargs={"settings": ctx.settings, "namespace": fns, "topic": ftopic},
+        daemon=True,
+    )
+    stream.start()
+    time.sleep(20)  # the query is up and has done its first (empty) batches
+    produce(
+        int(rate * seconds),
+        GeneratorConfig(users=500, seed=9, mean_followers=20, realtime=True),
+        topic=ftopic,
+        bootstrap=ctx.settings.kafka_bootstrap,
+        rate=rate,
+        progress=False,
+    )
+    time.sleep(30)
+    for q in spark.streams.active:
+        q.stop()
+    stream.join(timeout=120)
+    flake = Lake(spark, ctx.settings.lake_dir, fns)
+    last = flake.last_batch()
+    fresh = freshness(flake, last.batch_id) if last else {}
+    out.update(
+        {
+            "freshness_rate_events_per_s": rate,
+            "freshness_p50_ms": fresh.get("p50_ms"),
+            "freshness_p99_ms": fresh.get("p99_ms"),
+            "freshness_p99_target_ms": 5000,
+            "freshness_target_met": bool(fresh.get("p99_ms") is not None and fresh["p99_ms"] <= 5000),
+        }
+    )
+    spark.stop()
+    return out
+
+
+@section("scaling")
+def scaling_section(ctx: BenchContext) -> dict:
+    """Duration of the same-size micro-batch on top of 1x and 10x total state (must stay flat)."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    from pipelines.lake import Lake
+    from pipelines.replay import read_log
+    from pipelines.speed_layer import BatchProcessor, view_config
+
+    spark = _spark(ctx)
+    base = ctx.scaling_state_events
+    probe = ctx.scaling_probe_events
+    out: dict = {"probe_events": probe}
+    for label, n in (("1x", base), ("10x", base * 10)):
+        topic, _ = _fill(ctx, f"scale{label}", n + probe, users=max(500, n // 40), mean_followers=40)
+        lake = Lake(spark, ctx.settings.lake_dir, f"bench_scale_{label}_{ctx.run_id}".lower())
+        lake.ensure_tables()
+        proc = BatchProcessor(spark, lake, None, view_config(ctx.settings))
+        log = read_log(spark, ctx.settings, topic, None)
+        # state: the first n records in one batch; the probe: the next `probe` records
+        ranked = log.withColumn("_i", F.row_number().over(Window.orderBy("offset", "partition")))
+        proc(ranked.where(F.col("_i") <= n).drop("_i"), 0)
+        t = time.perf_counter()
+        proc(ranked.where(F.col("_i") > n).drop("_i"), 1)
+        out[f"micro_batch_seconds_{label}"] = round(time.perf_counter() - t, 2)
+        out[f"timeline_rows_{label}"] = lake.read("home_timeline").count()
+        out[f"follows_rows_{label}"] = lake.read("follows").count()
+    out["micro_batch_ratio_10x_over_1x"] = round(
+        out["micro_batch_seconds_10x"] / out["micro_batch_seconds_1x"], 2
+    )
+    out["flat_within_1_5x"] = out["micro_batch_ratio_10x_over_1x"] <= 1.5
+    spark.stop()
+    return out
+
+
 # --- running and reporting ----------------------------------------------------------------------------
 
 
@@ -347,8 +525,10 @@ def run(only: list[str] | None, events: int, settings: Settings | None = None) -
         raise SystemExit(f"unknown section(s) {unknown}; known: {list(SECTIONS)}")
     stack = None
     if not port_listening(settings.kafka_port):
-        print("no broker running: starting the local stack for the benchmark", file=sys.stderr)
-        stack = Stack(settings)
+        print("no broker running: starting Kafka and Redis for the benchmark", file=sys.stderr)
+        from infra.stack import BACKBONE
+
+        stack = Stack(settings, service_types=BACKBONE)
         stack.up()
     ctx = BenchContext(settings=settings, events=events)
     results: dict[str, dict] = {}

@@ -591,8 +591,13 @@ def end_offsets(settings: Settings, topic: str, timeout_s: float = 10.0) -> dict
     """The current end (high watermark) of every partition of ``topic``."""
     from confluent_kafka import Consumer, TopicPartition
 
-    consumer = Consumer({"bootstrap.servers": settings.kafka_bootstrap, "group.id": "end-offsets",
-                         "enable.auto.commit": False})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": settings.kafka_bootstrap,
+            "group.id": "end-offsets",
+            "enable.auto.commit": False,
+        }
+    )
     try:
         meta = consumer.list_topics(topic, timeout=timeout_s).topics[topic]
         if meta.error is not None:

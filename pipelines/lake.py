@@ -93,11 +93,22 @@ class Lake:
         )
 
     def batch_at_or_before(self, batch_id: int) -> BatchRecord | None:
-        rows = self.read("batches").where(F.col("batch_id") <= batch_id).orderBy(F.col("batch_id").desc()).limit(1).collect()
+        rows = (
+            self.read("batches")
+            .where(F.col("batch_id") <= batch_id)
+            .orderBy(F.col("batch_id").desc())
+            .limit(1)
+            .collect()
+        )
         if not rows:
             return None
         r = rows[0].asDict()
-        return BatchRecord(r["batch_id"], {int(k): v for k, v in json.loads(r["end_offsets"]).items()}, json.loads(r["versions"]), r)
+        return BatchRecord(
+            r["batch_id"],
+            {int(k): v for k, v in json.loads(r["end_offsets"]).items()},
+            json.loads(r["versions"]),
+            r,
+        )
 
     def state(self, record: BatchRecord | None) -> State:
         """Every state table as of ``record`` (the previous batch), or empty before the first."""
@@ -111,7 +122,9 @@ class Lake:
         return DeltaTable.forPath(self.spark, self.path(table)).history(1).collect()[0]["version"]
 
     # -- writing ----------------------------------------------------------------------------------
-    def write_batch(self, batch_id: int, out: BatchOutput, quarantine: DataFrame, meta: dict) -> dict[str, int]:
+    def write_batch(
+        self, batch_id: int, out: BatchOutput, quarantine: DataFrame, meta: dict
+    ) -> dict[str, int]:
         """Write every table for batch ``batch_id``; returns the table versions after it."""
         conf = self.spark.conf
         conf.set(TXN_APP_ID, self.app_id)
@@ -137,7 +150,12 @@ class Lake:
                 for f in [pool.submit(w) for w in writes]:
                     f.result()
             versions = {t: self.version(t) for t in TABLES if t != "batches"}
-            row = {**meta, "batch_id": batch_id, "versions": json.dumps(versions), "committed_at": int(time.time() * 1000)}
+            row = {
+                **meta,
+                "batch_id": batch_id,
+                "versions": json.dumps(versions),
+                "committed_at": int(time.time() * 1000),
+            }
             row["end_offsets"] = json.dumps(meta["end_offsets"])
             self._append("batches", self.spark.createDataFrame([row], TABLES["batches"].ddl))
         finally:
@@ -171,7 +189,8 @@ class Lake:
         on = " AND ".join(f"t.{k} = s.{k}" for k in t.keys)
         values = {c: f"s.{c}" for c in t.columns}
         (
-            DeltaTable.forPath(self.spark, self.path(table)).alias("t")
+            DeltaTable.forPath(self.spark, self.path(table))
+            .alias("t")
             .merge(source.alias("s"), on)
             .whenMatchedDelete(condition="s._delete")
             .whenMatchedUpdate(condition="NOT s._delete", set=values)

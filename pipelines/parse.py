@@ -122,27 +122,44 @@ def parse_records(records: DataFrame) -> tuple[DataFrame, DataFrame]:
         (F.unix_micros(F.col("timestamp")) / 1000).cast("bigint").alias("kafka_timestamp"),
         F.expr("is_valid_utf8(value)").alias("_utf8"),
     )
-    parsed = base.withColumn(
-        "_v", F.when(F.col("_utf8"), F.expr("try_parse_json(raw)"))
-    ).withColumn("_keys", F.when(F.col("_v").isNotNull(), F.expr("json_object_keys(raw)")))
+    parsed = base.withColumn("_v", F.when(F.col("_utf8"), F.expr("try_parse_json(raw)"))).withColumn(
+        "_keys", F.when(F.col("_v").isNotNull(), F.expr("json_object_keys(raw)"))
+    )
     # Computed once and cut from its lineage: events and quarantine both come from it.
     checked = parsed.select("*", *_field_columns()).withColumn("reason", reason_column())
     checked = checked.localCheckpoint(eager=True, storageLevel=StorageLevel.DISK_ONLY)
 
     quarantine_cols = TABLES["quarantine"].columns
-    quarantine = checked.where(F.col("reason").isNotNull()).select(
-        "partition", "offset", "key", "raw", "reason",
-        _value("event_id", "string").alias("event_id"),
-        _value("type", "string").alias("type"),
-        "kafka_timestamp",
-    ).select(*quarantine_cols)
+    quarantine = (
+        checked.where(F.col("reason").isNotNull())
+        .select(
+            "partition",
+            "offset",
+            "key",
+            "raw",
+            "reason",
+            _value("event_id", "string").alias("event_id"),
+            _value("type", "string").alias("type"),
+            "kafka_timestamp",
+        )
+        .select(*quarantine_cols)
+    )
 
     fields = contract.spark_schema()
-    event_cols = [c for c in TABLES["events_bronze"].columns if c not in ("disposition", "reason", "received_date")]
+    event_cols = [
+        c for c in TABLES["events_bronze"].columns if c not in ("disposition", "reason", "received_date")
+    ]
     valid = checked.where(F.col("reason").isNull())
     extracted = valid.select(
-        "partition", "offset", "key", "raw", "kafka_timestamp",
-        *[_value(f.name, "integer" if f.dataType.typeName() == "long" else "string").alias(f.name) for f in fields],
+        "partition",
+        "offset",
+        "key",
+        "raw",
+        "kafka_timestamp",
+        *[
+            _value(f.name, "integer" if f.dataType.typeName() == "long" else "string").alias(f.name)
+            for f in fields
+        ],
     ).withColumn("event_time", F.col("device_time") + (F.col("received_time") - F.col("sent_time")))
     for col in event_cols:
         if col not in extracted.columns:

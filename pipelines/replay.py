@@ -45,7 +45,9 @@ class Replay:
         }
 
 
-def read_log(spark: SparkSession, settings: Settings, topic: str, end_offsets: dict[int, int] | None) -> DataFrame:
+def read_log(
+    spark: SparkSession, settings: Settings, topic: str, end_offsets: dict[int, int] | None
+) -> DataFrame:
     """The log from the earliest offset up to ``end_offsets`` (exclusive; None = the head)."""
     reader = (
         spark.read.format("kafka")
@@ -60,8 +62,9 @@ def read_log(spark: SparkSession, settings: Settings, topic: str, end_offsets: d
     return reader.load()
 
 
-def recompute(spark: SparkSession, settings: Settings, topic: str, end_offsets: dict[int, int] | None,
-              cfg: ViewConfig) -> Replay:
+def recompute(
+    spark: SparkSession, settings: Settings, topic: str, end_offsets: dict[int, int] | None, cfg: ViewConfig
+) -> Replay:
     records = materialize(read_log(spark, settings, topic, end_offsets))
     events, quarantine = parse_records(records)
     out = apply_batch(materialize(events), State.empty(spark), cfg)
@@ -83,8 +86,17 @@ def main(argv: list[str] | None = None) -> int:
     replay = recompute(spark, settings, args.topic or settings.events_topic, until, view_config(settings))
     counts = {name: df.count() for name, df in replay.tables().items()}
     elapsed = time.time() - started
-    print(json.dumps({"events_read": replay.events_read, "seconds": round(elapsed, 1),
-                      "events_per_s": round(replay.events_read / elapsed), "rows": counts}, indent=2))
+    print(
+        json.dumps(
+            {
+                "events_read": replay.events_read,
+                "seconds": round(elapsed, 1),
+                "events_per_s": round(replay.events_read / elapsed),
+                "rows": counts,
+            },
+            indent=2,
+        )
+    )
     return 0
 
 

@@ -65,53 +65,70 @@ class ServingStore:
         v = self.r.hget(self.k("meta"), "batch_id")
         return int(v) if v is not None else -1
 
-    def _pipelined(self, commands: Iterable) -> int:
+    def _pipelined(self, commands: Iterable[tuple]) -> int:
+        """Send ``(command, *args)`` tuples in pipelined chunks; returns how many were sent."""
         n = 0
         pipe = self.r.pipeline(transaction=False)
-        for cmd in commands:
-            cmd(pipe)
+        for name, *args in commands:
+            getattr(pipe, name)(*args)
             n += 1
             if n % self.chunk == 0:
                 pipe.execute()
         pipe.execute()
         return n
 
+    def _commands(self, out: BatchOutput) -> Iterator[tuple]:
+        """The batch as idempotent Redis commands (absolute values only)."""
+        k = self.k
+        for u, pid, t in _rows(out.timeline_inserts, "user_id", "post_id", "event_time"):
+            yield "zadd", k("tl", u), {_pid(pid): t}
+        for u, pid in _rows(out.timeline_deletes, "user_id", "post_id"):
+            yield "zrem", k("tl", u), _pid(pid)
+        for a, pid, t, text, deleted in _rows(
+            out.posts, "author_id", "post_id", "event_time", "text", "deleted"
+        ):
+            if deleted:
+                yield "zrem", k("posts", a), _pid(pid)
+                yield "delete", k("p", pid)
+            else:
+                yield "zadd", k("posts", a), {_pid(pid): t}
+                yield (
+                    "set",
+                    k("p", pid),
+                    json.dumps({"post_id": pid, "author_id": a, "text": text, "event_time": t}),
+                )
+        for u, f in _rows(out.follows_upserts, "user_id", "followee_id"):
+            yield "sadd", k("following", u), f
+        for u, f in _rows(out.follows_deletes, "user_id", "followee_id"):
+            yield "srem", k("following", u), f
+        for a, celebrity in _rows(out.celebrities, "author_id", "celebrity"):
+            yield ("sadd" if celebrity else "srem"), k("celebs"), a
+        for u, mid, sender, text, t, read in _rows(
+            out.inbox, "recipient_id", "message_id", "sender_id", "text", "event_time", "read"
+        ):
+            yield "zadd", k("inbox", u), {_pid(mid): t}
+            body = {"message_id": mid, "sender_id": sender, "text": text, "event_time": t, "read": read}
+            yield "hset", k("msgs", u), mid, json.dumps(body)
+        for u, n in _rows(out.unread_counts, "user_id", "unread"):
+            yield "hset", k("unread"), u, n
+        for u, text, t in _rows(out.user_status, "user_id", "text", "event_time"):
+            yield "hset", k("status"), u, json.dumps({"text": text, "event_time": t})
+        for u, handle, name in _rows(out.users, "user_id", "handle", "display_name"):
+            yield "hset", k("users"), u, json.dumps({"handle": handle, "display_name": name})
+
     def apply(self, batch_id: int, out: BatchOutput, end_offsets: dict[int, int]) -> int:
         """Apply batch ``batch_id`` unless the store already covers it; returns commands sent."""
         if self.applied_batch() >= batch_id:
             return 0
-        k = self.k
-        cmds = []
-        for u, pid, t in _rows(out.timeline_inserts, "user_id", "post_id", "event_time"):
-            cmds.append(lambda p, u=u, pid=pid, t=t: p.zadd(k("tl", u), {_pid(pid): t}))
-        for u, pid in _rows(out.timeline_deletes, "user_id", "post_id"):
-            cmds.append(lambda p, u=u, pid=pid: p.zrem(k("tl", u), _pid(pid)))
-        for a, pid, t, text, deleted in _rows(out.posts, "author_id", "post_id", "event_time", "text", "deleted"):
-            if deleted:
-                cmds.append(lambda p, a=a, pid=pid: (p.zrem(k("posts", a), _pid(pid)), p.delete(k("p", pid))))
-            else:
-                body = json.dumps({"post_id": pid, "author_id": a, "text": text, "event_time": t})
-                cmds.append(lambda p, a=a, pid=pid, t=t, body=body: (p.zadd(k("posts", a), {_pid(pid): t}), p.set(k("p", pid), body)))
-        for u, f in _rows(out.follows_upserts, "user_id", "followee_id"):
-            cmds.append(lambda p, u=u, f=f: p.sadd(k("following", u), f))
-        for u, f in _rows(out.follows_deletes, "user_id", "followee_id"):
-            cmds.append(lambda p, u=u, f=f: p.srem(k("following", u), f))
-        for a, celeb in _rows(out.celebrities, "author_id", "celebrity"):
-            cmds.append(lambda p, a=a, celeb=celeb: (p.sadd if celeb else p.srem)(k("celebs"), a))
-        for u, mid, s, text, t, read in _rows(out.inbox, "recipient_id", "message_id", "sender_id", "text", "event_time", "read"):
-            body = json.dumps({"message_id": mid, "sender_id": s, "text": text, "event_time": t, "read": read})
-            cmds.append(lambda p, u=u, mid=mid, t=t, body=body: (p.zadd(k("inbox", u), {_pid(mid): t}), p.hset(k("msgs", u), mid, body)))
-        for u, n in _rows(out.unread_counts, "user_id", "unread"):
-            cmds.append(lambda p, u=u, n=n: p.hset(k("unread"), u, n))
-        for u, text, t in _rows(out.user_status, "user_id", "text", "event_time"):
-            cmds.append(lambda p, u=u, body=json.dumps({"text": text, "event_time": t}): p.hset(k("status"), u, body))
-        for u, h, d in _rows(out.users, "user_id", "handle", "display_name"):
-            cmds.append(lambda p, u=u, body=json.dumps({"handle": h, "display_name": d}): p.hset(k("users"), u, body))
-        sent = self._pipelined(cmds)
+        sent = self._pipelined(self._commands(out))
         # Written last: readers see the new position only once everything it covers is there.
         self.r.hset(
-            k("meta"),
-            mapping={"batch_id": batch_id, "offsets": json.dumps(end_offsets), "updated_at": int(time.time() * 1000)},
+            self.k("meta"),
+            mapping={
+                "batch_id": batch_id,
+                "offsets": json.dumps(end_offsets),
+                "updated_at": int(time.time() * 1000),
+            },
         )
         return sent
 
@@ -166,7 +183,7 @@ class ServingStore:
     def dump_timelines(self) -> Iterator[tuple[int, int]]:
         prefix = self.k("tl", "")
         for key in self.r.scan_iter(match=prefix + "*", count=1000):
-            u = int(key[len(prefix):])
+            u = int(key[len(prefix) :])
             for m in self.r.zrange(key, 0, -1):
                 yield u, int(m)
 

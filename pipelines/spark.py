@@ -58,8 +58,10 @@ def build_spark(
         # Delta rebuilds a table snapshot with this many tasks (default 50): far too many for
         # the small logs of a micro-batch pipeline on a few cores.
         .config("spark.databricks.delta.snapshotPartitions", "4")
-        .config("spark.sql.streaming.stateStore.providerClass",
-                "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
+        .config(
+            "spark.sql.streaming.stateStore.providerClass",
+            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+        )
     )
     if testing:
         builder = (

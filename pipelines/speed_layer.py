@@ -18,6 +18,7 @@ import json
 import logging
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -126,12 +127,24 @@ class BatchProcessor:
         phase("delta")
         log.info(
             "batch %d: %d read, %d applied, %d duplicates, %d quarantined in %.1fs %s",
-            batch_id, n_read, meta["applied"], meta["duplicates"], n_quarantined, time.time() - started, phases,
+            batch_id,
+            n_read,
+            meta["applied"],
+            meta["duplicates"],
+            n_quarantined,
+            time.time() - started,
+            phases,
         )
 
 
-def run(settings: Settings, *, namespace: str | None = None, topic: str | None = None,
-        available_now: bool = False, with_redis: bool = True) -> None:
+def run(
+    settings: Settings,
+    *,
+    namespace: str | None = None,
+    topic: str | None = None,
+    available_now: bool = False,
+    with_redis: bool = True,
+) -> None:
     """Start the speed layer; returns when the query stops (``available_now``: when caught up)."""
     namespace = namespace or namespaces.active(settings)
     spark = build_spark(f"speed-layer-{namespace}", settings)
@@ -145,7 +158,11 @@ def run(settings: Settings, *, namespace: str | None = None, topic: str | None =
         .option("checkpointLocation", str(checkpoint_dir(settings, namespace)))
         .queryName(f"speed_layer_{namespace}")
     )
-    writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=settings.trigger_interval)
+    writer = (
+        writer.trigger(availableNow=True)
+        if available_now
+        else writer.trigger(processingTime=settings.trigger_interval)
+    )
     query = writer.start()
     log.info("speed layer running: namespace=%s topic=%s", namespace, topic or settings.events_topic)
 
@@ -153,7 +170,8 @@ def run(settings: Settings, *, namespace: str | None = None, topic: str | None =
         log.info("stopping")
         query.stop()
 
-    signal.signal(signal.SIGTERM, stop)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, stop)
     query.awaitTermination()
 
 
@@ -165,8 +183,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-redis", action="store_true", help="maintain the Delta views only")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    run(get_settings(), namespace=args.namespace, topic=args.topic, available_now=args.available_now,
-        with_redis=not args.no_redis)
+    run(
+        get_settings(),
+        namespace=args.namespace,
+        topic=args.topic,
+        available_now=args.available_now,
+        with_redis=not args.no_redis,
+    )
     return 0
 
 

@@ -119,7 +119,16 @@ def views_doc() -> str:
     """Markdown documentation of every table (docs/views.md)."""
     lines = ["# Derived tables", "", "Generated from `pipelines/tables.py`.", ""]
     for t in TABLES.values():
-        lines += [f"## `{t.name}`", "", t.doc, "", f"Key: `{', '.join(t.keys)}`", "", "| column | type |", "|---|---|"]
+        lines += [
+            f"## `{t.name}`",
+            "",
+            t.doc,
+            "",
+            f"Key: `{', '.join(t.keys)}`",
+            "",
+            "| column | type |",
+            "|---|---|",
+        ]
         for col in t.ddl.split(","):
             name, typ = col.strip().split(" ", 1)
             lines.append(f"| `{name}` | {typ} |")

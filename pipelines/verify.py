@@ -30,6 +30,7 @@ from pipelines import namespaces
 from pipelines.lake import Lake
 from pipelines.replay import recompute
 from pipelines.tables import TABLES
+from pipelines.views import materialize
 
 log = logging.getLogger("verify")
 EXAMPLES = 5
@@ -41,9 +42,10 @@ def _jsonable(row) -> dict:
 
 def compare(live: DataFrame, recomputed: DataFrame, columns: list[str]) -> dict:
     """Row-for-row comparison (multiset over all columns) with a few examples of each side."""
-    live, recomputed = live.select(*columns), recomputed.select(*columns)
-    only_live = live.exceptAll(recomputed).cache()
-    only_recomputed = recomputed.exceptAll(live).cache()
+    # each side is computed once: the comparisons below would otherwise re-run the replay
+    live, recomputed = materialize(live.select(*columns)), materialize(recomputed.select(*columns))
+    only_live = materialize(live.exceptAll(recomputed))
+    only_recomputed = materialize(recomputed.exceptAll(live))
     n_live, n_rec = only_live.count(), only_recomputed.count()
     result = {
         "live_rows": live.count(),
@@ -54,17 +56,18 @@ def compare(live: DataFrame, recomputed: DataFrame, columns: list[str]) -> dict:
         "examples": [{"side": "only_live", **_jsonable(r)} for r in only_live.limit(EXAMPLES).collect()]
         + [{"side": "only_recomputed", **_jsonable(r)} for r in only_recomputed.limit(EXAMPLES).collect()],
     }
-    only_live.unpersist()
-    only_recomputed.unpersist()
     result["ok"] = result["mismatches"] == 0
     return result
 
 
 def freshness(lake: Lake, up_to_batch: int) -> dict:
     """p50/p99 of (visible in Redis - received by the server) over all events, from ``batches``."""
-    rows = lake.read("batches").where(F.col("batch_id") <= up_to_batch).select(
-        "batch_id", "received_hist", "visible_at", "committed_at"
-    ).collect()
+    rows = (
+        lake.read("batches")
+        .where(F.col("batch_id") <= up_to_batch)
+        .select("batch_id", "received_hist", "visible_at", "committed_at")
+        .collect()
+    )
     hist: dict[int, int] = {}
     series = []
     for r in rows:
@@ -73,8 +76,13 @@ def freshness(lake: Lake, up_to_batch: int) -> dict:
             delay = max(0, r["visible_at"] - int(bucket) * 100)
             hist[delay] = hist.get(delay, 0) + n
         if h:
-            series.append({"batch_id": r["batch_id"], "visible_at": r["visible_at"],
-                           "max_delay_ms": max(r["visible_at"] - int(b) * 100 for b in h)})
+            series.append(
+                {
+                    "batch_id": r["batch_id"],
+                    "visible_at": r["visible_at"],
+                    "max_delay_ms": max(r["visible_at"] - int(b) * 100 for b in h),
+                }
+            )
     total = sum(hist.values())
     if not total:
         return {"events": 0, "p50_ms": None, "p99_ms": None, "series": []}
@@ -88,13 +96,23 @@ def freshness(lake: Lake, up_to_batch: int) -> dict:
         return max(hist)
 
     series.sort(key=lambda s: s["batch_id"])
-    return {"events": total, "p50_ms": pct(0.5), "p99_ms": pct(0.99), "max_ms": max(hist), "series": series[-500:]}
+    return {
+        "events": total,
+        "p50_ms": pct(0.5),
+        "p99_ms": pct(0.99),
+        "max_ms": max(hist),
+        "series": series[-500:],
+    }
 
 
 def accounting(lake: Lake, batch_id: int, end_offsets: dict[int, int]) -> dict:
-    agg = lake.read("batches").where(F.col("batch_id") <= batch_id).agg(
-        *[F.sum(c).alias(c) for c in ("events_read", "applied", "duplicates", "quarantined")]
-    ).collect()[0].asDict()
+    agg = (
+        lake.read("batches")
+        .where(F.col("batch_id") <= batch_id)
+        .agg(*[F.sum(c).alias(c) for c in ("events_read", "applied", "duplicates", "quarantined")])
+        .collect()[0]
+        .asDict()
+    )
     agg = {k: int(v or 0) for k, v in agg.items()}
     agg["records_below_position"] = int(sum(end_offsets.values()))
     agg["ok"] = (
@@ -115,23 +133,34 @@ def compare_serving(spark, lake: Lake, settings: Settings, batch_id: int, versio
     out = {}
     tl = list(store.dump_timelines())
     redis_tl = spark.createDataFrame(tl, "user_id BIGINT, post_id BIGINT")
-    out["home_timeline"] = compare(redis_tl, lake.read("home_timeline", versions["home_timeline"]), ["user_id", "post_id"])
+    out["home_timeline"] = compare(
+        redis_tl, lake.read("home_timeline", versions["home_timeline"]), ["user_id", "post_id"]
+    )
     unread = [(int(u), int(n)) for u, n in store.dump_hash("unread").items()]
     out["unread_counts"] = compare(
         spark.createDataFrame(unread, "user_id BIGINT, unread BIGINT"),
-        lake.read("unread_counts", versions["unread_counts"]), ["user_id", "unread"],
+        lake.read("unread_counts", versions["unread_counts"]),
+        ["user_id", "unread"],
     )
     status = [(int(u), json.loads(v)["text"]) for u, v in store.dump_hash("status").items()]
     out["user_status"] = compare(
         spark.createDataFrame(status, "user_id BIGINT, text STRING"),
-        lake.read("user_status", versions["user_status"]), ["user_id", "text"],
+        lake.read("user_status", versions["user_status"]),
+        ["user_id", "text"],
     )
     out["ok"] = all(v["ok"] for v in out.values() if isinstance(v, dict))
     return out
 
 
-def verify(spark, settings: Settings, *, namespace: str | None = None, topic: str | None = None,
-           serving: bool = True, report_dir: Path | None = None) -> dict:
+def verify(
+    spark,
+    settings: Settings,
+    *,
+    namespace: str | None = None,
+    topic: str | None = None,
+    serving: bool = True,
+    report_dir: Path | None = None,
+) -> dict:
     from pipelines.speed_layer import view_config
 
     namespace = namespace or namespaces.active(settings)
@@ -154,17 +183,26 @@ def verify(spark, settings: Settings, *, namespace: str | None = None, topic: st
     report = {
         "namespace": namespace,
         "topic": topic,
-        "position": {"batch_id": record.batch_id, "end_offsets": {str(k): v for k, v in record.end_offsets.items()}},
+        "position": {
+            "batch_id": record.batch_id,
+            "end_offsets": {str(k): v for k, v in record.end_offsets.items()},
+        },
         "table_versions": record.versions,
         "views": views,
         "accounting": accounting(lake, record.batch_id, record.end_offsets),
         "freshness": freshness(lake, record.batch_id),
-        "serving": compare_serving(spark, lake, settings, record.batch_id, record.versions) if serving else {"ok": None, "skipped": "disabled"},
+        "serving": compare_serving(spark, lake, settings, record.batch_id, record.versions)
+        if serving
+        else {"ok": None, "skipped": "disabled"},
         "rows_verified": sum(v["recomputed_rows"] for v in views.values()),
         "seconds": round(time.time() - started, 1),
         "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
-    report["ok"] = all(v["ok"] for v in views.values()) and report["accounting"]["ok"] and report["serving"]["ok"] is not False
+    report["ok"] = (
+        all(v["ok"] for v in views.values())
+        and report["accounting"]["ok"]
+        and report["serving"]["ok"] is not False
+    )
     write_report(report, report_dir or Path(settings.reports_dir) / "verify")
     return report
 
@@ -201,14 +239,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def summary(report: dict) -> str:
-    lines = [f"verify {report['namespace']} at batch {report['position']['batch_id']} "
-             f"(offsets {report['position']['end_offsets']}): {'OK' if report['ok'] else 'MISMATCH'}"]
+    lines = [
+        f"verify {report['namespace']} at batch {report['position']['batch_id']} "
+        f"(offsets {report['position']['end_offsets']}): {'OK' if report['ok'] else 'MISMATCH'}"
+    ]
     lines.append(f"  {'view':<15} {'live':>10} {'recomputed':>11} {'mismatches':>11}")
     for name, v in report["views"].items():
         lines.append(f"  {name:<15} {v['live_rows']:>10} {v['recomputed_rows']:>11} {v['mismatches']:>11}")
     a = report["accounting"]
-    lines.append(f"  accounting: read {a['events_read']} = applied {a['applied']} + duplicates {a['duplicates']}"
-                 f" + quarantined {a['quarantined']} ({'ok' if a['ok'] else 'MISMATCH'})")
+    lines.append(
+        f"  accounting: read {a['events_read']} = applied {a['applied']} + duplicates {a['duplicates']}"
+        f" + quarantined {a['quarantined']} ({'ok' if a['ok'] else 'MISMATCH'})"
+    )
     s = report["serving"]
     lines.append(f"  serving store vs Delta: {s.get('skipped') or ('ok' if s['ok'] else 'MISMATCH')}")
     f = report["freshness"]

@@ -160,16 +160,16 @@ def validate_stateful(events: DataFrame, state: State) -> DataFrame:
     deletes = _of_type(events, "post_deleted").select(
         "partition", "offset", F.col("user_id").alias("author_id"), "post_id"
     )
-    prior_posts = state.posts.join(F.broadcast(creates.union(deletes).select(*posts_key).distinct()), posts_key, "left_semi")
+    prior_posts = state.posts.join(
+        F.broadcast(creates.union(deletes).select(*posts_key).distinct()), posts_key, "left_semi"
+    )
     creates, deletes = _sequence_rules(creates, deletes, prior_posts, posts_key, "deleted")
     w = Window.partitionBy(*posts_key).orderBy("offset")
-    deletes = (
-        deletes.withColumn("n", F.sum(F.col("exists_at").cast("int")).over(w))
-        .withColumn(
-            "reason",
-            F.when(~F.col("exists_at"), "not_own_post")
-            .when(F.coalesce(F.col("prior_flag"), F.lit(False)) | (F.col("n") > 1), "post_already_deleted"),
-        )
+    deletes = deletes.withColumn("n", F.sum(F.col("exists_at").cast("int")).over(w)).withColumn(
+        "reason",
+        F.when(~F.col("exists_at"), "not_own_post").when(
+            F.coalesce(F.col("prior_flag"), F.lit(False)) | (F.col("n") > 1), "post_already_deleted"
+        ),
     )
 
     inbox_key = ["recipient_id", "message_id"]
@@ -177,7 +177,9 @@ def validate_stateful(events: DataFrame, state: State) -> DataFrame:
     reads = _of_type(events, "message_read").select(
         "partition", "offset", F.col("user_id").alias("recipient_id"), "message_id"
     )
-    prior_inbox = state.inbox.join(F.broadcast(sends.union(reads).select(*inbox_key).distinct()), inbox_key, "left_semi")
+    prior_inbox = state.inbox.join(
+        F.broadcast(sends.union(reads).select(*inbox_key).distinct()), inbox_key, "left_semi"
+    )
     sends, reads = _sequence_rules(sends, reads, prior_inbox, inbox_key, "read")
     reads = reads.withColumn("reason", F.when(~F.col("exists_at"), "not_in_inbox"))
 
@@ -234,7 +236,9 @@ def posts_view(applied: DataFrame, prior_posts: DataFrame) -> DataFrame:
     return (
         created.unionByName(before)
         .join(deleted, key, "left")
-        .select(*key, "event_time", "text", F.col("deleted_time").isNotNull().alias("deleted"), "deleted_time")
+        .select(
+            *key, "event_time", "text", F.col("deleted_time").isNotNull().alias("deleted"), "deleted_time"
+        )
     )
 
 
@@ -244,7 +248,11 @@ def inbox_view(applied: DataFrame, prior_inbox: DataFrame) -> DataFrame:
     sent = _of_type(applied, "message_sent").select(
         *key, F.col("user_id").alias("sender_id"), "text", "event_time", F.lit(False).alias("read")
     )
-    read_keys = _of_type(applied, "message_read").select(F.col("user_id").alias("recipient_id"), "message_id").distinct()
+    read_keys = (
+        _of_type(applied, "message_read")
+        .select(F.col("user_id").alias("recipient_id"), "message_id")
+        .distinct()
+    )
     prior_read = prior_inbox.join(F.broadcast(read_keys), key, "left_semi").select(*sent.columns)
     return (
         sent.unionByName(prior_read)
@@ -271,9 +279,8 @@ def unread_view(inbox_upserts: DataFrame, prior_inbox: DataFrame, prior_unread: 
         .groupBy(F.col("recipient_id").alias("user_id"))
         .agg(F.sum("delta").alias("delta"))
     )
-    return (
-        change.join(prior_unread, "user_id", "left")
-        .select("user_id", (F.coalesce(F.col("unread"), F.lit(0)) + F.col("delta")).cast("bigint").alias("unread"))
+    return change.join(prior_unread, "user_id", "left").select(
+        "user_id", (F.coalesce(F.col("unread"), F.lit(0)) + F.col("delta")).cast("bigint").alias("unread")
     )
 
 
@@ -314,13 +321,17 @@ def timeline_changes(
     )
     new_posts = posts_upserts.where(~F.col("deleted") & F.col("text").isNotNull())
     deleted_posts = posts_upserts.where(F.col("deleted")).select(*post_key)
-    authors = new_posts.select(F.col("author_id").alias("followee_id")).union(
-        changed_pairs.select("followee_id")
-    ).distinct()
+    authors = (
+        new_posts.select(F.col("author_id").alias("followee_id"))
+        .union(changed_pairs.select("followee_id"))
+        .distinct()
+    )
 
     def counts(follows: DataFrame, name: str) -> DataFrame:
-        return follows.join(F.broadcast(authors), "followee_id", "left_semi").groupBy("followee_id").agg(
-            F.count("*").alias(name)
+        return (
+            follows.join(F.broadcast(authors), "followee_id", "left_semi")
+            .groupBy("followee_id")
+            .agg(F.count("*").alias(name))
         )
 
     followers = materialize(
@@ -339,37 +350,56 @@ def timeline_changes(
 
     # Whose posts leave whose timeline, and which (user, author) pairs get backfilled.
     removed_pairs = materialize(
-        follows_deletes.unionByName(follows1.join(F.broadcast(to_celeb), "followee_id", "left_semi").select(
-            "user_id", "followee_id"))
-        .select("user_id", F.col("followee_id").alias("author_id")).distinct()
+        follows_deletes.unionByName(
+            follows1.join(F.broadcast(to_celeb), "followee_id", "left_semi").select("user_id", "followee_id")
+        )
+        .select("user_id", F.col("followee_id").alias("author_id"))
+        .distinct()
     )
     backfill_pairs = (
-        follows_upserts.join(F.broadcast(normal), "followee_id", "left_semi").select("user_id", "followee_id")
-        .unionByName(follows1.join(F.broadcast(to_normal), "followee_id", "left_semi").select("user_id", "followee_id"))
-        .select("user_id", F.col("followee_id").alias("author_id")).distinct()
+        follows_upserts.join(F.broadcast(normal), "followee_id", "left_semi")
+        .select("user_id", "followee_id")
+        .unionByName(
+            follows1.join(F.broadcast(to_normal), "followee_id", "left_semi").select("user_id", "followee_id")
+        )
+        .select("user_id", F.col("followee_id").alias("author_id"))
+        .distinct()
     )
-    posts1 = state.posts.join(posts_upserts.select(*post_key), post_key, "left_anti").unionByName(posts_upserts)
+    posts1 = state.posts.join(posts_upserts.select(*post_key), post_key, "left_anti").unionByName(
+        posts_upserts
+    )
     backfill_authors = backfill_pairs.select("author_id").distinct()
     backfill = materialize(
-        backfill_pairs.join(_top_posts(posts1.join(F.broadcast(backfill_authors), "author_id", "left_semi"), n), "author_id")
-        .select(*tl_cols)
+        backfill_pairs.join(
+            _top_posts(posts1.join(F.broadcast(backfill_authors), "author_id", "left_semi"), n), "author_id"
+        ).select(*tl_cols)
     )
     fanned = materialize(
-        new_posts.join(F.broadcast(normal.withColumnRenamed("followee_id", "author_id")), "author_id", "left_semi")
+        new_posts.join(
+            F.broadcast(normal.withColumnRenamed("followee_id", "author_id")), "author_id", "left_semi"
+        )
         .join(follows1.withColumnRenamed("followee_id", "author_id"), "author_id")
         .select(*tl_cols)
-        .unionByName(new_posts.select(F.col("author_id").alias("user_id"), "post_id", "author_id", "event_time"))
+        .unionByName(
+            new_posts.select(F.col("author_id").alias("user_id"), "post_id", "author_id", "event_time")
+        )
     )
 
     prior_tl = state.home_timeline
     hit = prior_tl.join(F.broadcast(deleted_posts), post_key, "left_semi").select("user_id")
     touched = materialize(
-        hit.union(removed_pairs.select("user_id")).union(backfill.select("user_id")).union(fanned.select("user_id")).distinct()
+        hit.union(removed_pairs.select("user_id"))
+        .union(backfill.select("user_id"))
+        .union(fanned.select("user_id"))
+        .distinct()
     )
     old = materialize(prior_tl.join(F.broadcast(touched), "user_id", "left_semi").select(*tl_cols))
-    leaving = old.join(F.broadcast(deleted_posts), post_key, "left_semi").unionByName(
-        old.join(F.broadcast(removed_pairs), ["user_id", "author_id"], "left_semi")
-    ).select("user_id", "post_id").distinct()
+    leaving = (
+        old.join(F.broadcast(deleted_posts), post_key, "left_semi")
+        .unionByName(old.join(F.broadcast(removed_pairs), ["user_id", "author_id"], "left_semi"))
+        .select("user_id", "post_id")
+        .distinct()
+    )
     # A full timeline losing posts must be refilled from older posts: recompute those users.
     sizes = old.groupBy("user_id").count()
     recompute = materialize(
@@ -378,18 +408,24 @@ def timeline_changes(
     r_follows = follows1.join(F.broadcast(recompute), "user_id", "left_semi")
     r_authors = r_follows.select("followee_id").distinct()
     r_normal = (
-        follows1.join(F.broadcast(r_authors), "followee_id", "left_semi").groupBy("followee_id").count()
-        .where(F.col("count") <= threshold).select(F.col("followee_id").alias("author_id"))
+        follows1.join(F.broadcast(r_authors), "followee_id", "left_semi")
+        .groupBy("followee_id")
+        .count()
+        .where(F.col("count") <= threshold)
+        .select(F.col("followee_id").alias("author_id"))
     )
-    r_sources = r_follows.select("user_id", F.col("followee_id").alias("author_id")).join(
-        r_normal, "author_id", "left_semi"
-    ).unionByName(recompute.select("user_id", F.col("user_id").alias("author_id")))
+    r_sources = (
+        r_follows.select("user_id", F.col("followee_id").alias("author_id"))
+        .join(r_normal, "author_id", "left_semi")
+        .unionByName(recompute.select("user_id", F.col("user_id").alias("author_id")))
+    )
     r_posts = _top_posts(posts1.join(r_sources.select("author_id").distinct(), "author_id", "left_semi"), n)
     recomputed = _rank_top(r_sources.join(r_posts, "author_id").select(*tl_cols), n)
 
     kept = old.join(leaving, ["user_id", "post_id"], "left_anti")
     candidates = (
-        kept.unionByName(backfill).unionByName(fanned)
+        kept.unionByName(backfill)
+        .unionByName(fanned)
         .join(F.broadcast(recompute), "user_id", "left_anti")
         .dropDuplicates(["user_id", "post_id"])
     )
@@ -416,7 +452,9 @@ def apply_batch(events: DataFrame, state: State, cfg: ViewConfig) -> BatchOutput
         marked.join(checked.select("partition", "offset", "reason"), ["partition", "offset"], "left")
         .withColumn(
             "disposition",
-            F.when(F.col("duplicate"), DUPLICATE).when(F.col("reason").isNotNull(), REJECTED).otherwise(APPLIED),
+            F.when(F.col("duplicate"), DUPLICATE)
+            .when(F.col("reason").isNotNull(), REJECTED)
+            .otherwise(APPLIED),
         )
         .withColumn("received_date", F.date_format(F.timestamp_millis("received_time"), "yyyy-MM-dd"))
         .select(*bronze_cols)
@@ -459,7 +497,9 @@ def fold_into(state: State, out: BatchOutput) -> State:
     def keys(name: str) -> list[str]:
         return list(T[name].keys)
 
-    timeline = state.home_timeline.join(out.timeline_deletes.select("user_id", "post_id"), ["user_id", "post_id"], "left_anti")
+    timeline = state.home_timeline.join(
+        out.timeline_deletes.select("user_id", "post_id"), ["user_id", "post_id"], "left_anti"
+    )
     return State(
         events_bronze=state.events_bronze.unionByName(out.bronze),
         users=_upsert(state.users, out.users, keys("users")),

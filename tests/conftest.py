@@ -19,7 +19,12 @@ import pytest
 
 from infra.settings import Settings, get_settings
 
-PREFERRED_PORTS = {"kafka_port": 19092, "kafka_controller_port": 19093, "redis_port": 16379, "api_port": 18000}
+PREFERRED_PORTS = {
+    "kafka_port": 19092,
+    "kafka_controller_port": 19093,
+    "redis_port": 16379,
+    "api_port": 18000,
+}
 
 
 def _free_port(preferred: int, avoid: set[int]) -> int:

@@ -36,8 +36,20 @@ class SpeedLayerProcess:
         env = settings_env(self.settings)
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "pipelines.speed_layer", "--topic", self.topic, "--namespace", self.namespace],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+                [
+                    sys.executable,
+                    "-m",
+                    "pipelines.speed_layer",
+                    "--topic",
+                    self.topic,
+                    "--namespace",
+                    self.namespace,
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
             )
         return self
 
@@ -55,12 +67,16 @@ class SpeedLayerProcess:
         deadline = time.monotonic() + timeout
         while True:
             if self.proc is not None and self.proc.poll() is not None:
-                raise AssertionError(f"speed layer exited with {self.proc.returncode}; see {self.log_path}:\n{self.tail()}")
+                raise AssertionError(
+                    f"speed layer exited with {self.proc.returncode}; see {self.log_path}:\n{self.tail()}"
+                )
             got = self.lake_position()
             if all(got.get(int(p), 0) >= o for p, o in offsets.items()):
                 return got
             if time.monotonic() > deadline:
-                raise AssertionError(f"speed layer at {got}, wanted {offsets}; see {self.log_path}:\n{self.tail()}")
+                raise AssertionError(
+                    f"speed layer at {got}, wanted {offsets}; see {self.log_path}:\n{self.tail()}"
+                )
             time.sleep(0.5)
 
     def wait_caught_up(self, timeout: float = 300.0) -> dict[int, int]:

@@ -29,7 +29,10 @@ def run_verify(settings, topic: str, namespace: str, tmp_path) -> dict:
     env = settings_env(settings)
     done = subprocess.run(
         [sys.executable, "-m", "pipelines.verify", "--topic", topic, "--namespace", namespace],
-        env=env, capture_output=True, text=True, timeout=900,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     report = json.loads((settings.reports_dir / "verify" / "latest.json").read_text())
     assert report["namespace"] == namespace
@@ -83,13 +86,13 @@ def test_stream_equals_replay(kafka_stack, topic_factory, speed_layer_factory, t
 def test_crash_safety_kill9_and_restart(kafka_stack, topic_factory, speed_layer_factory, tmp_path):
     topic = topic_factory(4)
     cfg = GeneratorConfig(users=600, seed=5, mean_followers=20, invalid_share=0.02, duplicate_share=0.02)
-    summary = produce(60_000, cfg, topic=topic, bootstrap=kafka_stack.bootstrap, progress=False)
-    sl = speed_layer_factory(topic=topic, namespace="crashy", max_offsets_per_trigger=4_000)
+    summary = produce(30_000, cfg, topic=topic, bootstrap=kafka_stack.bootstrap, progress=False)
+    sl = speed_layer_factory(topic=topic, namespace="crashy", max_offsets_per_trigger=3_000)
     rng = random.Random(42)
     kills = 0
     while kills < 10:
         # let it get going (JVM start + part of a batch), then pull the plug at a random moment
-        time.sleep(rng.uniform(12, 30))
+        time.sleep(rng.uniform(15, 35))
         sl.kill9()
         kills += 1
         sl.start()

@@ -15,8 +15,15 @@ T = 1_700_000_000_000
 
 def _ev(**kw):
     base = {
-        "event_id": "e-1", "type": "post_created", "schema_version": 1, "user_id": 7,
-        "device_time": T, "sent_time": T + 10, "received_time": T + 500, "post_id": 99, "text": "hi",
+        "event_id": "e-1",
+        "type": "post_created",
+        "schema_version": 1,
+        "user_id": 7,
+        "device_time": T,
+        "sent_time": T + 10,
+        "received_time": T + 500,
+        "post_id": 99,
+        "text": "hi",
     }
     base.update(kw)
     return base
@@ -43,7 +50,9 @@ RECORDS: list[bytes] = [
     json.dumps(_ev(extra=1, zzz=2)).encode(),
     json.dumps(_without(_ev(), "received_time")).encode(),
     json.dumps(_ev(type="user_registered", handle="ok_name", display_name="Ok")).encode(),
-    json.dumps(_without(_ev(type="user_registered", handle="no spaces!", display_name="Ok"), "post_id", "text")).encode(),
+    json.dumps(
+        _without(_ev(type="user_registered", handle="no spaces!", display_name="Ok"), "post_id", "text")
+    ).encode(),
     json.dumps(_without(_ev(type="message_sent", message_id=5, recipient_id=9), "post_id")).encode(),
     json.dumps(_without(_ev(type="message_read", message_id=5), "post_id", "text")).encode(),
     json.dumps([1, 2]).encode(),
@@ -58,7 +67,9 @@ def test_spark_reasons_match_python_validator(spark):
     from pipelines.parse import parse_records
 
     rows = [(None, raw, 0, i, None) for i, raw in enumerate(RECORDS)]
-    df = spark.createDataFrame(rows, "key binary, value binary, partition int, offset long, timestamp timestamp")
+    df = spark.createDataFrame(
+        rows, "key binary, value binary, partition int, offset long, timestamp timestamp"
+    )
     events, quarantine = parse_records(df)
     spark_reason = {r["offset"]: r["reason"] for r in quarantine.collect()}
     valid_offsets = {r["offset"] for r in events.select("offset").collect()}
@@ -73,7 +84,10 @@ def test_valid_event_columns_and_corrected_time(spark):
     from pipelines.parse import parse_records
 
     raw = json.dumps(_ev(device_time=1000, sent_time=1300, received_time=5000)).encode()
-    df = spark.createDataFrame([(b"7", raw, 3, 42, None)], "key binary, value binary, partition int, offset long, timestamp timestamp")
+    df = spark.createDataFrame(
+        [(b"7", raw, 3, 42, None)],
+        "key binary, value binary, partition int, offset long, timestamp timestamp",
+    )
     events, quarantine = parse_records(df)
     assert quarantine.count() == 0
     row = events.collect()[0]

@@ -22,9 +22,15 @@ def ev(type_, user, t, eid=None, **fields):
     """A valid event; ``t`` is the device time offset in seconds (clocks in sync by default)."""
     ms = T0 + int(t * 1000)
     return {
-        "event_id": eid or str(uuid.uuid5(uuid.NAMESPACE_OID, f"{type_}-{user}-{t}-{sorted(fields.items())}")),
-        "type": type_, "schema_version": 1, "user_id": user,
-        "device_time": ms, "sent_time": ms, "received_time": ms, **fields,
+        "event_id": eid
+        or str(uuid.uuid5(uuid.NAMESPACE_OID, f"{type_}-{user}-{t}-{sorted(fields.items())}")),
+        "type": type_,
+        "schema_version": 1,
+        "user_id": user,
+        "device_time": ms,
+        "sent_time": ms,
+        "received_time": ms,
+        **fields,
     }
 
 
@@ -42,7 +48,9 @@ def records(spark, events, start_offsets=None):
         o = offsets.get(p, 0)
         offsets[p] = o + 1
         rows.append((key, raw, p, o, None))
-    df = spark.createDataFrame(rows, "key binary, value binary, partition int, offset long, timestamp timestamp")
+    df = spark.createDataFrame(
+        rows, "key binary, value binary, partition int, offset long, timestamp timestamp"
+    )
     return df, offsets
 
 
@@ -68,29 +76,41 @@ def rows(df, *cols):
 
 
 def test_follow_unfollow_refollow(spark):
-    state, _ = run(spark, [[
-        ev("followed", 1, 0, followee_id=2),
-        ev("followed", 1, 1, followee_id=3),
-        ev("unfollowed", 1, 2, followee_id=2),
-    ], [
-        ev("unfollowed", 1, 3, followee_id=3),
-        ev("followed", 1, 4, followee_id=2),
-        ev("unfollowed", 1, 5, followee_id=9),  # not following: no effect, not an error
-    ]])
+    state, _ = run(
+        spark,
+        [
+            [
+                ev("followed", 1, 0, followee_id=2),
+                ev("followed", 1, 1, followee_id=3),
+                ev("unfollowed", 1, 2, followee_id=2),
+            ],
+            [
+                ev("unfollowed", 1, 3, followee_id=3),
+                ev("followed", 1, 4, followee_id=2),
+                ev("unfollowed", 1, 5, followee_id=9),  # not following: no effect, not an error
+            ],
+        ],
+    )
     assert rows(state.follows, "user_id", "followee_id") == [(1, 2)]
 
 
 def test_post_then_delete_and_delete_by_someone_else(spark):
-    state, outs = run(spark, [[
-        ev("followed", 1, 0, followee_id=2),
-        ev("post_created", 2, 1, post_id=20, text="a"),
-        ev("post_created", 2, 2, post_id=21, text="b"),
-        ev("post_deleted", 3, 3, post_id=21),  # not the author: rejected
-    ], [
-        ev("post_deleted", 2, 4, post_id=20),
-        ev("post_deleted", 2, 5, post_id=20),  # already deleted: rejected
-        ev("post_deleted", 2, 6, post_id=77),  # never existed: rejected
-    ]])
+    state, outs = run(
+        spark,
+        [
+            [
+                ev("followed", 1, 0, followee_id=2),
+                ev("post_created", 2, 1, post_id=20, text="a"),
+                ev("post_created", 2, 2, post_id=21, text="b"),
+                ev("post_deleted", 3, 3, post_id=21),  # not the author: rejected
+            ],
+            [
+                ev("post_deleted", 2, 4, post_id=20),
+                ev("post_deleted", 2, 5, post_id=20),  # already deleted: rejected
+                ev("post_deleted", 2, 6, post_id=77),  # never existed: rejected
+            ],
+        ],
+    )
     assert rows(state.home_timeline, "user_id", "post_id") == [(1, 21), (2, 21)]
     assert rows(state.posts, "post_id", "deleted") == [(20, True), (21, False)]
     reasons = sorted(r.reason for o in outs for r in o.rejected.collect())
@@ -98,17 +118,27 @@ def test_post_then_delete_and_delete_by_someone_else(spark):
 
 
 def test_message_read_before_and_after_arrival(spark):
-    state, outs = run(spark, [[
-        ev("message_read", 5, 0, message_id=50),  # before it arrives: rejected
-        ev("message_sent", 4, 1, message_id=50, recipient_id=5, text="hi"),
-        ev("message_sent", 4, 2, message_id=51, recipient_id=5, text="again"),
-        ev("message_read", 6, 3, message_id=51),  # not the recipient: rejected
-    ], [
-        ev("message_read", 5, 4, message_id=50),
-        ev("message_read", 5, 5, message_id=50),  # re-read: no change
-        ev("message_sent", 4, 6, message_id=52, recipient_id=5, text="3rd"),
-    ]])
-    assert rows(state.inbox, "recipient_id", "message_id", "read") == [(5, 50, True), (5, 51, False), (5, 52, False)]
+    state, outs = run(
+        spark,
+        [
+            [
+                ev("message_read", 5, 0, message_id=50),  # before it arrives: rejected
+                ev("message_sent", 4, 1, message_id=50, recipient_id=5, text="hi"),
+                ev("message_sent", 4, 2, message_id=51, recipient_id=5, text="again"),
+                ev("message_read", 6, 3, message_id=51),  # not the recipient: rejected
+            ],
+            [
+                ev("message_read", 5, 4, message_id=50),
+                ev("message_read", 5, 5, message_id=50),  # re-read: no change
+                ev("message_sent", 4, 6, message_id=52, recipient_id=5, text="3rd"),
+            ],
+        ],
+    )
+    assert rows(state.inbox, "recipient_id", "message_id", "read") == [
+        (5, 50, True),
+        (5, 51, False),
+        (5, 52, False),
+    ]
     assert rows(state.unread_counts, "user_id", "unread") == [(5, 2)]
     assert sorted(r.reason for o in outs for r in o.rejected.collect()) == ["not_in_inbox", "not_in_inbox"]
 
@@ -131,10 +161,17 @@ def test_offline_events_ordered_by_corrected_time(spark):
     offline = ev("post_created", 2, 10, post_id=31, text="written offline at t=10 s, sent late")
     offline["sent_time"] += 100_000
     offline["received_time"] += 100_000
-    state, _ = run(spark, [[
-        ev("followed", 1, 0, followee_id=2), skewed, offline,
-        ev("post_created", 2, 20, post_id=32, text="t=20 s"),
-    ]])
+    state, _ = run(
+        spark,
+        [
+            [
+                ev("followed", 1, 0, followee_id=2),
+                skewed,
+                offline,
+                ev("post_created", 2, 20, post_id=32, text="t=20 s"),
+            ]
+        ],
+    )
     tl = state.home_timeline.where("user_id = 1").orderBy("event_time", ascending=False).collect()
     assert [r.post_id for r in tl] == [30, 32, 31]
 
@@ -142,12 +179,20 @@ def test_offline_events_ordered_by_corrected_time(spark):
 def test_celebrity_posts_are_merged_at_read_time_not_fanned_out(spark):
     follows = [ev("followed", u, 0, followee_id=100) for u in range(1, 5)]  # 4 followers of 100
     follows += [ev("followed", 1, 0, followee_id=200)]  # 1 follower of 200
-    state, outs = run(spark, [follows, [
-        ev("post_created", 100, 1, post_id=1000, text="celebrity"),
-        ev("post_created", 200, 2, post_id=2000, text="normal"),
-    ], [
-        ev("unfollowed", 4, 3, followee_id=100),  # 100 drops to 3 followers: no longer a celebrity
-    ]], fanout_threshold=3)
+    state, outs = run(
+        spark,
+        [
+            follows,
+            [
+                ev("post_created", 100, 1, post_id=1000, text="celebrity"),
+                ev("post_created", 200, 2, post_id=2000, text="normal"),
+            ],
+            [
+                ev("unfollowed", 4, 3, followee_id=100),  # 100 drops to 3 followers: no longer a celebrity
+            ],
+        ],
+        fanout_threshold=3,
+    )
     # after batch 2: 100 is a celebrity, only its own timeline holds its post
     assert ("celebrity" in {r.author_id: None for r in outs[1].timeline_inserts.collect()}) is False
     got = rows(state.home_timeline, "user_id", "post_id")
@@ -157,9 +202,16 @@ def test_celebrity_posts_are_merged_at_read_time_not_fanned_out(spark):
 
 def test_timeline_keeps_latest_n_and_refills_after_delete(spark):
     posts = [ev("post_created", 2, i, post_id=100 + i, text=str(i)) for i in range(5)]
-    state, _ = run(spark, [[ev("followed", 1, 0, followee_id=2), *posts], [
-        ev("post_deleted", 2, 9, post_id=104),  # the newest: the 4th newest must come back
-    ]], timeline_length=3)
+    state, _ = run(
+        spark,
+        [
+            [ev("followed", 1, 0, followee_id=2), *posts],
+            [
+                ev("post_deleted", 2, 9, post_id=104),  # the newest: the 4th newest must come back
+            ],
+        ],
+        timeline_length=3,
+    )
     assert rows(state.home_timeline.where("user_id = 1"), "post_id") == [(101,), (102,), (103,)]
 
 
@@ -183,7 +235,12 @@ def test_chunked_fold_equals_one_shot_replay(spark):
     evs = [(k, v) for k, v, _inj in generate(2500, cfg)]
     one, _ = run(spark, [evs], timeline_length=20, fanout_threshold=8)
     q = len(evs) // 4
-    four, outs = run(spark, [evs[:q], evs[q:2 * q], evs[2 * q:3 * q], evs[3 * q:]], timeline_length=20, fanout_threshold=8)
+    four, outs = run(
+        spark,
+        [evs[:q], evs[q : 2 * q], evs[2 * q : 3 * q], evs[3 * q :]],
+        timeline_length=20,
+        fanout_threshold=8,
+    )
     for name in State.__dataclass_fields__:
         a, b = getattr(one, name), getattr(four, name)
         assert a.count() > 0, name
