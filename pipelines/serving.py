@@ -27,6 +27,7 @@ from __future__ import annotations
 import heapq
 import json
 import time
+from collections import defaultdict
 from collections.abc import Iterable, Iterator
 
 import redis
@@ -80,10 +81,16 @@ class ServingStore:
     def _commands(self, out: BatchOutput) -> Iterator[tuple]:
         """The batch as idempotent Redis commands (absolute values only)."""
         k = self.k
+        inserts: dict[int, dict[str, int]] = defaultdict(dict)  # one ZADD per timeline, not per row
         for u, pid, t in _rows(out.timeline_inserts, "user_id", "post_id", "event_time"):
-            yield "zadd", k("tl", u), {_pid(pid): t}
+            inserts[u][_pid(pid)] = t
+        for u, members in inserts.items():
+            yield "zadd", k("tl", u), members
+        deletes: dict[int, list[str]] = defaultdict(list)
         for u, pid in _rows(out.timeline_deletes, "user_id", "post_id"):
-            yield "zrem", k("tl", u), _pid(pid)
+            deletes[u].append(_pid(pid))
+        for u, members in deletes.items():
+            yield "zrem", k("tl", u), *members
         for a, pid, t, text, deleted in _rows(
             out.posts, "author_id", "post_id", "event_time", "text", "deleted"
         ):
