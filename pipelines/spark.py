@@ -55,6 +55,15 @@ def build_spark(
         .config("spark.databricks.delta.properties.defaults.enableDeletionVectors", "true")
         .config("spark.databricks.delta.schema.autoMerge.enabled", "false")
         .config("spark.scheduler.mode", "FAIR")
+        # A micro-batch runs a few dozen small SQL queries with large plans; the status store
+        # keeps up to 1000 of them by default (UI or not): in a long-running stream that is a
+        # heap leak. Keep the recent ones only.
+        .config("spark.sql.ui.retainedExecutions", "50")
+        .config("spark.ui.retainedJobs", "100")
+        .config("spark.ui.retainedStages", "100")
+        .config("spark.ui.retainedTasks", "2000")
+        .config("spark.sql.streaming.ui.retainedProgressUpdates", "50")
+        .config("spark.sql.streaming.numRecentProgressUpdates", "50")
         # Delta rebuilds a table snapshot with this many tasks (default 50): far too many for
         # the small logs of a micro-batch pipeline on a few cores.
         .config("spark.databricks.delta.snapshotPartitions", "4")
@@ -67,7 +76,7 @@ def build_spark(
         builder = (
             builder.config("spark.sql.shuffle.partitions", "2")
             .config("spark.ui.enabled", "false")
-            .config("spark.driver.memory", "2g")
+            .config("spark.driver.memory", "4g")
             .config("spark.sql.adaptive.enabled", "false")
             .config("spark.default.parallelism", "2")
             .config("spark.databricks.delta.snapshotPartitions", "2")
