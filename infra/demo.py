@@ -114,7 +114,7 @@ def run_job(dag_id: str, module: str, settings: Settings, use_airflow: bool) -> 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m infra.demo", description=__doc__.splitlines()[0])
     p.add_argument("--events", type=int, default=200_000)
-    p.add_argument("--users", type=int, default=5_000)
+    p.add_argument("--users", type=int, default=None, help="simulated users (default: the generator's)")
     p.add_argument(
         "--no-airflow", action="store_true", help="call verify/quality directly, not via `airflow dags test`"
     )
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
 
     say(f"appending {args.events:,} events to {topic} (0.5% invalid, 0.5% duplicates)")
     config = GeneratorConfig(
-        users=args.users,
+        **({"users": args.users} if args.users else {}),
         seed=random.SystemRandom().randrange(1, 2**31),  # a new run appends new ids, never replays old ones
         invalid_share=0.005,
         duplicate_share=0.005,
