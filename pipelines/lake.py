@@ -42,6 +42,23 @@ class BatchRecord:
     row: dict
 
 
+def committed_position(lake_dir: Path, namespace: str) -> tuple[int, dict[int, int]] | None:
+    """(batch id, end offsets) of the latest committed micro-batch, read from the Delta log alone.
+
+    Every ``batches`` commit carries them in its ``userMetadata``; no Spark needed (for waiting
+    in tests, the demo and health checks).
+    """
+    log_dir = Path(lake_dir) / namespace / "batches" / "_delta_log"
+    commits = sorted(log_dir.glob("*.json")) if log_dir.exists() else []
+    for commit in reversed(commits):
+        for line in commit.read_text().splitlines():
+            info = json.loads(line).get("commitInfo")
+            if info and info.get("userMetadata"):
+                meta = json.loads(info["userMetadata"])
+                return int(meta["batch_id"]), {int(p): int(o) for p, o in meta["end_offsets"].items()}
+    return None
+
+
 class Lake:
     """The Delta tables of one views namespace."""
 

@@ -166,13 +166,23 @@ def run(
     query = writer.start()
     log.info("speed layer running: namespace=%s topic=%s", namespace, topic or settings.events_topic)
 
-    def stop(*_):
-        log.info("stopping")
-        query.stop()
-
+    stopping = threading.Event()
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, stop)
-    query.awaitTermination()
+        signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+        signal.signal(signal.SIGINT, lambda *_: stopping.set())
+    # Stop between micro-batches, not in the middle of one: a batch interrupted after its Redis
+    # writes would be re-run at the next start (harmless, but it delays what Delta covers).
+    deadline = None
+    while query.isActive:
+        if stopping.is_set():
+            deadline = deadline or time.monotonic() + 120
+            if not query.status["isTriggerActive"] or time.monotonic() > deadline:
+                log.info("stopping")
+                query.stop()
+                break
+        query.awaitTermination(0.5)
+    if query.exception() is not None:
+        raise query.exception()
 
 
 def main(argv: list[str] | None = None) -> int:

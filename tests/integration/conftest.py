@@ -59,8 +59,11 @@ class SpeedLayerProcess:
         return ServingStore(connect(self.settings.redis_url), self.namespace)
 
     def lake_position(self) -> dict[int, int]:
-        """The log position the serving store covers (written after each batch)."""
-        return {int(p): o for p, o in self.store().as_of().items()}
+        """The log position the Delta views cover (Redis is written first, Delta last)."""
+        from pipelines.lake import committed_position
+
+        committed = committed_position(self.settings.lake_dir, self.namespace)
+        return committed[1] if committed else {}
 
     def wait_for(self, offsets: dict[int, int], timeout: float = 300.0) -> dict[int, int]:
         """Block until every partition's covered offset reaches ``offsets`` (exclusive end)."""
@@ -83,6 +86,18 @@ class SpeedLayerProcess:
         from infra.stack import end_offsets
 
         return self.wait_for(end_offsets(self.settings, self.topic), timeout)
+
+    def wait_running(self, timeout: float = 180.0) -> None:
+        """Block until the current process has its streaming query running (JVM up, query started)."""
+        deadline = time.monotonic() + timeout
+        while self.log_path.read_bytes().count(b"speed layer running") < self.restarts + 1:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"speed layer did not start; see {self.log_path}:\n{self.tail()}")
+            time.sleep(0.2)
+
+    def restart(self) -> None:
+        self.restarts += 1
+        self.start()
 
     def kill9(self) -> None:
         """Crash it: SIGKILL to the whole process group (the Python driver and its JVM)."""

@@ -85,17 +85,17 @@ def test_stream_equals_replay(kafka_stack, topic_factory, speed_layer_factory, t
 @pytest.mark.slow
 def test_crash_safety_kill9_and_restart(kafka_stack, topic_factory, speed_layer_factory, tmp_path):
     topic = topic_factory(4)
-    cfg = GeneratorConfig(users=600, seed=5, mean_followers=20, invalid_share=0.02, duplicate_share=0.02)
-    summary = produce(30_000, cfg, topic=topic, bootstrap=kafka_stack.bootstrap, progress=False)
+    cfg = GeneratorConfig(users=400, seed=5, mean_followers=12, invalid_share=0.02, duplicate_share=0.02)
+    summary = produce(18_000, cfg, topic=topic, bootstrap=kafka_stack.bootstrap, progress=False)
     sl = speed_layer_factory(topic=topic, namespace="crashy", max_offsets_per_trigger=3_000)
     rng = random.Random(42)
-    kills = 0
-    while kills < 10:
-        # let it get going (JVM start + part of a batch), then pull the plug at a random moment
-        time.sleep(rng.uniform(15, 35))
+    for _ in range(10):
+        # once its query runs, pull the plug at a random moment of the micro-batch in flight
+        # (a batch takes ~30 s here: reading, parsing, the fold, Redis, the Delta writes)
+        sl.wait_running()
+        time.sleep(rng.uniform(0, 40))
         sl.kill9()
-        kills += 1
-        sl.start()
+        sl.restart()
     sl.wait_caught_up(timeout=900)
     sl.stop()
     report = run_verify(kafka_stack.settings, topic, "crashy", tmp_path)
