@@ -388,6 +388,7 @@ def run_suites(
     frames: dict,
     specs: list[dict],
     parameters: dict | None = None,
+    data_docs: bool = True,
 ) -> tuple[list[SuiteResult], Path]:
     """Run one checkpoint per suite over its frame (``frames[spec.meta.frame]``); Data Docs updated."""
     import great_expectations as gx
@@ -415,7 +416,9 @@ def run_suites(
             gx.Checkpoint(
                 name=spec["name"],
                 validation_definitions=[definition],
-                actions=[UpdateDataDocsAction(name="update_data_docs", site_names=[DOCS_SITE])],
+                actions=[UpdateDataDocsAction(name="update_data_docs", site_names=[DOCS_SITE])]
+                if data_docs
+                else [],
                 result_format={"result_format": "SUMMARY", "partial_unexpected_count": 5},
             )
         )
@@ -452,6 +455,7 @@ def run(
     suites: Iterable[str] | None = None,
     spark=None,
     log_end: dict[int, int] | None = None,
+    data_docs: bool = True,
 ) -> QualityResult:
     """Validate one namespace with every suite (or the named ones); writes the reports."""
     from pipelines import namespaces
@@ -467,7 +471,7 @@ def run(
     if log_end is None and any(s["meta"]["frame"] == "log_health" for s in specs):
         log_end = log_end_offsets(settings, topic or settings.events_topic)
     frames = {s["meta"]["frame"]: check_frame(s["meta"]["frame"], snap, settings, log_end) for s in specs}
-    results, docs_dir = run_suites(spark, settings, frames, specs, suite_parameters(settings))
+    results, docs_dir = run_suites(spark, settings, frames, specs, suite_parameters(settings), data_docs)
     report = QualityResult(
         ok=all(r.success for r in results),
         namespace=namespace,

@@ -115,8 +115,10 @@ def lake_copy(clean_lake, tmp_path):
 
 
 def _run(spark, settings, *suites, **kw):
+    """Run suites; Data Docs only where a test asks (rendering them is most of a checkpoint's time)."""
     from pipelines import quality
 
+    kw.setdefault("data_docs", False)
     return quality.run(settings, namespace=NS, suites=suites or None, spark=spark, **kw)
 
 
@@ -125,7 +127,7 @@ def _sql(spark, settings, table, statement):
 
 
 def test_clean_namespace_passes_every_suite_and_writes_data_docs(spark, lake_copy):
-    report = _run(spark, lake_copy, log_end={0: 5})
+    report = _run(spark, lake_copy, log_end={0: 5}, data_docs=True)
     failed = {r.suite: r.failures for r in report.suites if not r.success}
     assert report.ok, failed
     assert len(report.suites) >= 12
