@@ -33,27 +33,18 @@ def say(msg: str) -> None:
 
 
 def log_end_offsets(settings: Settings, topic: str) -> dict[int, int]:
-    from confluent_kafka import Consumer, TopicPartition
+    from infra.stack import end_offsets
 
-    consumer = Consumer(
-        {"bootstrap.servers": settings.kafka_bootstrap, "group.id": "demo", "enable.auto.commit": False}
-    )
-    try:
-        parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        return {
-            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in sorted(parts)
-        }
-    finally:
-        consumer.close()
+    return end_offsets(settings, topic)
 
 
-def serving_position(settings: Settings) -> dict[int, int]:
-    """Per-partition end offsets the live namespace's serving store covers (written per micro-batch)."""
+def committed_position(settings: Settings) -> dict[int, int]:
+    """Per-partition end offsets the live namespace's Delta views cover (Redis is written first)."""
     from pipelines import namespaces
-    from pipelines.serving import ServingStore, connect
+    from pipelines.lake import committed_position as committed
 
-    client = connect(settings.redis_url)
-    return {int(p): int(o) for p, o in ServingStore(client, namespaces.active(settings)).as_of().items()}
+    found = committed(settings.lake_dir, namespaces.active(settings))
+    return found[1] if found else {}
 
 
 def wait_caught_up(
@@ -69,7 +60,7 @@ def wait_caught_up(
         total=total, unit="ev", unit_scale=True, desc="speed layer", mininterval=1, file=sys.stderr
     ) as bar:
         while True:
-            pos = serving_position(settings)
+            pos = committed_position(settings)
             done = sum(min(pos.get(p, 0), end) for p, end in target.items())
             bar.update(done - bar.n)
             if done >= total:

@@ -287,27 +287,11 @@ def check_frame(name: str, snap: Snapshot, settings: Settings, log_end: dict[int
 
 def log_end_offsets(settings: Settings, topic: str, timeout_s: float = 5.0) -> dict[int, int] | None:
     """Per-partition end offsets of the log (None when the broker does not answer)."""
-    try:
-        from confluent_kafka import Consumer, TopicPartition
+    from infra.stack import end_offsets
 
-        consumer = Consumer(
-            {
-                "bootstrap.servers": settings.kafka_bootstrap,
-                "group.id": "data-quality",
-                "enable.auto.commit": False,
-            }
-        )
-        try:
-            meta = consumer.list_topics(topic, timeout=timeout_s).topics[topic]
-            if meta.error is not None:
-                return None
-            return {
-                p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)[1]
-                for p in sorted(meta.partitions)
-            }
-        finally:
-            consumer.close()
-    except Exception:  # noqa: BLE001 - freshness then falls back to the time since the last batch
+    try:
+        return end_offsets(settings, topic, timeout_s)
+    except Exception:  # noqa: BLE001 - freshness then counts as unknown, not as a crash
         return None
 
 
