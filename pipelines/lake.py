@@ -144,9 +144,13 @@ class Lake:
     ) -> dict[str, int]:
         """Write every table for batch ``batch_id``; returns the table versions after it."""
         conf = self.spark.conf
+        user_metadata = json.dumps({"batch_id": batch_id, "end_offsets": meta["end_offsets"]})
+        # MERGE takes the fence from the session conf; appends get it as writer options (below):
+        # an append from a worker thread does not see the session conf (found by the kill -9 test).
+        self._fence = {"txnAppId": self.app_id, "txnVersion": str(batch_id), "userMetadata": user_metadata}
         conf.set(TXN_APP_ID, self.app_id)
         conf.set(TXN_VERSION, str(batch_id))
-        conf.set(USER_METADATA, json.dumps({"batch_id": batch_id, "end_offsets": meta["end_offsets"]}))
+        conf.set(USER_METADATA, user_metadata)
         rejected_q = out.rejected.select(
             "partition", "offset", "key", "raw", "reason", "event_id", "type", "kafka_timestamp"
         )
@@ -184,7 +188,7 @@ class Lake:
         if table != "batches" and df.isEmpty():
             return  # nothing to fence: a re-run finds nothing to write either
         t = TABLES[table]
-        writer = df.select(*t.columns).write.format("delta").mode("append")
+        writer = df.select(*t.columns).write.format("delta").mode("append").options(**self._fence)
         if t.partition_by:
             writer = writer.partitionBy(*t.partition_by)
         writer.save(self.path(table))
