@@ -350,7 +350,12 @@ class KafkaBroker(Service):
     def _format(self) -> None:
         """Format the KRaft storage once (a new cluster id); later starts reuse it."""
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-        cmd = [*self._java(), KAFKA_STORAGE_TOOL, "format", "--cluster-id", cluster_id]
+        cmd = [
+            *self._java(),
+            KAFKA_STORAGE_TOOL,
+            "format",
+            f"--cluster-id={cluster_id}",
+        ]  # ids may start with "-"
         cmd += ["--config", str(self.config_file), "--ignore-formatted"]
         done = subprocess.run(cmd, capture_output=True, text=True)
         with self.log_file.open("a") as log:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def spark(tmp_path_factory):
+    """A fresh session per test module: memory held by one module's jobs cannot starve the next."""
     from infra.settings import get_settings
     from pipelines.spark import build_spark
 
