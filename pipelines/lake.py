@@ -67,6 +67,7 @@ class Lake:
         self.root = Path(root) / namespace
         self.namespace = namespace
         self.app_id = f"{writer}:{namespace}"
+        self._fence: dict[str, str] = {}  # writer options of the batch being written (none outside one)
 
     def path(self, table: str) -> str:
         return str(self.root / table)
