@@ -35,8 +35,12 @@ status: ## what is running
 demo: setup ## the whole story end to end on a fresh machine
 	@$(PY) -m infra.demo
 
+# Three pytest processes: one JVM per process is kept by PySpark for its whole life (and Delta's
+# caches with it), so the Spark-heavy modules get a fresh one instead of one tired heap for all.
 test: setup ## unit + integration tests against the real local stack
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
+	$(PY) -m pytest tests/unit --deselect tests/unit/test_views.py $(PYTEST_ARGS)
+	$(PY) -m pytest tests/unit/test_views.py $(PYTEST_ARGS)
 
 test-unit: setup ## fast tests, no broker
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)

@@ -76,7 +76,7 @@ def build_spark(
         builder = (
             builder.config("spark.sql.shuffle.partitions", "2")
             .config("spark.ui.enabled", "false")
-            .config("spark.driver.memory", "4g")
+            .config("spark.driver.memory", "6g")
             .config("spark.sql.adaptive.enabled", "false")
             .config("spark.default.parallelism", "2")
             .config("spark.databricks.delta.snapshotPartitions", "2")
