@@ -8,6 +8,7 @@ touches a user's `make up` stack on 9092/6379 or their var/. Only tests that ask
 
 from __future__ import annotations
 
+import logging
 import re
 import socket
 import uuid
@@ -18,6 +19,10 @@ from pathlib import Path
 import pytest
 
 from infra.settings import Settings, get_settings
+
+# py4j logs "Closing down clientserver connection" from __del__ at interpreter exit, after pytest
+# has closed its streams (a '--- Logging error ---' trace below the summary): keep it quiet.
+logging.getLogger("py4j").setLevel(logging.WARNING)
 
 PREFERRED_PORTS = {
     "kafka_port": 19092,
