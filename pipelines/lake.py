@@ -110,24 +110,6 @@ class Lake:
             row=r,
         )
 
-    def batch_at_or_before(self, batch_id: int) -> BatchRecord | None:
-        rows = (
-            self.read("batches")
-            .where(F.col("batch_id") <= batch_id)
-            .orderBy(F.col("batch_id").desc())
-            .limit(1)
-            .collect()
-        )
-        if not rows:
-            return None
-        r = rows[0].asDict()
-        return BatchRecord(
-            r["batch_id"],
-            {int(k): v for k, v in json.loads(r["end_offsets"]).items()},
-            json.loads(r["versions"]),
-            r,
-        )
-
     def state(self, record: BatchRecord | None) -> State:
         """Every state table as of ``record`` (the previous batch), or empty before the first."""
         if record is None:
