@@ -148,14 +148,17 @@ class Lake:
             lambda: self._upsert("unread_counts", out.unread_counts),
             lambda: self._upsert("user_status", out.user_status),
         ]
+        started = time.time()
         try:
             # Different tables commit independently; run them side by side to hide commit latency.
             with ThreadPoolExecutor(max_workers=4) as pool:
                 for f in [pool.submit(w) for w in writes]:
                     f.result()
             versions = {t: self.version(t) for t in TABLES if t != "batches"}
+            phases = {**meta.get("phases", {}), "delta": round(time.time() - started, 2)}
             row = {
                 **meta,
+                "phases": json.dumps(phases),
                 "batch_id": batch_id,
                 "versions": json.dumps(versions),
                 "committed_at": int(time.time() * 1000),

@@ -31,6 +31,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator
 
 import redis
+import redis.asyncio
 
 from pipelines.views import BatchOutput
 
@@ -52,14 +53,20 @@ def _rows(df, *cols) -> Iterator[tuple]:
     return zip(*columns, strict=True)
 
 
+def key(namespace: str, *parts) -> str:
+    return ":".join([namespace, *map(str, parts)])
+
+
 class ServingStore:
+    """The write side (the speed layer) and the dumps ``verify`` compares with Delta."""
+
     def __init__(self, client: redis.Redis, namespace: str, chunk: int = 5000):
         self.r = client
         self.ns = namespace
         self.chunk = chunk
 
     def k(self, *parts) -> str:
-        return ":".join([self.ns, *map(str, parts)])
+        return key(self.ns, *parts)
 
     # -- writing -------------------------------------------------------------------------------
     def applied_batch(self) -> int:
@@ -139,53 +146,6 @@ class ServingStore:
         )
         return sent
 
-    # -- reading (the API's read model) ------------------------------------------------------------
-    def as_of(self) -> dict[str, int]:
-        raw = self.r.hget(self.k("meta"), "offsets")
-        return json.loads(raw) if raw else {}
-
-    def timeline(self, user_id: int, limit: int = 50) -> list[dict]:
-        """Home timeline of u: fanned-out entries merged with followed high-fan-out authors."""
-        pipe = self.r.pipeline(transaction=False)
-        pipe.zrevrange(self.k("tl", user_id), 0, limit - 1, withscores=True)
-        pipe.sinter(self.k("following", user_id), self.k("celebs"))
-        own, celebs = pipe.execute()
-        lists = [own]
-        if celebs:
-            pipe = self.r.pipeline(transaction=False)
-            for c in celebs:
-                pipe.zrevrange(self.k("posts", c), 0, limit - 1, withscores=True)
-            lists += pipe.execute()
-        # newest first by (event time, post id): the same order as the Delta view
-        merged = heapq.merge(*lists, key=lambda m: (m[1], m[0]), reverse=True)
-        top, seen = [], set()
-        for member, _score in merged:
-            if member not in seen:
-                seen.add(member)
-                top.append(member)
-            if len(top) == limit:
-                break
-        bodies = self.r.mget([self.k("p", int(m)) for m in top]) if top else []
-        return [json.loads(b) for b in bodies if b]
-
-    def inbox(self, user_id: int, limit: int = 50) -> list[dict]:
-        ids = self.r.zrevrange(self.k("inbox", user_id), 0, limit - 1)
-        if not ids:
-            return []
-        bodies = self.r.hmget(self.k("msgs", user_id), [str(int(m)) for m in ids])
-        return [json.loads(b) for b in bodies if b]
-
-    def unread(self, user_id: int) -> int:
-        return int(self.r.hget(self.k("unread"), user_id) or 0)
-
-    def status(self, user_id: int) -> dict | None:
-        raw = self.r.hget(self.k("status"), user_id)
-        return json.loads(raw) if raw else None
-
-    def user(self, user_id: int) -> dict | None:
-        raw = self.r.hget(self.k("users"), user_id)
-        return json.loads(raw) if raw else None
-
     # -- dumping (verify compares these with the Delta views) ------------------------------------
     def dump_timelines(self) -> Iterator[tuple[int, int]]:
         prefix = self.k("tl", "")
@@ -196,3 +156,71 @@ class ServingStore:
 
     def dump_hash(self, name: str) -> dict[str, str]:
         return self.r.hgetall(self.k(name))
+
+
+class ServingReader:
+    """The read model the API serves from (asyncio): timeline, inbox, unread, status of a user.
+
+    Every read returns ``(data, as_of)``: the position the store covers (``meta.offsets``) is read
+    first, in the same pipelined round trip as the data, so the data covers at least ``as_of``.
+    """
+
+    def __init__(self, client: redis.asyncio.Redis, namespace: str):
+        self.r = client
+        self.ns = namespace
+
+    def k(self, *parts) -> str:
+        return key(self.ns, *parts)
+
+    @staticmethod
+    def _as_of(raw: str | None) -> dict[str, int]:
+        return json.loads(raw) if raw else {}
+
+    async def timeline(self, user_id: int, limit: int = 50) -> tuple[list[dict], dict[str, int]]:
+        """Home timeline of u: fanned-out entries merged with followed high-fan-out authors."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hget(self.k("meta"), "offsets")
+        pipe.zrevrange(self.k("tl", user_id), 0, limit - 1, withscores=True)
+        pipe.sinter(self.k("following", user_id), self.k("celebs"))
+        as_of, own, celebs = await pipe.execute()
+        lists = [own]
+        if celebs:
+            pipe = self.r.pipeline(transaction=False)
+            for c in celebs:
+                pipe.zrevrange(self.k("posts", c), 0, limit - 1, withscores=True)
+            lists += await pipe.execute()
+        # newest first by (event time, post id): the same order as the Delta view
+        merged = heapq.merge(*lists, key=lambda m: (m[1], m[0]), reverse=True) if celebs else own
+        top, seen = [], set()
+        for member, _score in merged:
+            if member not in seen:
+                seen.add(member)
+                top.append(member)
+            if len(top) == limit:
+                break
+        bodies = await self.r.mget([self.k("p", int(m)) for m in top]) if top else []
+        return [json.loads(b) for b in bodies if b], self._as_of(as_of)
+
+    async def inbox(self, user_id: int, limit: int = 50) -> tuple[list[dict], dict[str, int]]:
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hget(self.k("meta"), "offsets")
+        pipe.zrevrange(self.k("inbox", user_id), 0, limit - 1)
+        as_of, ids = await pipe.execute()
+        bodies = await self.r.hmget(self.k("msgs", user_id), [str(int(m)) for m in ids]) if ids else []
+        return [json.loads(b) for b in bodies if b], self._as_of(as_of)
+
+    async def unread(self, user_id: int) -> tuple[int, dict[str, int]]:
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hget(self.k("meta"), "offsets")
+        pipe.hget(self.k("unread"), user_id)
+        as_of, n = await pipe.execute()
+        return int(n or 0), self._as_of(as_of)
+
+    async def status(self, user_id: int) -> tuple[dict | None, bool, dict[str, int]]:
+        """(status or None, whether the user is registered in the store, as_of)."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hget(self.k("meta"), "offsets")
+        pipe.hget(self.k("status"), user_id)
+        pipe.hexists(self.k("users"), user_id)
+        as_of, raw, known = await pipe.execute()
+        return (json.loads(raw) if raw else None), bool(known), self._as_of(as_of)

@@ -123,6 +123,7 @@ class BatchProcessor:
             "visible_at": visible_at,
         }
         phase("accounting")
+        meta["phases"] = dict(phases)
         self.lake.write_batch(batch_id, out, quarantine, meta)
         phase("delta")
         log.info(

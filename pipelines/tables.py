@@ -102,10 +102,13 @@ TABLES: dict[str, Table] = {
             "batches",
             "batch_id BIGINT, end_offsets STRING, events_read BIGINT, applied BIGINT, "
             "duplicates BIGINT, quarantined BIGINT, versions STRING, committed_at BIGINT, "
-            "min_received BIGINT, max_received BIGINT, received_hist STRING, visible_at BIGINT",
+            "min_received BIGINT, max_received BIGINT, received_hist STRING, visible_at BIGINT, "
+            "phases STRING",
             ("batch_id",),
             "One row per micro-batch, written last: the log position it covers (per-partition end "
-            "offsets, exclusive), the accounting, the version of every table after it, and freshness.",
+            "offsets, exclusive), the accounting, the version of every table after it, freshness, and "
+            "where the batch's time went (JSON seconds per phase: read, parse, state, fold, redis, "
+            "accounting, delta).",
             verified=False,
         ),
     ]

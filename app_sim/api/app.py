@@ -14,12 +14,12 @@ from typing import Annotated
 
 import orjson
 import redis
+import redis.asyncio
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app_sim import auth
@@ -82,14 +82,14 @@ def claim_worker_id(settings: Settings) -> tuple[int, object]:
 @dataclass
 class Api:
     settings: Settings
-    redis: redis.Redis
+    redis: redis.asyncio.Redis
     log: EventLog
     tokens: auth.TokenSigner
     ids: Snowflake
     _ns: tuple[float, str] = (0.0, "")
     _idem: OrderedDict = field(default_factory=OrderedDict)
 
-    def namespace(self) -> str:
+    async def namespace(self) -> str:
         """The live views namespace: the setting, else Redis ``active_namespace``, else the file."""
         from pipelines import namespaces
 
@@ -98,46 +98,46 @@ class Api:
         at, ns = self._ns
         now = time.monotonic()
         if now - at > NAMESPACE_TTL_S or not ns:
-            ns = self.redis.get(namespaces.REDIS_KEY) or namespaces.active(self.settings)
+            ns = await self.redis.get(namespaces.REDIS_KEY) or namespaces.active(self.settings)
             self._ns = (now, ns)
         return ns
 
-    def store(self):
-        from pipelines.serving import ServingStore
+    async def store(self):
+        from pipelines.serving import ServingReader
 
-        return ServingStore(self.redis, self.namespace())
+        return ServingReader(self.redis, await self.namespace())
 
     # hints about the API's own recent writes (see the package docstring)
-    def remember(self, kind: str, ident: int, value) -> None:
-        self.redis.set(f"api:recent:{kind}:{ident}", value, ex=RECENT_TTL_S)
+    async def remember(self, kind: str, ident: int, value) -> None:
+        await self.redis.set(f"api:recent:{kind}:{ident}", value, ex=RECENT_TTL_S)
 
-    def user_exists(self, user_id: int) -> bool:
-        store = self.store()
+    async def user_exists(self, user_id: int) -> bool:
+        store = await self.store()
         pipe = self.redis.pipeline(transaction=False)
         pipe.hexists(store.k("users"), user_id)
         pipe.exists(f"api:recent:user:{user_id}")
-        in_store, recent = pipe.execute()
+        in_store, recent = await pipe.execute()
         return bool(in_store or recent)
 
-    def post_author(self, post_id: int) -> int | None:
+    async def post_author(self, post_id: int) -> int | None:
         """Author of a live post, None if unknown or deleted."""
-        store = self.store()
+        store = await self.store()
         pipe = self.redis.pipeline(transaction=False)
         pipe.get(f"api:recent:post:{post_id}")
         pipe.get(store.k("p", post_id))
-        recent, body = pipe.execute()
+        recent, body = await pipe.execute()
         if recent == "deleted":
             return None
         if recent is not None:
             return int(recent)
         return int(orjson.loads(body)["author_id"]) if body else None
 
-    def in_inbox(self, user_id: int, message_id: int) -> bool:
-        store = self.store()
+    async def in_inbox(self, user_id: int, message_id: int) -> bool:
+        store = await self.store()
         pipe = self.redis.pipeline(transaction=False)
         pipe.hexists(store.k("msgs", user_id), message_id)
         pipe.get(f"api:recent:msg:{message_id}")
-        in_store, recipient = pipe.execute()
+        in_store, recipient = await pipe.execute()
         return bool(in_store) or recipient == str(user_id)
 
 
@@ -148,7 +148,7 @@ def _api(request: Request) -> Api:
 bearer = HTTPBearer(auto_error=False, description="the token returned by POST /v1/users")
 
 
-def caller(
+async def caller(
     request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
 ) -> int:
     """The authenticated user's id, from the bearer token alone."""
@@ -171,7 +171,7 @@ class ClientTimes:
     sent_time: int | None
 
 
-def client_headers(
+async def client_headers(
     idempotency_key: Annotated[
         str | None,
         Header(
@@ -215,7 +215,7 @@ async def append(
 ) -> dict:
     """Build, validate and append one event; returns the 202 body.
 
-    ``mint`` names snowflake ids to create (post_id, message_id); ``check`` is a blocking
+    ``mint`` names snowflake ids to create (post_id, message_id); ``check`` is an async
     precondition (existence checks against Redis), skipped for a retry of a cached request.
     """
     key = client.idempotency_key
@@ -227,7 +227,7 @@ async def append(
         event = cached[1]
     else:
         if check is not None:
-            await run_in_threadpool(check)
+            await check()
         received = wall_clock_ms()
         sent = client.sent_time if client.sent_time is not None else received
         event = {
@@ -279,11 +279,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        from pipelines.serving import connect
-
         worker_id, lock = claim_worker_id(settings)
-        client = connect(settings.redis_url)
-        client.connection_pool.connection_kwargs["socket_timeout"] = 5
+        # asyncio all the way: a read is a pipelined round trip or two on the event loop, no
+        # thread hops; a Redis that hangs fails the request after 5 s (503), not the process.
+        client = redis.asyncio.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=5)
         log = EventLog(settings.kafka_bootstrap, settings.events_topic, settings.api_produce_timeout_ms)
         app.state.api = Api(
             settings=settings,
@@ -296,7 +295,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
         finally:
             log.close()
-            client.close()
+            await client.aclose()
             lock.close()
 
     app = FastAPI(
@@ -354,7 +353,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # the user id is minted like a post id: unique across API processes, never a generator id
         out = await append(api, client, "user_registered", None, body.model_dump(), mint=("user_id",))
         user_id = out["user_id"]
-        await run_in_threadpool(api.remember, "user", user_id, 1)
+        await api.remember("user", user_id, 1)
         return _json({"user_id": user_id, "token": api.tokens.issue(user_id), **_loc(out)}, 201)
 
     @app.post(
@@ -387,8 +386,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def _follow(api: Api, client: ClientTimes, me: int, followee_id: int, etype: str):
         _not_self(me, followee_id)
 
-        def check():
-            if not api.user_exists(followee_id):
+        async def check():
+            if not await api.user_exists(followee_id):
                 raise ApiError(404, "unknown_user", f"user {followee_id} does not exist")
 
         out = await append(api, client, etype, me, {"followee_id": followee_id}, check=check)
@@ -399,7 +398,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         """Publish a post (event ``post_created``); the answer carries the new ``post_id``."""
         api = _api(request)
         out = await append(api, client, "post_created", me, {"text": body.text}, mint=("post_id",))
-        await run_in_threadpool(api.remember, "post", out["post_id"], me)
+        await api.remember("post", out["post_id"], me)
         return _json(out, 202)
 
     @app.delete(
@@ -413,15 +412,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         """Delete one of your own posts (event ``post_deleted``)."""
         api = _api(request)
 
-        def check():
-            author = api.post_author(post_id)
+        async def check():
+            author = await api.post_author(post_id)
             if author is None:
                 raise ApiError(404, "unknown_post", f"post {post_id} does not exist (or is deleted)")
             if author != me:
                 raise ApiError(403, "not_your_post", f"post {post_id} was written by someone else")
 
         out = await append(api, client, "post_deleted", me, {"post_id": post_id}, check=check)
-        await run_in_threadpool(api.remember, "post", post_id, "deleted")
+        await api.remember("post", post_id, "deleted")
         return _json(out, 202)
 
     @app.post(
@@ -435,13 +434,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         """Send a direct message (event ``message_sent``, keyed by the recipient's inbox)."""
         api = _api(request)
 
-        def check():
-            if not api.user_exists(body.recipient_id):
+        async def check():
+            if not await api.user_exists(body.recipient_id):
                 raise ApiError(404, "unknown_user", f"user {body.recipient_id} does not exist")
 
         fields = {"recipient_id": body.recipient_id, "text": body.text}
         out = await append(api, client, "message_sent", me, fields, mint=("message_id",), check=check)
-        await run_in_threadpool(api.remember, "msg", out["message_id"], body.recipient_id)
+        await api.remember("msg", out["message_id"], body.recipient_id)
         return _json(out, 202)
 
     @app.post(
@@ -460,8 +459,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         """Mark a message in your inbox as read (event ``message_read``)."""
         api = _api(request)
 
-        def check():
-            if not api.in_inbox(me, message_id):
+        async def check():
+            if not await api.in_inbox(me, message_id):
                 raise ApiError(404, "unknown_message", f"message {message_id} is not in your inbox")
 
         out = await append(api, client, "message_read", me, {"message_id": message_id}, check=check)
@@ -476,25 +475,22 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # -- reads (serving store only; as_of read first, so the data covers at least as_of) -----------
 
     @app.get("/v1/timeline", response_model=m.Timeline, responses=ERRORS, tags=["reads"])
-    def timeline(request: Request, me: Caller, limit: Limit = 50):
+    async def timeline(request: Request, me: Caller, limit: Limit = 50):
         """Your home timeline: your posts and those of whom you follow, newest first."""
-        store = _api(request).store()
-        as_of = store.as_of()
-        return _json({"user_id": me, "posts": store.timeline(me, limit), "as_of": as_of})
+        posts, as_of = await (await _api(request).store()).timeline(me, limit)
+        return _json({"user_id": me, "posts": posts, "as_of": as_of})
 
     @app.get("/v1/inbox", response_model=m.Inbox, responses=ERRORS, tags=["reads"])
-    def inbox(request: Request, me: Caller, limit: Limit = 50):
+    async def inbox(request: Request, me: Caller, limit: Limit = 50):
         """Your inbox, newest first, each message with its read state."""
-        store = _api(request).store()
-        as_of = store.as_of()
-        return _json({"user_id": me, "messages": store.inbox(me, limit), "as_of": as_of})
+        messages, as_of = await (await _api(request).store()).inbox(me, limit)
+        return _json({"user_id": me, "messages": messages, "as_of": as_of})
 
     @app.get("/v1/unread", response_model=m.Unread, responses=ERRORS, tags=["reads"])
-    def unread(request: Request, me: Caller):
+    async def unread(request: Request, me: Caller):
         """How many messages in your inbox you have not read."""
-        store = _api(request).store()
-        as_of = store.as_of()
-        return _json({"user_id": me, "unread": store.unread(me), "as_of": as_of})
+        n, as_of = await (await _api(request).store()).unread(me)
+        return _json({"user_id": me, "unread": n, "as_of": as_of})
 
     @app.get(
         "/v1/users/{user_id}/status",
@@ -502,22 +498,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         responses={**NOT_FOUND, 422: ERRORS[422], 503: ERRORS[503]},
         tags=["reads"],
     )
-    def user_status(user_id: IdPath, request: Request):
+    async def user_status(user_id: IdPath, request: Request):
         """Anyone's current status (public, no token needed); ``status`` is null if never set."""
         api = _api(request)
-        store = api.store()
-        as_of = store.as_of()
-        status = store.status(user_id)
-        if status is None and not api.user_exists(user_id):
+        status, known, as_of = await (await api.store()).status(user_id)
+        if status is None and not known and not await api.user_exists(user_id):
             raise ApiError(404, "unknown_user", f"user {user_id} does not exist")
         return _json({"user_id": user_id, "status": status, "as_of": as_of})
 
     @app.get("/v1/health", response_model=m.Health, responses={503: ERRORS[503]}, tags=["ops"])
-    def health(request: Request):
+    async def health(request: Request):
         """200 when the process serves and Redis answers."""
         api = _api(request)
-        api.redis.ping()
-        return _json({"status": "ok", "namespace": api.namespace(), "topic": settings.events_topic})
+        await api.redis.ping()
+        return _json({"status": "ok", "namespace": await api.namespace(), "topic": settings.events_topic})
 
     return app
 
