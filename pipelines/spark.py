@@ -55,6 +55,11 @@ def build_spark(
         .config("spark.databricks.delta.properties.defaults.enableDeletionVectors", "true")
         .config("spark.databricks.delta.schema.autoMerge.enabled", "false")
         .config("spark.scheduler.mode", "FAIR")
+        # Constraint propagation infers filters from every projection and filter; over the parse
+        # step's generated contract checks (one CASE with hundreds of branches) it cost ~3 s per
+        # localCheckpoint (LogicalRDD.fromDataset computes the origin plan's constraints), more
+        # than the batch itself. The fold's joins carry their filters explicitly.
+        .config("spark.sql.constraintPropagation.enabled", "false")
         # A micro-batch runs a few dozen small SQL queries with large plans; the status store
         # keeps up to 1000 of them by default (UI or not): in a long-running stream that is a
         # heap leak. Keep the recent ones only.
