@@ -430,6 +430,11 @@ def stream_section(ctx: BenchContext) -> dict:
     )
     time.sleep(30)
     for q in spark.streams.active:
+        # between micro-batches, as the speed layer itself stops (interrupting a batch makes the
+        # stream thread die noisily in Spark's error handling)
+        deadline = time.monotonic() + 120
+        while q.status["isTriggerActive"] and time.monotonic() < deadline:
+            time.sleep(0.2)
         q.stop()
     stream.join(timeout=120)
     flake = Lake(spark, ctx.settings.lake_dir, fns)

@@ -17,6 +17,7 @@ blue/green rebuilds). Exactness (BRIEF section 6):
 from __future__ import annotations
 
 import json
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 STATE_TABLES = tuple(State.__dataclass_fields__)
+_COMMIT_FILE = re.compile(r"\d{20}\.json")
 
 
 @dataclass
@@ -117,9 +119,15 @@ class Lake:
         return State(**{t: self.read(t, record.versions[t]) for t in STATE_TABLES})
 
     def version(self, table: str) -> int:
-        from delta.tables import DeltaTable
+        """The table's latest committed version: the highest ``_delta_log/<version>.json``.
 
-        return DeltaTable.forPath(self.spark, self.path(table)).history(1).collect()[0]["version"]
+        Read from the file system, not with ``DESCRIBE HISTORY`` (a Spark job per table per batch).
+        """
+        log_dir = Path(self.path(table)) / "_delta_log"
+        versions = [int(f.name[:-5]) for f in log_dir.glob("*.json") if _COMMIT_FILE.fullmatch(f.name)]
+        if not versions:
+            raise FileNotFoundError(f"{log_dir}: no Delta commits")
+        return max(versions)
 
     # -- writing ----------------------------------------------------------------------------------
     def write_batch(

@@ -17,6 +17,7 @@ All functions are pure ``DataFrame -> DataFrame``; nothing here reads or writes 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
@@ -92,24 +93,39 @@ def _of_type(events: DataFrame, *types: str) -> DataFrame:
 # 1. Dedup: an event_id seen before in the same partition within the window has no effect.
 # --------------------------------------------------------------------------------------------
 def mark_duplicates(events: DataFrame, prior_bronze: DataFrame, window_ms: int) -> DataFrame:
-    """Add ``duplicate``: an earlier occurrence of the event_id (same partition) within the window."""
+    """Add ``duplicate``: the event_id was seen before in the same partition (a lower offset,
+    in this batch or any earlier one) at a ``received_time`` at most ``window_ms`` before this one.
+
+    Only archived events received within the window of the batch's earliest event can match, so
+    the archive is read from there on: partitions pruned by ``received_date``, files skipped by
+    their ``received_time`` statistics. The dedup cost is bounded by the window, not by the
+    length of the log.
+    """
+    earliest = events.agg(F.min("received_time")).first()[0]
+    if earliest is None:
+        return events.withColumn("duplicate", F.lit(False))
+    since = max(earliest - window_ms, 0)
+    since_date = datetime.fromtimestamp(since / 1000, UTC).strftime("%Y-%m-%d")
     keys = events.select("partition", "event_id").distinct()
-    prior_last = (
-        prior_bronze.select("partition", "event_id", "offset", "received_time")
+    prior = (
+        prior_bronze.where((F.col("received_date") >= since_date) & (F.col("received_time") >= since))
+        .select("partition", "event_id", "received_time")
         .join(F.broadcast(keys), ["partition", "event_id"], "left_semi")
         .groupBy("partition", "event_id")
-        .agg(F.max_by("received_time", "offset").alias("prior_received"))
+        .agg(F.max("received_time").alias("prior_received"))
     )
-    w = Window.partitionBy("partition", "event_id").orderBy("offset")
+    earlier = (
+        Window.partitionBy("partition", "event_id")
+        .orderBy("offset")
+        .rowsBetween(Window.unboundedPreceding, -1)
+    )
+    last_seen = F.greatest(F.max("received_time").over(earlier), F.col("prior_received"))
     return (
-        events.join(prior_last, ["partition", "event_id"], "left")
-        .withColumn("prev_received", F.coalesce(F.lag("received_time").over(w), F.col("prior_received")))
+        events.join(prior, ["partition", "event_id"], "left")
         .withColumn(
-            "duplicate",
-            F.col("prev_received").isNotNull()
-            & ((F.col("received_time") - F.col("prev_received")) <= F.lit(window_ms)),
+            "duplicate", F.coalesce(last_seen >= F.col("received_time") - F.lit(window_ms), F.lit(False))
         )
-        .drop("prior_received", "prev_received")
+        .drop("prior_received")
     )
 
 
@@ -296,6 +312,30 @@ def _top_posts(posts: DataFrame, n: int) -> DataFrame:
     return live.withColumn("_rn", F.row_number().over(w)).where(F.col("_rn") <= n).drop("_rn")
 
 
+def _recompute_timelines(
+    users: DataFrame, follows: DataFrame, posts: DataFrame, cfg: ViewConfig
+) -> DataFrame:
+    """The whole home timeline of ``users`` from follows and posts (the definition, for a few users)."""
+    n, threshold = cfg.timeline_length, cfg.fanout_threshold
+    tl_cols = ["user_id", "post_id", "author_id", "event_time"]
+    r_follows = follows.join(F.broadcast(users), "user_id", "left_semi")
+    r_authors = r_follows.select("followee_id").distinct()
+    r_normal = (
+        follows.join(F.broadcast(r_authors), "followee_id", "left_semi")
+        .groupBy("followee_id")
+        .count()
+        .where(F.col("count") <= threshold)
+        .select(F.col("followee_id").alias("author_id"))
+    )
+    r_sources = (
+        r_follows.select("user_id", F.col("followee_id").alias("author_id"))
+        .join(r_normal, "author_id", "left_semi")
+        .unionByName(users.select("user_id", F.col("user_id").alias("author_id")))
+    )
+    r_posts = _top_posts(posts.join(r_sources.select("author_id").distinct(), "author_id", "left_semi"), n)
+    return _rank_top(r_sources.join(r_posts, "author_id").select(*tl_cols), n)
+
+
 def timeline_changes(
     applied: DataFrame,
     state: State,
@@ -316,27 +356,30 @@ def timeline_changes(
     tl_cols = ["user_id", "post_id", "author_id", "event_time"]
     post_key = ["author_id", "post_id"]
     changed_pairs = follows_upserts.select("user_id", "followee_id").unionByName(follows_deletes)
-    follows1 = state.follows.join(changed_pairs, ["user_id", "followee_id"], "left_anti").unionByName(
-        follows_upserts
-    )
+
+    def after_batch(follows: DataFrame) -> DataFrame:
+        return follows.join(changed_pairs, ["user_id", "followee_id"], "left_anti").unionByName(
+            follows_upserts
+        )
+
+    follows1 = after_batch(state.follows)
     new_posts = posts_upserts.where(~F.col("deleted") & F.col("text").isNotNull())
     deleted_posts = posts_upserts.where(F.col("deleted")).select(*post_key)
-    authors = (
+    authors = materialize(
         new_posts.select(F.col("author_id").alias("followee_id"))
         .union(changed_pairs.select("followee_id"))
         .distinct()
     )
+    # Every use of follows by followee below is about these authors: read their followers once.
+    followers_before = materialize(state.follows.join(F.broadcast(authors), "followee_id", "left_semi"))
+    followers_after = after_batch(followers_before)
 
     def counts(follows: DataFrame, name: str) -> DataFrame:
-        return (
-            follows.join(F.broadcast(authors), "followee_id", "left_semi")
-            .groupBy("followee_id")
-            .agg(F.count("*").alias(name))
-        )
+        return follows.groupBy("followee_id").agg(F.count("*").alias(name))
 
     followers = materialize(
-        authors.join(counts(state.follows, "before"), "followee_id", "left")
-        .join(counts(follows1, "after"), "followee_id", "left")
+        authors.join(counts(followers_before, "before"), "followee_id", "left")
+        .join(counts(followers_after, "after"), "followee_id", "left")
         .fillna(0, ["before", "after"])
         .withColumn("celebrity", F.col("after") > threshold)
         .withColumn("flipped", (F.col("before") > threshold) != F.col("celebrity"))
@@ -351,7 +394,9 @@ def timeline_changes(
     # Whose posts leave whose timeline, and which (user, author) pairs get backfilled.
     removed_pairs = materialize(
         follows_deletes.unionByName(
-            follows1.join(F.broadcast(to_celeb), "followee_id", "left_semi").select("user_id", "followee_id")
+            followers_after.join(F.broadcast(to_celeb), "followee_id", "left_semi").select(
+                "user_id", "followee_id"
+            )
         )
         .select("user_id", F.col("followee_id").alias("author_id"))
         .distinct()
@@ -360,7 +405,9 @@ def timeline_changes(
         follows_upserts.join(F.broadcast(normal), "followee_id", "left_semi")
         .select("user_id", "followee_id")
         .unionByName(
-            follows1.join(F.broadcast(to_normal), "followee_id", "left_semi").select("user_id", "followee_id")
+            followers_after.join(F.broadcast(to_normal), "followee_id", "left_semi").select(
+                "user_id", "followee_id"
+            )
         )
         .select("user_id", F.col("followee_id").alias("author_id"))
         .distinct()
@@ -378,7 +425,7 @@ def timeline_changes(
         new_posts.join(
             F.broadcast(normal.withColumnRenamed("followee_id", "author_id")), "author_id", "left_semi"
         )
-        .join(follows1.withColumnRenamed("followee_id", "author_id"), "author_id")
+        .join(followers_after.withColumnRenamed("followee_id", "author_id"), "author_id")
         .select(*tl_cols)
         .unionByName(
             new_posts.select(F.col("author_id").alias("user_id"), "post_id", "author_id", "event_time")
@@ -405,31 +452,14 @@ def timeline_changes(
     recompute = materialize(
         leaving.select("user_id").distinct().join(sizes.where(F.col("count") >= n), "user_id", "left_semi")
     )
-    r_follows = follows1.join(F.broadcast(recompute), "user_id", "left_semi")
-    r_authors = r_follows.select("followee_id").distinct()
-    r_normal = (
-        follows1.join(F.broadcast(r_authors), "followee_id", "left_semi")
-        .groupBy("followee_id")
-        .count()
-        .where(F.col("count") <= threshold)
-        .select(F.col("followee_id").alias("author_id"))
-    )
-    r_sources = (
-        r_follows.select("user_id", F.col("followee_id").alias("author_id"))
-        .join(r_normal, "author_id", "left_semi")
-        .unionByName(recompute.select("user_id", F.col("user_id").alias("author_id")))
-    )
-    r_posts = _top_posts(posts1.join(r_sources.select("author_id").distinct(), "author_id", "left_semi"), n)
-    recomputed = _rank_top(r_sources.join(r_posts, "author_id").select(*tl_cols), n)
+    recomputed = _recompute_timelines(recompute, follows1, posts1, cfg) if not recompute.isEmpty() else None
 
     kept = old.join(leaving, ["user_id", "post_id"], "left_anti")
-    candidates = (
-        kept.unionByName(backfill)
-        .unionByName(fanned)
-        .join(F.broadcast(recompute), "user_id", "left_anti")
-        .dropDuplicates(["user_id", "post_id"])
-    )
-    new = materialize(_rank_top(candidates, n).unionByName(recomputed))
+    candidates = kept.unionByName(backfill).unionByName(fanned)
+    if recomputed is not None:
+        candidates = candidates.join(F.broadcast(recompute), "user_id", "left_anti")
+    top = _rank_top(candidates.dropDuplicates(["user_id", "post_id"]), n)
+    new = materialize(top.unionByName(recomputed) if recomputed is not None else top)
     inserts = new.join(old.select("user_id", "post_id"), ["user_id", "post_id"], "left_anti")
     deletes = old.join(new.select("user_id", "post_id"), ["user_id", "post_id"], "left_anti").select(
         "user_id", "post_id", "author_id"

@@ -101,6 +101,7 @@ def clean_lake(spark, tmp_path_factory):
         T,
         "{}",
         int(time.time() * 1000),
+        "{}",
     )
     _rows(spark, lake, "batches", [batch])
     return settings
