@@ -56,12 +56,12 @@ def test_models_accept_the_contracts_limits():
 )
 def test_bad_client_headers_are_400(headers):
     with pytest.raises(ApiError) as err:
-        client_headers(**headers)
+        asyncio.run(client_headers(**headers))
     assert err.value.status == 400
 
 
 def test_client_headers_parse():
-    got = client_headers(idempotency_key="k-1", x_device_time="5", x_sent_time="7")
+    got = asyncio.run(client_headers(idempotency_key="k-1", x_device_time="5", x_sent_time="7"))
     assert (got.idempotency_key, got.device_time, got.sent_time) == ("k-1", 5, 7)
 
 
