@@ -11,7 +11,7 @@ def test_docs_views_md_is_generated_from_the_catalogue():
     doc = ROOT / "docs" / "views.md"
     assert doc.read_text() == views_doc(), (
         "docs/views.md is stale: python -c 'from pipelines.tables import views_doc; "
-        "print(views_doc(), end=\"\")' > docs/views.md"
+        'print(views_doc(), end="")\' > docs/views.md'
     )
 
 
