@@ -199,18 +199,25 @@ def main(argv: list[str] | None = None) -> int:
     for k, v in rows:
         print(f"  {k:<22} {v}")
     say("look around")
-    print(
-        "  make status                                  what runs, pids, ports, logs\n"
-        f"  redis-cli -p {settings.redis_port} get active_namespace    the live views version\n"
-        f"  redis-cli -p {settings.redis_port} hgetall v1:meta         position the serving store covers\n"
-        f"  redis-cli -p {settings.redis_port} --scan --pattern 'v1:tl:*' | head   home timelines\n"
-        f"  curl -s 127.0.0.1:{settings.api_port}/v1/health                the API (if the stack runs it)\n"
-        "  python -m pipelines.rebuild run              blue/green rebuild of every view (rollback: ... rollback)\n"
-        '  eval "$(python -m infra.airflow env)"; airflow dags list    this project\'s Airflow\n'
-        "  SOCIAL_AIRFLOW_STANDALONE=1 make up          Airflow UI on "
-        f"127.0.0.1:{settings.airflow_port} (password in var/airflow/)\n"
-        "  stop everything: make down"
-    )
+    from pipelines import namespaces
+
+    ns, redis_cli = namespaces.active(settings), f"redis-cli -p {settings.redis_port}"
+    hints = [
+        ("make status", "what runs, pids, ports, logs"),
+        (f"{redis_cli} get active_namespace", "the live views version"),
+        (f"{redis_cli} hgetall {ns}:meta", "the log position the serving store covers"),
+        (f"{redis_cli} --scan --pattern '{ns}:tl:*' | head", "home timelines"),
+        (f"curl -s 127.0.0.1:{settings.api_port}/v1/health", "the API"),
+        ("python -m pipelines.rebuild run", "blue/green rebuild of every view (undo: ... rollback)"),
+        ('eval "$(python -m infra.airflow env)"; airflow dags list', "this project's Airflow"),
+        (
+            "SOCIAL_AIRFLOW_STANDALONE=1 make up",
+            f"Airflow UI on 127.0.0.1:{settings.airflow_port} (password in var/airflow/)",
+        ),
+        ("make down", "stop everything"),
+    ]
+    width = max(len(cmd) for cmd, _ in hints)
+    print("\n".join(f"  {cmd.ljust(width)}  {what}" for cmd, what in hints))
     return 0 if verified and quality_ok else 1
 
 
