@@ -29,11 +29,13 @@ import json
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
 
 import redis
 import redis.asyncio
 
-from pipelines.views import BatchOutput
+if TYPE_CHECKING:  # the API reads through this module and never needs Spark
+    from pipelines.views import BatchOutput
 
 PAD = 19  # int64 post ids zero-padded: lexicographic order == numeric order for equal scores
 
