@@ -151,9 +151,9 @@ class ServingStore:
     # -- dumping (verify compares these with the Delta views) ------------------------------------
     def dump_timelines(self) -> Iterator[tuple[int, int]]:
         prefix = self.k("tl", "")
-        for key in self.r.scan_iter(match=prefix + "*", count=1000):
-            u = int(key[len(prefix) :])
-            for m in self.r.zrange(key, 0, -1):
+        for tl_key in self.r.scan_iter(match=prefix + "*", count=1000):
+            u = int(tl_key[len(prefix) :])
+            for m in self.r.zrange(tl_key, 0, -1):
                 yield u, int(m)
 
     def dump_hash(self, name: str) -> dict[str, str]:
@@ -174,17 +174,21 @@ class ServingReader:
     def k(self, *parts) -> str:
         return key(self.ns, *parts)
 
-    @staticmethod
-    def _as_of(raw: str | None) -> dict[str, int]:
-        return json.loads(raw) if raw else {}
+    async def _with_as_of(self, *commands: tuple) -> tuple[dict[str, int], list]:
+        """Run ``(command, *args)`` tuples in one pipelined round trip, after reading ``as_of``."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hget(self.k("meta"), "offsets")
+        for name, *args in commands:
+            getattr(pipe, name)(*args)
+        raw, *results = await pipe.execute()
+        return (json.loads(raw) if raw else {}), results
 
     async def timeline(self, user_id: int, limit: int = 50) -> tuple[list[dict], dict[str, int]]:
         """Home timeline of u: fanned-out entries merged with followed high-fan-out authors."""
-        pipe = self.r.pipeline(transaction=False)
-        pipe.hget(self.k("meta"), "offsets")
-        pipe.zrevrange(self.k("tl", user_id), 0, limit - 1, withscores=True)
-        pipe.sinter(self.k("following", user_id), self.k("celebs"))
-        as_of, own, celebs = await pipe.execute()
+        as_of, (own, celebs) = await self._with_as_of(
+            ("zrevrange", self.k("tl", user_id), 0, limit - 1, True),
+            ("sinter", self.k("following", user_id), self.k("celebs")),
+        )
         lists = [own]
         if celebs:
             pipe = self.r.pipeline(transaction=False)
@@ -201,28 +205,17 @@ class ServingReader:
             if len(top) == limit:
                 break
         bodies = await self.r.mget([self.k("p", int(m)) for m in top]) if top else []
-        return [json.loads(b) for b in bodies if b], self._as_of(as_of)
+        return [json.loads(b) for b in bodies if b], as_of
 
     async def inbox(self, user_id: int, limit: int = 50) -> tuple[list[dict], dict[str, int]]:
-        pipe = self.r.pipeline(transaction=False)
-        pipe.hget(self.k("meta"), "offsets")
-        pipe.zrevrange(self.k("inbox", user_id), 0, limit - 1)
-        as_of, ids = await pipe.execute()
+        as_of, (ids,) = await self._with_as_of(("zrevrange", self.k("inbox", user_id), 0, limit - 1))
         bodies = await self.r.hmget(self.k("msgs", user_id), [str(int(m)) for m in ids]) if ids else []
-        return [json.loads(b) for b in bodies if b], self._as_of(as_of)
+        return [json.loads(b) for b in bodies if b], as_of
 
     async def unread(self, user_id: int) -> tuple[int, dict[str, int]]:
-        pipe = self.r.pipeline(transaction=False)
-        pipe.hget(self.k("meta"), "offsets")
-        pipe.hget(self.k("unread"), user_id)
-        as_of, n = await pipe.execute()
-        return int(n or 0), self._as_of(as_of)
+        as_of, (n,) = await self._with_as_of(("hget", self.k("unread"), user_id))
+        return int(n or 0), as_of
 
-    async def status(self, user_id: int) -> tuple[dict | None, bool, dict[str, int]]:
-        """(status or None, whether the user is registered in the store, as_of)."""
-        pipe = self.r.pipeline(transaction=False)
-        pipe.hget(self.k("meta"), "offsets")
-        pipe.hget(self.k("status"), user_id)
-        pipe.hexists(self.k("users"), user_id)
-        as_of, raw, known = await pipe.execute()
-        return (json.loads(raw) if raw else None), bool(known), self._as_of(as_of)
+    async def status(self, user_id: int) -> tuple[dict | None, dict[str, int]]:
+        as_of, (raw,) = await self._with_as_of(("hget", self.k("status"), user_id))
+        return (json.loads(raw) if raw else None), as_of

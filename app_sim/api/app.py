@@ -501,8 +501,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def user_status(user_id: IdPath, request: Request):
         """Anyone's current status (public, no token needed); ``status`` is null if never set."""
         api = _api(request)
-        status, known, as_of = await (await api.store()).status(user_id)
-        if status is None and not known and not await api.user_exists(user_id):
+        status, as_of = await (await api.store()).status(user_id)
+        if status is None and not await api.user_exists(user_id):
             raise ApiError(404, "unknown_user", f"user {user_id} does not exist")
         return _json({"user_id": user_id, "status": status, "as_of": as_of})
 
