@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from pipelines.tables import TABLES
@@ -300,6 +300,11 @@ def unread_view(inbox_upserts: DataFrame, prior_inbox: DataFrame, prior_unread: 
     )
 
 
+def _celebrity(followers: Column, cfg: ViewConfig) -> Column:
+    """The hybrid fan-out rule: an author with more followers than this is merged at read time."""
+    return followers > cfg.fanout_threshold
+
+
 def _rank_top(rows: DataFrame, n: int) -> DataFrame:
     w = Window.partitionBy("user_id").orderBy(F.col("event_time").desc(), F.col("post_id").desc())
     return rows.withColumn("_rn", F.row_number().over(w)).where(F.col("_rn") <= n).drop("_rn")
@@ -316,7 +321,7 @@ def _recompute_timelines(
     users: DataFrame, follows: DataFrame, posts: DataFrame, cfg: ViewConfig
 ) -> DataFrame:
     """The whole home timeline of ``users`` from follows and posts (the definition, for a few users)."""
-    n, threshold = cfg.timeline_length, cfg.fanout_threshold
+    n = cfg.timeline_length
     tl_cols = ["user_id", "post_id", "author_id", "event_time"]
     r_follows = follows.join(F.broadcast(users), "user_id", "left_semi")
     r_authors = r_follows.select("followee_id").distinct()
@@ -324,7 +329,7 @@ def _recompute_timelines(
         follows.join(F.broadcast(r_authors), "followee_id", "left_semi")
         .groupBy("followee_id")
         .count()
-        .where(F.col("count") <= threshold)
+        .where(~_celebrity(F.col("count"), cfg))
         .select(F.col("followee_id").alias("author_id"))
     )
     r_sources = (
@@ -352,7 +357,7 @@ def timeline_changes(
     posts. Then each touched timeline is trimmed to N. Only a *full* timeline that loses posts
     cannot be trimmed back: those few users are recomputed from posts and follows.
     """
-    n, threshold = cfg.timeline_length, cfg.fanout_threshold
+    n = cfg.timeline_length
     tl_cols = ["user_id", "post_id", "author_id", "event_time"]
     post_key = ["author_id", "post_id"]
     changed_pairs = follows_upserts.select("user_id", "followee_id").unionByName(follows_deletes)
@@ -381,8 +386,8 @@ def timeline_changes(
         authors.join(counts(followers_before, "before"), "followee_id", "left")
         .join(counts(followers_after, "after"), "followee_id", "left")
         .fillna(0, ["before", "after"])
-        .withColumn("celebrity", F.col("after") > threshold)
-        .withColumn("flipped", (F.col("before") > threshold) != F.col("celebrity"))
+        .withColumn("celebrity", _celebrity(F.col("after"), cfg))
+        .withColumn("flipped", _celebrity(F.col("before"), cfg) != F.col("celebrity"))
     )
     celebrities = followers.where(F.col("before") != F.col("after")).select(
         F.col("followee_id").alias("author_id"), F.col("after").alias("followers"), "celebrity"
