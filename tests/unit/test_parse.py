@@ -55,6 +55,25 @@ RECORDS: list[bytes] = [
     ).encode(),
     json.dumps(_without(_ev(type="message_sent", message_id=5, recipient_id=9), "post_id")).encode(),
     json.dumps(_without(_ev(type="message_read", message_id=5), "post_id", "text")).encode(),
+    # the right shape, wrong values: these take the fast path (value rules only)
+    json.dumps(_ev(event_id="")).encode(),
+    json.dumps(_ev(event_id="e" * 65)).encode(),
+    json.dumps(_ev(received_time=-1)).encode(),
+    json.dumps(_ev(post_id=2**63 - 1)).encode(),  # the largest id: valid
+    json.dumps(_ev(text="")).encode(),  # no minimum length: valid
+    json.dumps(
+        _without(_ev(type="user_registered", handle="x" * 16, display_name="Ok"), "post_id", "text")
+    ).encode(),
+    json.dumps(
+        _without(_ev(type="user_registered", handle="ok_name", display_name=""), "post_id", "text")
+    ).encode(),
+    json.dumps(_without(_ev(type="unfollowed", followee_id=7), "post_id", "text")).encode(),  # self
+    # the right key count, one value of another JSON type: off the fast path
+    json.dumps(_ev(post_id=True)).encode(),
+    json.dumps(_ev(text=["hi"])).encode(),
+    json.dumps(_ev(post_id=1e30)).encode(),
+    json.dumps(_ev(schema_version="1")).encode(),
+    json.dumps({**_without(_ev(), "text"), "text ": "hi"}).encode(),  # a look-alike key
     json.dumps([1, 2]).encode(),
     b"not json",
     b'{"type": "post_created", ',
@@ -94,3 +113,26 @@ def test_valid_event_columns_and_corrected_time(spark):
     assert (row.partition, row.offset, row.user_id, row.post_id, row.text) == (3, 42, 7, 99, "hi")
     assert row.event_time == 1000 + (5000 - 1300)  # device clock corrected by its offset
     assert row.key == "7"
+
+
+def test_every_valid_generated_event_takes_the_fast_path(spark):
+    """The fast path is an optimisation only if valid records take it: all of them must."""
+    import orjson
+    from pyspark.sql import functions as F
+
+    from app_sim.generator import GeneratorConfig, generate
+    from pipelines.parse import clean_shape
+
+    raws = [
+        orjson.dumps(v).decode()
+        for _, v, injected in generate(3_000, GeneratorConfig(users=50))
+        if not injected
+    ]
+    shapes = {t: clean_shape(contract.event_type(t)) for t in contract.EVENT_TYPES}
+    df = spark.createDataFrame([(r,) for r in raws], "raw string").select(
+        F.expr("try_variant_get(parse_json(raw), '$.type', 'string')").alias("type"),
+        F.expr("schema_of_variant(parse_json(raw))").alias("shape"),
+    )
+    seen = {(r["type"], r["shape"]) for r in df.distinct().collect()}
+    assert {t for t, _ in seen} == set(contract.EVENT_TYPES)  # the sample holds every type
+    assert all(shape == shapes[t] for t, shape in seen), sorted(seen)
