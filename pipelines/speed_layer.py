@@ -60,11 +60,13 @@ def kafka_source(spark, settings: Settings, topic: str):
     )
 
 
-def _end_offsets(records: DataFrame, previous: dict[int, int]) -> dict[int, int]:
-    ends = dict(previous)
-    for r in records.groupBy("partition").agg(F.max("offset").alias("m")).collect():
+def _read_extent(records: DataFrame, previous: dict[int, int]) -> tuple[int, dict[int, int]]:
+    """Records read and the end offset per partition after this batch, in one Spark job."""
+    ends, n = dict(previous), 0
+    for r in records.groupBy("partition").agg(F.max("offset").alias("m"), F.count("*").alias("n")).collect():
         ends[int(r["partition"])] = max(ends.get(int(r["partition"]), 0), int(r["m"]) + 1)
-    return dict(sorted(ends.items()))
+        n += int(r["n"])
+    return n, dict(sorted(ends.items()))
 
 
 class BatchProcessor:
@@ -90,8 +92,7 @@ class BatchProcessor:
             t0[0] = now
 
         records = materialize(records)
-        n_read = records.count()
-        end_offsets = _end_offsets(records, prev.end_offsets if prev else {})
+        n_read, end_offsets = _read_extent(records, prev.end_offsets if prev else {})
         phase("read")
         events, quarantine = parse_records(records)
         events = materialize(events)
