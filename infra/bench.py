@@ -598,7 +598,9 @@ def scaling_section(ctx: BenchContext) -> dict:
 def _headline(name: str, result: dict) -> list[tuple[str, str, str]]:
     rows = []
     for key, value in result.items():
-        if isinstance(value, int | float) and not isinstance(value, bool):
+        if isinstance(value, bool):  # the targets' verdicts: met / fits / flat
+            rows.append((name, key, "yes" if value else "NO"))
+        elif isinstance(value, int | float):
             if isinstance(value, float):
                 shown = f"{value:,.3f}" if value < 10 else f"{value:,.1f}"
             else:
