@@ -9,8 +9,12 @@ table is printed.
 ``python -m infra.bench [--only ingest] [--events N]``. Uses the running local stack if Kafka
 answers on the configured port, else starts one (``infra.stack``) and stops it afterwards.
 
-Sections here: ``ingest`` (the generator vs Kafka's own ``ProducerPerformance``); ``serving``
-(the API's reads/s and p99 under Locust over a pre-populated serving store, writes/s too).
+Sections, in order: ``ingest`` (the generator vs Kafka's own ``ProducerPerformance``);
+``serving`` (the API's reads/s and p99 under Locust over a pre-populated serving store, writes/s
+too); ``replay`` (full recompute vs a bare read and vs the parse step alone, 1x and 10x log);
+``stream`` (catch-up vs a ``noop`` sink, the parse step's floor at the target's batch size,
+freshness at a fixed rate with each phase's share); ``scaling`` (one micro-batch on 1x and 10x
+state). The README says how to read each figure.
 """
 
 from __future__ import annotations
