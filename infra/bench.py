@@ -57,9 +57,10 @@ class BenchContext:
     replay_events: int = 200_000  # 10x; 1x is a tenth
     stream_events: int = 100_000
     freshness_rate: int = 500
-    target_rate: int = 20_000  # BRIEF/issue target: sustained events/s at freshness p99 <= 5 s
-    floor_batches: int = 5
     freshness_seconds: int = 60
+    target_rate: int = 20_000  # the issue's target: sustained events/s at freshness p99 <= 5 s
+    freshness_p99_target_ms: int = 5_000
+    floor_batches: int = 8  # the first (cold JVM, cold codegen) is left out of the median
     scaling_state_events: int = 20_000
     scaling_probe_events: int = 5_000
 
@@ -390,6 +391,7 @@ def _stream_parse_floor(ctx: BenchContext, spark, batch_events: int) -> dict:
     import tempfile
 
     from pipelines.parse import parse_records
+    from pipelines.speed_layer import kafka_source
 
     topic, _ = _fill(ctx, "floor", batch_events * ctx.floor_batches, users=2_000, mean_followers=30)
 
@@ -400,12 +402,7 @@ def _stream_parse_floor(ctx: BenchContext, spark, batch_events: int) -> dict:
 
     with tempfile.TemporaryDirectory(prefix="bench-floor-") as chk:
         query = (
-            spark.readStream.format("kafka")
-            .option("kafka.bootstrap.servers", ctx.settings.kafka_bootstrap)
-            .option("subscribe", topic)
-            .option("startingOffsets", "earliest")
-            .option("maxOffsetsPerTrigger", batch_events)
-            .load()
+            kafka_source(spark, ctx.settings, topic, max_offsets=batch_events)
             .writeStream.foreachBatch(body)
             .option("checkpointLocation", chk)
             .trigger(availableNow=True)
@@ -414,7 +411,7 @@ def _stream_parse_floor(ctx: BenchContext, spark, batch_events: int) -> dict:
         query.awaitTermination()
         seconds = [
             p["durationMs"]["triggerExecution"] / 1000 for p in query.recentProgress if p["numInputRows"]
-        ]
+        ][1:]
     median = statistics.median(seconds)
     return {
         "parse_floor_batch_events": batch_events,
@@ -431,23 +428,19 @@ def stream_section(ctx: BenchContext) -> dict:
     import tempfile
 
     from pipelines.lake import Lake
+    from pipelines.speed_layer import kafka_source
     from pipelines.speed_layer import run as run_speed_layer
     from pipelines.verify import freshness
 
     n = ctx.stream_events
     topic, _ = _fill(ctx, "stream", n, users=max(200, n // 100), mean_followers=30)
     spark = _spark(ctx)
-    budget_s = 2.5  # half the p99 target: see _stream_parse_floor
+    budget_s = ctx.freshness_p99_target_ms / 1000 / 2  # see _stream_parse_floor
     floor = _stream_parse_floor(ctx, spark, int(ctx.target_rate * budget_s))
     chk = tempfile.mkdtemp(prefix="bench-noop-")
     t = time.perf_counter()
     (
-        spark.readStream.format("kafka")
-        .option("kafka.bootstrap.servers", ctx.settings.kafka_bootstrap)
-        .option("subscribe", topic)
-        .option("startingOffsets", "earliest")
-        .option("maxOffsetsPerTrigger", ctx.settings.max_offsets_per_trigger)
-        .load()
+        kafka_source(spark, ctx.settings, topic)
         .writeStream.format("noop")
         .option("checkpointLocation", chk)
         .trigger(availableNow=True)
@@ -519,17 +512,16 @@ def stream_section(ctx: BenchContext) -> dict:
         for k in (phases[0] if phases else {})
     }
     batch_s = sorted(sum(p.values()) for p in phases)
+    met = fresh.get("p99_ms") is not None and fresh["p99_ms"] <= ctx.freshness_p99_target_ms
     out.update(
         {
             "freshness_rate_events_per_s": rate,
             "freshness_p50_ms": fresh.get("p50_ms"),
             "freshness_p99_ms": fresh.get("p99_ms"),
-            "freshness_p99_target_ms": 5000,
-            "freshness_target_met": bool(fresh.get("p99_ms") is not None and fresh["p99_ms"] <= 5000),
-            # the highest rate tried at which p99 <= 5 s held; 0: not even at the one rate tried
-            "max_sustainable_events_per_s_p99_5s": rate
-            if fresh.get("p99_ms") is not None and fresh["p99_ms"] <= 5000
-            else 0,
+            "freshness_p99_target_ms": ctx.freshness_p99_target_ms,
+            "freshness_target_met": met,
+            # the highest rate tried at which the p99 target held; 0: not even at the one rate tried
+            "max_sustainable_events_per_s_p99_5s": rate if met else 0,
             # An event waits for the batch in progress, then rides the next one up to its Redis
             # write: freshness p99 is about two batch durations, so a p99 <= 5 s needs batches
             # well under 2.5 s. Where the time of a batch goes, median over the busy batches:

@@ -48,14 +48,15 @@ def checkpoint_dir(settings: Settings, namespace: str) -> Path:
     return Path(settings.var_dir) / "checkpoints" / namespace / "speed_layer"
 
 
-def kafka_source(spark, settings: Settings, topic: str):
+def kafka_source(spark, settings: Settings, topic: str, max_offsets: int | None = None):
+    """The event stream as the speed layer reads it (the bench reads it the same way)."""
     return (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", settings.kafka_bootstrap)
         .option("subscribe", topic)
         .option("startingOffsets", "earliest")
         .option("failOnDataLoss", "true")
-        .option("maxOffsetsPerTrigger", settings.max_offsets_per_trigger)
+        .option("maxOffsetsPerTrigger", max_offsets or settings.max_offsets_per_trigger)
         .load()
     )
 
