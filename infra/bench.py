@@ -12,9 +12,9 @@ answers on the configured port, else starts one (``infra.stack``) and stops it a
 Sections, in order: ``ingest`` (the generator vs Kafka's own ``ProducerPerformance``);
 ``serving`` (the API's reads/s and p99 under Locust over a pre-populated serving store, writes/s
 too); ``replay`` (full recompute vs a bare read and vs the parse step alone, 1x and 10x log);
-``stream`` (catch-up vs a ``noop`` sink, the parse step's floor at the target's batch size,
-freshness at a fixed rate with each phase's share); ``scaling`` (one micro-batch on 1x and 10x
-state). The README says how to read each figure.
+``stream`` (catch-up vs a ``noop`` sink, the parse step's floor at the target's batch size, the
+Delta commits' floor of a one-row batch, freshness at a fixed rate with each phase's share);
+``scaling`` (one micro-batch on 1x and 10x state). The README says how to read each figure.
 """
 
 from __future__ import annotations
@@ -421,6 +421,64 @@ def _stream_parse_floor(ctx: BenchContext, spark, batch_events: int) -> dict:
     }
 
 
+def _commit_floor(ctx: BenchContext, spark) -> dict:
+    """The Delta side of a micro-batch with next to nothing in it, as the speed layer writes it.
+
+    One row per table through :meth:`pipelines.lake.Lake.write_batch`: the two appends, the seven
+    fenced MERGEs and the ``batches`` row, into a scratch namespace that is removed afterwards.
+    No fold, no data volume: whatever a batch computes, it pays at least this before the next
+    batch can read its state, so this too must fit the batch budget for the freshness target.
+    """
+    import shutil
+    import statistics
+
+    from pipelines.lake import Lake
+    from pipelines.views import BatchOutput, empty_table
+
+    lake = Lake(spark, ctx.settings.lake_dir, f"bench_commit_{ctx.run_id}".lower())
+    lake.ensure_tables()
+
+    def one_row(table: str, batch: int):
+        schema = empty_table(spark, table).schema
+        value = {"bigint": batch, "int": 0, "string": "bench", "boolean": False}
+        row = {f.name: value[f.dataType.simpleString()] for f in schema}
+        if "received_date" in row:
+            row["received_date"] = "2026-01-01"
+        return spark.createDataFrame([row], schema)
+
+    seconds = []
+    try:
+        for b in range(ctx.floor_batches):
+            out = BatchOutput(
+                bronze=one_row("events_bronze", b),
+                rejected=empty_table(spark, "quarantine"),
+                users=one_row("users", b),
+                follows_upserts=one_row("follows", b),
+                follows_deletes=empty_table(spark, "follows"),
+                posts=one_row("posts", b),
+                timeline_inserts=one_row("home_timeline", b),
+                timeline_deletes=empty_table(spark, "home_timeline"),
+                inbox=one_row("inbox", b),
+                unread_counts=one_row("unread_counts", b),
+                user_status=one_row("user_status", b),
+                celebrities=None,
+            )
+            meta = {
+                **{k: 1 for k in ("events_read", "applied", "quarantined")},
+                **{k: None for k in ("min_received", "max_received", "visible_at")},
+                "end_offsets": {"0": b + 1},
+                "duplicates": 0,
+                "received_hist": "{}",
+            }
+            t = time.perf_counter()
+            lake.write_batch(b, out, one_row("quarantine", b), meta)
+            seconds.append(time.perf_counter() - t)
+    finally:
+        shutil.rmtree(lake.root, ignore_errors=True)
+    median = statistics.median(seconds[1:])  # the first creates every table's snapshot: left out
+    return {"commit_floor_micro_batches": len(seconds) - 1, "commit_floor_seconds_median": round(median, 2)}
+
+
 @section("stream")
 def stream_section(ctx: BenchContext) -> dict:
     """Speed-layer catch-up throughput vs Spark reading the same topic into a noop sink; freshness."""
@@ -437,6 +495,7 @@ def stream_section(ctx: BenchContext) -> dict:
     spark = _spark(ctx)
     budget_s = ctx.freshness_p99_target_ms / 1000 / 2  # see _stream_parse_floor
     floor = _stream_parse_floor(ctx, spark, int(ctx.target_rate * budget_s))
+    commit = _commit_floor(ctx, spark)
     chk = tempfile.mkdtemp(prefix="bench-noop-")
     t = time.perf_counter()
     (
@@ -469,6 +528,9 @@ def stream_section(ctx: BenchContext) -> dict:
         **floor,
         # the parse step alone must fit the batch budget at the target rate, before any fold
         "parse_floor_fits_target_budget": floor["parse_floor_micro_batch_seconds_median"] <= budget_s,
+        **commit,
+        # so must the batch's Delta commits, whatever the batch holds
+        "commit_floor_fits_target_budget": commit["commit_floor_seconds_median"] <= budget_s,
     }
     # Freshness at a fixed moderate rate: real server clock, the stream running continuously.
     rate, seconds = ctx.freshness_rate, ctx.freshness_seconds
