@@ -346,6 +346,8 @@ def _sql_executions(spark) -> list[dict]:
     import urllib.request
 
     sc = spark.sparkContext
+    if not sc.uiWebUrl:
+        raise RuntimeError("the scaling section reads plan metrics from the Spark UI: set spark.ui.enabled")
     port = sc.uiWebUrl.rsplit(":", 1)[1]
     url = (
         f"http://127.0.0.1:{port}/api/v1/applications/{sc.applicationId}/sql"
