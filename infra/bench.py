@@ -337,7 +337,16 @@ def _spark(ctx: BenchContext, **conf: str):
     return build_spark("bench", ctx.settings, extra_conf=conf)
 
 
-def _sql_executions(spark) -> list[dict]:
+def _warm_median(seconds: list[float]) -> tuple[int, float]:
+    """(batches counted, median seconds), leaving out the first batch: cold JVM, cold codegen,
+    every table's first snapshot."""
+    import statistics
+
+    warm = seconds[1:]
+    return len(warm), round(statistics.median(warm), 2)
+
+
+def _sql_executions(spark, details: bool = True) -> list[dict]:
     """The session's SQL executions with their plan nodes' metrics, from the Spark UI's REST API.
 
     Waits until the UI has taken in every execution the driver has started (its listener bus is
@@ -351,7 +360,7 @@ def _sql_executions(spark) -> list[dict]:
     port = sc.uiWebUrl.rsplit(":", 1)[1]
     url = (
         f"http://127.0.0.1:{port}/api/v1/applications/{sc.applicationId}/sql"
-        "?details=true&planDescription=false&offset=0&length=1000000"
+        f"?details={str(details).lower()}&planDescription=false&offset=0&length=1000000"
     )
     deadline = time.monotonic() + 60
     while True:
@@ -426,7 +435,6 @@ def _stream_parse_floor(ctx: BenchContext, spark, batch_events: int) -> dict:
     2.5 s. This measures the part of such a batch no fold design can avoid: reading it and
     checking it against the contract (nothing is written anywhere).
     """
-    import statistics
     import tempfile
 
     from pipelines.parse import parse_records
@@ -450,12 +458,12 @@ def _stream_parse_floor(ctx: BenchContext, spark, batch_events: int) -> dict:
         query.awaitTermination()
         seconds = [
             p["durationMs"]["triggerExecution"] / 1000 for p in query.recentProgress if p["numInputRows"]
-        ][1:]
-    median = statistics.median(seconds)
+        ]
+    batches, median = _warm_median(seconds)
     return {
         "parse_floor_batch_events": batch_events,
-        "parse_floor_micro_batches": len(seconds),
-        "parse_floor_micro_batch_seconds_median": round(median, 2),
+        "parse_floor_micro_batches": batches,
+        "parse_floor_micro_batch_seconds_median": median,
         "parse_floor_events_per_s": round(batch_events / median),
     }
 
@@ -469,7 +477,6 @@ def _commit_floor(ctx: BenchContext, spark) -> dict:
     batch can read its state, so this too must fit the batch budget for the freshness target.
     """
     import shutil
-    import statistics
 
     from pipelines.lake import Lake
     from pipelines.views import BatchOutput, empty_table
@@ -514,8 +521,8 @@ def _commit_floor(ctx: BenchContext, spark) -> dict:
             seconds.append(time.perf_counter() - t)
     finally:
         shutil.rmtree(lake.root, ignore_errors=True)
-    median = statistics.median(seconds[1:])  # the first creates every table's snapshot: left out
-    return {"commit_floor_micro_batches": len(seconds) - 1, "commit_floor_seconds_median": round(median, 2)}
+    batches, median = _warm_median(seconds)
+    return {"commit_floor_micro_batches": batches, "commit_floor_seconds_median": median}
 
 
 @section("stream")
@@ -672,7 +679,8 @@ def scaling_section(ctx: BenchContext) -> dict:
         seconds = []
         for k in (1, 2):
             lo, hi = n + (k - 1) * probe, n + k * probe
-            before = max((e["id"] for e in _sql_executions(spark)), default=-1)
+            if k == 2:  # the measured probe: its executions come after this one
+                before = max((e["id"] for e in _sql_executions(spark, details=False)), default=-1)
             t = time.perf_counter()
             proc(ranked.where((F.col("_i") > lo) & (F.col("_i") <= hi)).drop("_i"), k)
             seconds.append(time.perf_counter() - t)
