@@ -1,0 +1,90 @@
+"""The Redis function library of the speed layer: loaded, versioned, and its state read back.
+
+The library (``redis_functions/social.lua``) is the only place that changes the keyed state.
+It is loaded with ``FUNCTION LOAD REPLACE`` whenever the version in Redis differs from the one
+in this repository, so a code change reaches Redis at the next start of any processor.
+
+Keys, all under ``<namespace>:`` (one namespace per views version, for blue/green switching).
+The serving reads (:mod:`pipelines.serving`) use the first group; the rest is the processor's.
+
+==================  ======  =====================================================================
+``tl:<u>``          zset    fanned-out home timeline of u (latest N): member = post_id
+                            (zero-padded), score = corrected event time
+``posts:<a>``       zset    author a's live posts (read-time merge of high-fan-out authors)
+``p:<post_id>``     string  JSON of a live post
+``following:<u>``   set     follows(u)
+``celebs``          set     authors over the fan-out threshold
+``inbox:<u>``       zset    message ids of inbox(u) by event time; ``msgs:<u>`` hash id -> JSON
+``unread``          hash    u -> unread(u)
+``status``          hash    u -> JSON {text, event_time}
+``users``           hash    u -> JSON {handle, display_name}
+``fence``           hash    partition -> next offset to apply (the log position the state covers;
+                            reads return it as ``as_of``)
+------------------  ------  ---------------------------------------------------------------------
+``followers:<a>``   set     who follows a (the fan-out targets)
+``pids:<a>``        hash    post_id -> 1 live / 0 deleted (a deleted post never comes back)
+``seen:<p>``        hash    dedup memory of partition p: event_id -> received_time;
+                            ``seenq:<p>`` the same ids by received_time (for forgetting)
+``hwm``             hash    partition -> newest received_time seen
+``stats:<p>``       hash    applied, duplicates, rejected, quarantined of partition p
+``changelog:<p>``   stream  one entry per record, id ``<offset>-1``: disposition, reason, changes
+``freshness``       hash    10 ms bucket -> events (received -> applied), a metric, not state
+==================  ======  =====================================================================
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import redis
+
+LIBRARY = Path(__file__).with_name("redis_functions") / "social.lua"
+NAME = "social"
+
+
+def key(namespace: str, *parts) -> str:
+    return ":".join([namespace, *map(str, parts)])
+
+
+def source() -> str:
+    return LIBRARY.read_text()
+
+
+def version() -> str:
+    m = re.search(r"^local VERSION = '([^']+)'", source(), re.MULTILINE)
+    if m is None:
+        raise RuntimeError(f"{LIBRARY}: no VERSION line")
+    return m.group(1)
+
+
+def ensure_loaded(client: redis.Redis) -> str:
+    """Load the library unless Redis already has this version; returns the version in Redis."""
+    want = version()
+    try:
+        have = client.fcall_ro("social_version", 0)
+        have = have.decode() if isinstance(have, bytes) else have
+    except redis.ResponseError:
+        have = None
+    if have != want:
+        client.function_load(source(), replace=True)
+    return want
+
+
+def fences(client: redis.Redis, namespace: str) -> dict[int, int]:
+    """Partition -> next offset to apply: the log position the keyed state covers."""
+    raw = client.hgetall(key(namespace, "fence"))
+    return {int(p): int(o) for p, o in sorted(raw.items(), key=lambda kv: int(kv[0]))}
+
+
+def accounting(client: redis.Redis, namespace: str, partitions: list[int]) -> dict[str, int]:
+    """Events applied, duplicates, rejected and quarantined, summed over partitions."""
+    totals = {"applied": 0, "duplicates": 0, "rejected": 0, "quarantined": 0}
+    pipe = client.pipeline(transaction=False)
+    for p in partitions:
+        pipe.hgetall(key(namespace, "stats", p))
+    for stats in pipe.execute():
+        for name, n in stats.items():
+            name = name.decode() if isinstance(name, bytes) else name
+            totals[name] = totals.get(name, 0) + int(n)
+    return totals

@@ -1,0 +1,363 @@
+#!lua name=social
+--[[
+The speed layer's keyed state machine, run inside Redis (docs/architecture.md, "Keyed speed layer").
+
+`FCALL social_apply 0 <ns> <partition> <dedup_window_ms> <dedup_grace_ms> <timeline_n> <fanout_threshold>
+ <event>...` applies a run of events of ONE Kafka partition, in offset order. Each event is
+EVENT_ARGS arguments: offset, type, event_id, user_id, received_time, event_time, id1, id2, s1, s2
+  user_registered  s1 = handle, s2 = display_name
+  status_updated   s1 = text
+  followed         id1 = followee_id            unfollowed  id1 = followee_id
+  post_created     id1 = post_id, s1 = text     post_deleted id1 = post_id
+  message_sent     id1 = message_id, id2 = sender_id (user_id is the recipient), s1 = text
+  message_read     id1 = message_id
+  "!"              a record the contract rejected before Redis: s1 = its reason
+
+Per event, atomically (a function runs alone in Redis):
+  1. the per-partition fence: an offset below `fence[p]` was applied already and is skipped, so a
+     re-run of any batch after a crash changes nothing;
+  2. dedup (BRIEF section 5): a duplicate is an event_id seen before in this partition with a
+     received_time at most the window before this one;
+  3. stateful validity and the effects on the views, maintaining exactly, after every event:
+     tl:<u> = the latest N posts by u or by the non-celebrity authors u follows. Because that
+     holds after every event whatever the partition it came from, the state is a function of the
+     set of applied events, not of how partitions interleave;
+  4. accounting (stats:<p>) and one changelog entry (stream changelog:<p>, id "<offset>-1", so an
+     entry exists once per offset by construction) with the disposition and the view changes.
+
+Scores are corrected event times (ms, exact as doubles below 2^53); timeline and inbox members
+are ids zero-padded to 19 digits, so ZREVRANGE order = (event_time desc, id desc). Ids stay
+strings here: Lua numbers are doubles and would round 64-bit ids.
+]]
+
+local VERSION = '1'
+local EVENT_ARGS = 10
+
+local function cmp_gt(s1, m1, s2, m2) -- (score, member) ordering of the timelines
+  if s1 ~= s2 then return s1 > s2 end
+  return m1 > m2
+end
+
+local function pad(id) return string.rep('0', 19 - #id) .. id end
+
+local Ctx = {}
+Ctx.__index = Ctx
+
+function Ctx:k(...) return self.ns .. ':' .. table.concat({...}, ':') end
+
+-- A view change for the changelog; numbers as integer strings (cjson would round them).
+function Ctx:change(...)
+  local row = {...}
+  for i = 1, select('#', ...) do
+    if type(row[i]) == 'number' then row[i] = string.format('%d', row[i]) end
+  end
+  self.changes[#self.changes + 1] = row
+end
+
+function Ctx:tl_change(sign, u, m, author, score)
+  local t = self.tl
+  if sign == '+' then
+    t[#t + 1] = '+' .. u .. ':' .. m .. ':' .. author .. ':' .. string.format('%d', score)
+  else
+    t[#t + 1] = '-' .. u .. ':' .. m
+  end
+end
+
+function Ctx:is_celeb(a) return redis.call('SISMEMBER', self:k('celebs'), a) == 1 end
+
+-- Add posts (list of {member, score, author}) to tl:u, keeping its latest N; logs the net change.
+function Ctx:tl_add(u, posts)
+  local key = self:k('tl', u)
+  local n = redis.call('ZCARD', key)
+  local min_s, min_m
+  if n >= self.N then
+    local lo = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+    min_m, min_s = lo[1], tonumber(lo[2])
+  end
+  local added = {}
+  for _, p in ipairs(posts) do
+    if (min_s == nil or cmp_gt(p[2], p[1], min_s, min_m)) and redis.call('ZSCORE', key, p[1]) == false then
+      redis.call('ZADD', key, p[2], p[1])
+      added[p[1]] = p
+    end
+  end
+  local extra = redis.call('ZCARD', key) - self.N
+  local popped = {}
+  if extra > 0 then
+    local out = redis.call('ZPOPMIN', key, extra)
+    for i = 1, #out, 2 do popped[out[i]] = true end
+  end
+  for m, p in pairs(added) do
+    if not popped[m] then self:tl_change('+', u, m, p[3], p[2]) end
+  end
+  for m, _ in pairs(popped) do
+    if not added[m] then self:tl_change('-', u, m) end
+  end
+end
+
+-- The sources of u's fanned-out timeline: u itself and the non-celebrity authors u follows.
+function Ctx:sources(u)
+  local out = {u}
+  for _, a in ipairs(redis.call('SMEMBERS', self:k('following', u))) do
+    if not self:is_celeb(a) then out[#out + 1] = a end
+  end
+  return out
+end
+
+-- After removals from a full timeline: the next `want` posts below its current minimum.
+function Ctx:refill(u, want)
+  local key = self:k('tl', u)
+  local lo = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+  local bound_m, bound_s = lo[1], tonumber(lo[2])
+  local cands = {}
+  for _, a in ipairs(self:sources(u)) do
+    local pkey = self:k('posts', a)
+    local got, offset, page = 0, 0, want + 8
+    while got < want do
+      local rows
+      if bound_s == nil then
+        rows = redis.call('ZREVRANGE', pkey, offset, offset + page - 1, 'WITHSCORES')
+      else
+        rows = redis.call('ZREVRANGEBYSCORE', pkey, bound_s, '-inf', 'WITHSCORES', 'LIMIT', offset, page)
+      end
+      for i = 1, #rows, 2 do
+        local m, s = rows[i], tonumber(rows[i + 1])
+        if bound_s == nil or cmp_gt(bound_s, bound_m, s, m) then
+          cands[#cands + 1] = {m, s, a}
+          got = got + 1
+          if got >= want then break end
+        end
+      end
+      if #rows < 2 * page then break end
+      offset = offset + page
+    end
+  end
+  table.sort(cands, function(x, y) return cmp_gt(x[2], x[1], y[2], y[1]) end)
+  local top = {}
+  for i = 1, math.min(want, #cands) do top[i] = cands[i] end
+  if #top > 0 then self:tl_add(u, top) end
+end
+
+-- Remove members from tl:u; a timeline that was full is refilled from older posts.
+function Ctx:tl_remove(u, members)
+  if #members == 0 then return end
+  local key = self:k('tl', u)
+  local before = redis.call('ZCARD', key)
+  local removed = 0
+  for _, m in ipairs(members) do
+    if redis.call('ZREM', key, m) == 1 then
+      removed = removed + 1
+      self:tl_change('-', u, m)
+    end
+  end
+  if removed > 0 and before >= self.N then self:refill(u, removed) end
+end
+
+-- An author's latest N live posts as {member, score, author}: the only ones that can be in any
+-- timeline (a post in the latest N of a timeline has its author's newer posts above it).
+function Ctx:latest_posts(a)
+  local rows = redis.call('ZREVRANGE', self:k('posts', a), 0, self.N - 1, 'WITHSCORES')
+  local out = {}
+  for i = 1, #rows, 2 do out[#out + 1] = {rows[i], tonumber(rows[i + 1]), a} end
+  return out
+end
+
+local function members_of(posts)
+  local out = {}
+  for i, p in ipairs(posts) do out[i] = p[1] end
+  return out
+end
+
+function Ctx:set_celeb(a, celeb, followers)
+  if celeb then redis.call('SADD', self:k('celebs'), a) else redis.call('SREM', self:k('celebs'), a) end
+  self:change('C', a, celeb and 1 or 0, followers)
+end
+
+-- ---------------------------------------------------------------------------------------------
+-- The event types. Each returns nil (applied) or a rejection reason (no effect).
+-- ---------------------------------------------------------------------------------------------
+local apply = {}
+
+function apply.user_registered(c, e)
+  redis.call('HSET', c:k('users'), e.user, '{"handle":' .. cjson.encode(e.s1) ..
+    ',"display_name":' .. cjson.encode(e.s2) .. '}')
+  c:change('U', e.user, e.s1, e.s2, e.et)
+end
+
+function apply.status_updated(c, e)
+  redis.call('HSET', c:k('status'), e.user, '{"text":' .. cjson.encode(e.s1) ..
+    ',"event_time":' .. string.format('%d', e.et) .. '}')
+  c:change('S', e.user, e.s1, e.et)
+end
+
+function apply.followed(c, e)
+  local u, a = e.user, e.id1
+  c:change('F+', u, a, e.et)
+  if redis.call('SADD', c:k('following', u), a) == 0 then return end
+  redis.call('SADD', c:k('followers', a), u)
+  local n = redis.call('SCARD', c:k('followers', a))
+  if n > c.T and n - 1 <= c.T then
+    -- the author crosses the threshold: its posts leave every follower's fanned-out timeline
+    -- (a celebrity first, so no refill below takes its posts back)
+    c:set_celeb(a, true, n)
+    local latest = members_of(c:latest_posts(a))
+    for _, f in ipairs(redis.call('SMEMBERS', c:k('followers', a))) do c:tl_remove(f, latest) end
+  elseif n <= c.T then
+    c:tl_add(u, c:latest_posts(a))
+  end
+end
+
+function apply.unfollowed(c, e)
+  local u, a = e.user, e.id1
+  c:change('F-', u, a)
+  if redis.call('SREM', c:k('following', u), a) == 0 then return end
+  redis.call('SREM', c:k('followers', a), u)
+  local n = redis.call('SCARD', c:k('followers', a))
+  if n + 1 <= c.T then
+    c:tl_remove(u, members_of(c:latest_posts(a)))
+  elseif n <= c.T then
+    -- back under the threshold: fanned out again, to every remaining follower
+    c:set_celeb(a, false, n)
+    local latest = c:latest_posts(a)
+    for _, f in ipairs(redis.call('SMEMBERS', c:k('followers', a))) do c:tl_add(f, latest) end
+  end
+end
+
+function apply.post_created(c, e)
+  local a, pid = e.user, e.id1
+  if redis.call('HEXISTS', c:k('pids', a), pid) == 1 then return 'reused_id' end
+  local m = pad(pid)
+  redis.call('HSET', c:k('pids', a), pid, 1)
+  redis.call('ZADD', c:k('posts', a), e.et, m)
+  redis.call('SET', c:k('p', pid), '{"post_id":' .. pid .. ',"author_id":' .. a .. ',"text":' ..
+    cjson.encode(e.s1) .. ',"event_time":' .. string.format('%d', e.et) .. '}')
+  c:change('P', a, pid, e.et, e.s1, 0, nil)
+  local post = {{m, e.et, a}}
+  c:tl_add(a, post)
+  if not c:is_celeb(a) then
+    for _, f in ipairs(redis.call('SMEMBERS', c:k('followers', a))) do c:tl_add(f, post) end
+  end
+end
+
+function apply.post_deleted(c, e)
+  local a, pid = e.user, e.id1
+  local live = redis.call('HGET', c:k('pids', a), pid)
+  if live == false then return 'not_own_post' end
+  if live == '0' then return 'post_already_deleted' end
+  local m = pad(pid)
+  local created = tonumber(redis.call('ZSCORE', c:k('posts', a), m))
+  local body = cjson.decode(redis.call('GET', c:k('p', pid)))
+  redis.call('HSET', c:k('pids', a), pid, 0)
+  redis.call('ZREM', c:k('posts', a), m)
+  redis.call('DEL', c:k('p', pid))
+  c:change('P', a, pid, created, body.text, 1, e.et)
+  c:tl_remove(a, {m})
+  if not c:is_celeb(a) then
+    for _, f in ipairs(redis.call('SMEMBERS', c:k('followers', a))) do c:tl_remove(f, {m}) end
+  end
+end
+
+function apply.message_sent(c, e)
+  local r, mid = e.user, e.id1
+  local m = pad(mid)
+  if redis.call('ZSCORE', c:k('inbox', r), m) ~= false then return 'reused_id' end
+  redis.call('ZADD', c:k('inbox', r), e.et, m)
+  redis.call('HSET', c:k('msgs', r), mid, '{"message_id":' .. mid .. ',"sender_id":' .. e.id2 ..
+    ',"text":' .. cjson.encode(e.s1) .. ',"event_time":' .. string.format('%d', e.et) .. ',"read":false}')
+  local n = redis.call('HINCRBY', c:k('unread'), r, 1)
+  c:change('I', r, mid, e.id2, e.s1, e.et)
+  c:change('N', r, n)
+end
+
+function apply.message_read(c, e)
+  local r, mid = e.user, e.id1
+  local body = redis.call('HGET', c:k('msgs', r), mid)
+  if body == false then return 'not_in_inbox' end
+  local unread_suffix = '"read":false}'
+  if body:sub(-#unread_suffix) ~= unread_suffix then return end -- read before: no change
+  redis.call('HSET', c:k('msgs', r), mid, body:sub(1, -#unread_suffix - 1) .. '"read":true}')
+  local n = redis.call('HINCRBY', c:k('unread'), r, -1)
+  c:change('R', r, mid)
+  c:change('N', r, n)
+end
+
+-- ---------------------------------------------------------------------------------------------
+local function dedup(c, p, eid, rt)
+  local seen, q = c:k('seen', p), c:k('seenq', p)
+  local prev = redis.call('HGET', seen, eid)
+  local dup = prev ~= false and tonumber(prev) >= rt - c.window
+  if prev == false or tonumber(prev) < rt then
+    redis.call('HSET', seen, eid, string.format('%d', rt))
+    redis.call('ZADD', q, rt, eid)
+  end
+  -- forget ids received more than window + grace before the newest received_time of the
+  -- partition: a function of the log prefix, so the same in any replay (no wall clock)
+  local hwm = tonumber(redis.call('HGET', c:k('hwm'), p) or '-inf')
+  if rt > hwm then
+    hwm = rt
+    redis.call('HSET', c:k('hwm'), p, string.format('%d', rt))
+  end
+  local old = redis.call('ZRANGEBYSCORE', q, '-inf', '(' .. string.format('%d', hwm - c.window - c.grace),
+    'LIMIT', 0, 16)
+  if #old > 0 then
+    redis.call('HDEL', seen, unpack(old))
+    redis.call('ZREM', q, unpack(old))
+  end
+  return dup
+end
+
+local DISPOSITION = {a = 'applied', d = 'duplicates', r = 'rejected', q = 'quarantined'}
+
+local function social_apply(keys, args)
+  local ns, p = args[1], args[2]
+  local c = setmetatable({ns = ns, window = tonumber(args[3]), grace = tonumber(args[4]),
+    N = tonumber(args[5]), T = tonumber(args[6])}, Ctx)
+  local fence_key, stats = c:k('fence'), c:k('stats', p)
+  local next_offset = tonumber(redis.call('HGET', fence_key, p) or '0')
+  local counts = {a = 0, d = 0, r = 0, q = 0, skipped = 0}
+  local i = 7
+  while i + EVENT_ARGS - 1 <= #args do
+    local offset = tonumber(args[i])
+    if offset < next_offset then
+      counts.skipped = counts.skipped + 1
+    else
+      local e = {type = args[i + 1], eid = args[i + 2], user = args[i + 3], rt = tonumber(args[i + 4]),
+        et = tonumber(args[i + 5]), id1 = args[i + 6], id2 = args[i + 7], s1 = args[i + 8], s2 = args[i + 9]}
+      c.changes, c.tl = {}, {}
+      local disp, reason
+      if e.type == '!' then
+        disp, reason = 'q', e.s1
+      elseif dedup(c, p, e.eid, e.rt) then
+        disp = 'd'
+      else
+        local handler = apply[e.type]
+        local ok, res = pcall(handler, c, e)
+        if not ok then
+          -- one record must never stop the stream: dead-letter it with the error as its reason
+          disp, reason = 'q', 'processing_error:' .. tostring(res):sub(1, 200)
+        elseif res ~= nil then
+          disp, reason = 'r', res
+        else
+          disp = 'a'
+        end
+      end
+      counts[disp] = counts[disp] + 1
+      redis.call('HINCRBY', stats, DISPOSITION[disp], 1)
+      local entry = {'d', disp}
+      if reason then entry[#entry + 1] = 'r'; entry[#entry + 1] = reason end
+      if #c.changes > 0 then entry[#entry + 1] = 'c'; entry[#entry + 1] = cjson.encode(c.changes) end
+      if #c.tl > 0 then entry[#entry + 1] = 't'; entry[#entry + 1] = table.concat(c.tl, ',') end
+      redis.call('XADD', c:k('changelog', p), string.format('%d', offset) .. '-1', unpack(entry))
+      next_offset = offset + 1
+      redis.call('HSET', fence_key, p, string.format('%d', next_offset))
+    end
+    i = i + EVENT_ARGS
+  end
+  return {counts.a, counts.d, counts.r, counts.q, counts.skipped}
+end
+
+local function social_version() return VERSION end
+
+redis.register_function('social_apply', social_apply)
+redis.register_function{function_name = 'social_version', callback = social_version,
+  flags = {'no-writes'}}

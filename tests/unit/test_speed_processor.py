@@ -1,0 +1,439 @@
+"""The keyed processor and its Redis functions, against a real redis-server: BRIEF section 5 by hand.
+
+Events go through :class:`pipelines.speed.processor.Processor` exactly as the stream sends them
+(raw record bytes, per partition, in offset order) into a redis-server started for this module;
+the expected views are worked out by hand from the specification. The last tests check the
+property the design rests on: the state does not depend on how partitions interleave or how the
+log is cut into batches, and it equals the definition of every view computed from the log alone.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+from collections import defaultdict
+
+import pytest
+import redis
+
+from pipelines.speed import functions
+from pipelines.speed.processor import Processor, ProcessorConfig
+
+T0 = 1_700_000_000_000
+KEY_FIELD = {"message_sent": "recipient_id"}
+PARTITIONS = 2
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory):
+    server = shutil.which("redis-server")
+    if server is None:
+        pytest.fail("redis-server not on PATH: run `make setup`")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    d = tmp_path_factory.mktemp("redis")
+    proc = subprocess.Popen(
+        [
+            server,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(d),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    client = redis.Redis.from_url(url)
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            if time.monotonic() > deadline:
+                proc.kill()
+                pytest.fail("redis-server did not start")
+            time.sleep(0.05)
+    yield url
+    proc.terminate()
+    proc.wait(10)
+
+
+@pytest.fixture
+def ns():
+    return f"t{uuid.uuid4().hex[:8]}"
+
+
+def ev(type_, user, t, eid=None, **fields):
+    """A valid event; ``t`` is the device time offset in seconds (clocks in sync by default)."""
+    ms = T0 + int(t * 1000)
+    return {
+        "event_id": eid
+        or str(uuid.uuid5(uuid.NAMESPACE_OID, f"{type_}-{user}-{t}-{sorted(fields.items())}")),
+        "type": type_,
+        "schema_version": 1,
+        "user_id": user,
+        "device_time": ms,
+        "sent_time": ms,
+        "received_time": ms,
+        **fields,
+    }
+
+
+def to_records(events, offsets=None):
+    """Kafka-shaped (partition, offset, value) in log order; partition = key % PARTITIONS."""
+    offsets = offsets if offsets is not None else {}
+    out = []
+    for e in events:
+        if isinstance(e, tuple):
+            key, raw = e
+            raw = raw if isinstance(raw, bytes) else json.dumps(raw).encode()
+            key = int(key)
+        else:
+            key, raw = int(e.get(KEY_FIELD.get(e.get("type")), e.get("user_id"))), json.dumps(e).encode()
+        p = key % PARTITIONS
+        o = offsets.get(p, 0)
+        offsets[p] = o + 1
+        out.append((p, o, raw))
+    return out
+
+
+def apply(url, ns, batches, **cfg):
+    """Apply each batch (its records per partition, partitions one after the other)."""
+    proc = Processor(ProcessorConfig(redis_url=url, namespace=ns, **cfg))
+    offsets: dict[int, int] = {}
+    for batch in batches:
+        per_p = defaultdict(list)
+        for p, o, raw in to_records(batch, offsets):
+            per_p[p].append((o, raw))
+        for p, recs in per_p.items():
+            proc.process(p, recs)
+    return redis.Redis.from_url(url, decode_responses=True)
+
+
+def timeline(r, ns, u):
+    return [int(m) for m in r.zrevrange(functions.key(ns, "tl", u), 0, -1)]
+
+
+def changelog(r, ns, p):
+    return [fields for _id, fields in r.xrange(functions.key(ns, "changelog", p))]
+
+
+def reasons(r, ns):
+    return sorted(f["r"] for p in range(PARTITIONS) for f in changelog(r, ns, p) if f["d"] in "rq")
+
+
+def test_follow_unfollow_refollow(redis_url, ns):
+    r = apply(
+        redis_url,
+        ns,
+        [
+            [
+                ev("followed", 1, 0, followee_id=2),
+                ev("followed", 1, 1, followee_id=3),
+                ev("unfollowed", 1, 2, followee_id=2),
+            ],
+            [
+                ev("unfollowed", 1, 3, followee_id=3),
+                ev("followed", 1, 4, followee_id=2),
+                ev("unfollowed", 1, 5, followee_id=9),  # not following: no effect, not an error
+            ],
+        ],
+    )
+    assert r.smembers(functions.key(ns, "following", 1)) == {"2"}
+    assert r.smembers(functions.key(ns, "followers", 2)) == {"1"}
+    assert r.scard(functions.key(ns, "followers", 3)) == 0
+
+
+def test_post_then_delete_and_delete_by_someone_else(redis_url, ns):
+    r = apply(
+        redis_url,
+        ns,
+        [
+            [
+                ev("followed", 1, 0, followee_id=2),
+                ev("post_created", 2, 1, post_id=20, text="a"),
+                ev("post_created", 2, 2, post_id=21, text="b"),
+                ev("post_deleted", 3, 3, post_id=21),  # not the author: rejected
+            ],
+            [
+                ev("post_deleted", 2, 4, post_id=20),
+                ev("post_deleted", 2, 5, post_id=20),  # already deleted: rejected
+                ev("post_deleted", 2, 6, post_id=77),  # never existed: rejected
+            ],
+        ],
+    )
+    assert timeline(r, ns, 1) == [21] and timeline(r, ns, 2) == [21]
+    assert r.get(functions.key(ns, "p", 20)) is None
+    assert json.loads(r.get(functions.key(ns, "p", 21))) == {
+        "post_id": 21,
+        "author_id": 2,
+        "text": "b",
+        "event_time": T0 + 2000,
+    }
+    assert reasons(r, ns) == ["not_own_post", "not_own_post", "post_already_deleted"]
+
+
+def test_message_read_before_and_after_arrival(redis_url, ns):
+    r = apply(
+        redis_url,
+        ns,
+        [
+            [
+                ev("message_read", 5, 0, message_id=50),  # before it arrives: rejected
+                ev("message_sent", 4, 1, message_id=50, recipient_id=5, text="hi"),
+                ev("message_sent", 4, 2, message_id=51, recipient_id=5, text="again"),
+                ev("message_read", 6, 3, message_id=51),  # not the recipient: rejected
+            ],
+            [
+                ev("message_read", 5, 4, message_id=50),
+                ev("message_read", 5, 5, message_id=50),  # re-read: no change
+                ev("message_sent", 4, 6, message_id=52, recipient_id=5, text="3rd"),
+            ],
+        ],
+    )
+    msgs = {int(k): json.loads(v) for k, v in r.hgetall(functions.key(ns, "msgs", 5)).items()}
+    assert {k: m["read"] for k, m in msgs.items()} == {50: True, 51: False, 52: False}
+    assert msgs[50] == {"message_id": 50, "sender_id": 4, "text": "hi", "event_time": T0 + 1000, "read": True}
+    assert r.hget(functions.key(ns, "unread"), 5) == "2"
+    assert [int(m) for m in r.zrevrange(functions.key(ns, "inbox", 5), 0, -1)] == [52, 51, 50]
+    assert reasons(r, ns) == ["not_in_inbox", "not_in_inbox"]
+
+
+def test_duplicates_within_window_only(redis_url, ns):
+    post = ev("post_created", 1, 0, eid="same", post_id=10, text="x")
+    late = dict(post, received_time=post["received_time"] + 2 * 3600 * 1000)
+    r = apply(redis_url, ns, [[post, post], [late]], dedup_window_ms=3600 * 1000)
+    # the second copy is within the window; the third comes 2 h after the last sighting: not a
+    # duplicate, and as a reused post_id it is rejected by the posts rules, not re-applied
+    assert [f["d"] for f in changelog(r, ns, 1)] == ["a", "d", "r"]
+    assert r.hgetall(functions.key(ns, "stats", 1)) == {"applied": "1", "duplicates": "1", "rejected": "1"}
+
+
+def test_offline_events_ordered_by_corrected_time(redis_url, ns):
+    skewed = ev("post_created", 2, 50, post_id=30, text="old, device clock 1 h behind")
+    skewed["device_time"] -= 3600_000
+    skewed["sent_time"] -= 3600_000  # the clock offset is corrected away: event time = t=50 s
+    offline = ev("post_created", 2, 10, post_id=31, text="written offline at t=10 s, sent late")
+    offline["sent_time"] += 100_000
+    offline["received_time"] += 100_000
+    r = apply(
+        redis_url,
+        ns,
+        [
+            [
+                ev("followed", 1, 0, followee_id=2),
+                skewed,
+                offline,
+                ev("post_created", 2, 20, post_id=32, text="t=20 s"),
+            ]
+        ],
+    )
+    assert timeline(r, ns, 1) == [30, 32, 31]
+
+
+def test_celebrity_posts_are_merged_at_read_time_not_fanned_out(redis_url, ns):
+    follows = [ev("followed", u, 0, followee_id=100) for u in range(1, 5)]  # 4 followers of 100
+    follows += [ev("followed", 1, 0, followee_id=200)]
+    posts = [
+        ev("post_created", 100, 1, post_id=1000, text="celebrity"),
+        ev("post_created", 200, 2, post_id=2000, text="normal"),
+    ]
+    r = apply(redis_url, ns, [follows, posts], fanout_threshold=3)
+    assert r.smembers(functions.key(ns, "celebs")) == {"100"}
+    assert {u: timeline(r, ns, u) for u in (1, 2, 3, 4, 100, 200)} == {
+        1: [2000],
+        2: [],
+        3: [],
+        4: [],
+        100: [1000],
+        200: [2000],
+    }
+    # 100 drops to 3 followers = the threshold: no longer a celebrity, fanned out to 1, 2, 3
+    apply(redis_url, ns, [[]])
+    Processor(ProcessorConfig(redis_url=redis_url, namespace=ns, fanout_threshold=3)).process(
+        0,
+        [
+            (
+                len([e for e in follows + posts if (e.get("user_id")) % 2 == 0]),
+                json.dumps(ev("unfollowed", 4, 3, followee_id=100)).encode(),
+            )
+        ],
+    )
+    assert r.smembers(functions.key(ns, "celebs")) == set()
+    assert {u: timeline(r, ns, u) for u in (1, 2, 3, 4)} == {1: [2000, 1000], 2: [1000], 3: [1000], 4: []}
+
+
+def test_crossing_the_threshold_upwards_removes_and_refills(redis_url, ns):
+    # 1 follows 100 and 200; timelines hold 2 posts; 100 becomes a celebrity when 2 more follow it
+    evs = [
+        ev("followed", 1, 0, followee_id=100),
+        ev("followed", 1, 0, followee_id=200),
+        ev("post_created", 200, 1, post_id=2001, text="old normal"),
+        ev("post_created", 200, 2, post_id=2002, text="normal"),
+        ev("post_created", 100, 3, post_id=1003, text="c1"),
+        ev("post_created", 100, 4, post_id=1004, text="c2"),
+    ]
+    r = apply(redis_url, ns, [evs], fanout_threshold=2, timeline_length=2)
+    assert timeline(r, ns, 1) == [1004, 1003]
+    apply2 = [ev("followed", 3, 5, followee_id=100), ev("followed", 5, 5, followee_id=100)]
+    proc = Processor(
+        ProcessorConfig(redis_url=redis_url, namespace=ns, fanout_threshold=2, timeline_length=2)
+    )
+    proc.process(1, [(100, json.dumps(apply2[0]).encode()), (101, json.dumps(apply2[1]).encode())])
+    # 100 now has 3 followers > 2: its posts leave 1's timeline, refilled with 200's two posts
+    assert r.smembers(functions.key(ns, "celebs")) == {"100"}
+    assert timeline(r, ns, 1) == [2002, 2001]
+
+
+def test_timeline_keeps_latest_n_and_refills_after_delete(redis_url, ns):
+    posts = [ev("post_created", 2, i, post_id=100 + i, text=str(i)) for i in range(5)]
+    r = apply(
+        redis_url,
+        ns,
+        [[ev("followed", 1, 0, followee_id=2), *posts], [ev("post_deleted", 2, 9, post_id=104)]],
+        timeline_length=3,
+    )
+    assert timeline(r, ns, 1) == [103, 102, 101]
+    assert timeline(r, ns, 2) == [103, 102, 101]
+
+
+def test_invalid_records_are_quarantined_with_their_reason(redis_url, ns):
+    bad = [(1, b"{"), (1, json.dumps(ev("followed", 1, 0, followee_id=1)).encode()), (1, b"\xff\xfe")]
+    r = apply(redis_url, ns, [[ev("followed", 1, 0, followee_id=2), *bad]])
+    assert [(f["d"], f.get("r")) for f in changelog(r, ns, 1)] == [
+        ("a", None),
+        ("q", "bad_json"),
+        ("q", "self_follow"),
+        ("q", "bad_json"),
+    ]
+    assert functions.fences(r, ns) == {1: 4}
+
+
+def test_a_rerun_after_a_crash_changes_nothing(redis_url, ns):
+    evs = [ev("followed", 1, 0, followee_id=2)] + [
+        ev("post_created", 2, i, post_id=10 + i, text="p") for i in range(1, 6)
+    ]
+    recs = to_records(evs)
+    proc = Processor(ProcessorConfig(redis_url=redis_url, namespace=ns))
+    for p in (0, 1):
+        proc.process(p, [(o, v) for q, o, v in recs if q == p])
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    before = {k: r.dump(k) for k in r.scan_iter(f"{ns}:*")}
+    for p in (0, 1):  # the same records again, as a re-run batch would send them
+        again = proc.process(p, [(o, v) for q, o, v in recs if q == p])
+        assert again.skipped == again.records and again.applied == 0
+    assert {k: r.dump(k) for k in r.scan_iter(f"{ns}:*")} == before
+
+
+# ---------------------------------------------------------------------------------------------
+# The definition, computed from the log alone (BRIEF section 5), and interleaving independence.
+# ---------------------------------------------------------------------------------------------
+def definition(records, n, threshold, window):
+    """Every view straight from its definition over the log (no incremental maintenance)."""
+    from app_sim import contract
+
+    follows, posts, pids, inbox, status = defaultdict(set), {}, defaultdict(dict), defaultdict(dict), {}
+    seen = defaultdict(dict)
+    for p, _o, raw in sorted(records, key=lambda x: (x[0], x[1])):  # per partition, in log order
+        e, reason = contract.parse_and_validate(raw)
+        if reason:
+            continue
+        prev = seen[p].get(e["event_id"])
+        seen[p][e["event_id"]] = max(prev or e["received_time"], e["received_time"])
+        if prev is not None and prev >= e["received_time"] - window:
+            continue
+        u, t = e["user_id"], e["type"]
+        et = e["device_time"] + e["received_time"] - e["sent_time"]
+        if t == "followed":
+            follows[u].add(e["followee_id"])
+        elif t == "unfollowed":
+            follows[u].discard(e["followee_id"])
+        elif t == "post_created" and e["post_id"] not in pids[u]:
+            pids[u][e["post_id"]] = True
+            posts[e["post_id"]] = (u, et)
+        elif t == "post_deleted" and pids[u].get(e["post_id"]):
+            pids[u][e["post_id"]] = False
+            del posts[e["post_id"]]
+        elif t == "message_sent" and e["message_id"] not in inbox[e["recipient_id"]]:
+            inbox[e["recipient_id"]][e["message_id"]] = False
+        elif t == "message_read" and e["message_id"] in inbox[u]:
+            inbox[u][e["message_id"]] = True
+        elif t == "status_updated":
+            status[u] = e["text"]
+    followers = defaultdict(int)
+    for fs in follows.values():
+        for a in fs:
+            followers[a] += 1
+    users = set(follows) | {a for a, _ in posts.values()}
+    tls = {}
+    for u in users:
+        sources = {u} | {a for a in follows[u] if followers[a] <= threshold}
+        mine = sorted(((et, pid) for pid, (a, et) in posts.items() if a in sources), reverse=True)[:n]
+        tls[u] = [pid for _, pid in mine]
+    unread = {u: sum(not read for read in box.values()) for u, box in inbox.items()}
+    return tls, unread, status, follows
+
+
+def state_of(url, ns):
+    r = redis.Redis.from_url(url, decode_responses=True)
+    tls = {}
+    for k in r.scan_iter(f"{ns}:tl:*"):
+        u = int(k.rsplit(":", 1)[1])
+        tls[u] = [int(m) for m in r.zrevrange(k, 0, -1)]
+    unread = {int(u): int(n) for u, n in r.hgetall(f"{ns}:unread").items()}
+    status = {int(u): json.loads(v)["text"] for u, v in r.hgetall(f"{ns}:status").items()}
+    follows = {
+        int(k.rsplit(":", 1)[1]): {int(x) for x in r.smembers(k)} for k in r.scan_iter(f"{ns}:following:*")
+    }
+    return tls, unread, status, follows
+
+
+def test_any_interleaving_and_batching_gives_the_definition(redis_url):
+    from app_sim.generator import GeneratorConfig, generate
+
+    cfg = GeneratorConfig(users=40, seed=11, mean_followers=6, invalid_share=0.02, duplicate_share=0.03)
+    evs = [(k, v) for k, v, _inj in generate(3000, cfg)]
+    recs = to_records(evs)
+    n, threshold, window = 20, 8, 24 * 3600 * 1000
+    want_tl, want_unread, want_status, want_follows = definition(recs, n, threshold, window)
+    assert sum(map(len, want_tl.values())) > 100 and any(len(t) == n for t in want_tl.values())
+    per_p = defaultdict(list)
+    for p, o, raw in recs:
+        per_p[p].append((o, raw))
+    rng = random.Random(5)
+    for trial in range(3):
+        ns = f"mix{trial}{uuid.uuid4().hex[:6]}"
+        proc = Processor(
+            ProcessorConfig(
+                redis_url=redis_url,
+                namespace=ns,
+                timeline_length=n,
+                fanout_threshold=threshold,
+                group_size=rng.choice([1, 7, 200]),
+            )
+        )
+        cursors = {p: 0 for p in per_p}
+        while any(cursors[p] < len(per_p[p]) for p in per_p):  # random partition, random run length
+            p = rng.choice([p for p in per_p if cursors[p] < len(per_p[p])])
+            k = rng.randint(1, 400)
+            proc.process(p, per_p[p][cursors[p] : cursors[p] + k])
+            cursors[p] += k
+        tls, unread, status, follows = state_of(redis_url, ns)
+        assert {u: t for u, t in tls.items() if t} == {u: t for u, t in want_tl.items() if t}
+        assert {u: c for u, c in unread.items() if c} == {u: c for u, c in want_unread.items() if c}
+        assert status == want_status
+        assert {u: f for u, f in follows.items() if f} == {u: f for u, f in want_follows.items() if f}
