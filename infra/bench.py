@@ -242,7 +242,7 @@ def _populate_serving_store(settings: Settings, namespace: str, users: int, seed
         pipe.hset(k("unread"), u, 2)
         if u % 200 == 0:
             pipe.execute()
-    pipe.hset(k("meta"), mapping={"batch_id": 0, "offsets": orjson.dumps({"0": 0}).decode()})
+    pipe.hset(k("fence"), mapping={"0": 0})
     pipe.execute()
     return list(range(1, users + 1))
 
@@ -672,7 +672,7 @@ def scaling_section(ctx: BenchContext) -> dict:
         topic, _ = _fill(ctx, f"scale{label}", n + 2 * probe, users=users, mean_followers=mean_followers)
         lake = Lake(spark, ctx.settings.lake_dir, f"bench_scale_{label}_{ctx.run_id}".lower())
         lake.ensure_tables()
-        proc = BatchProcessor(spark, lake, None, view_config(ctx.settings))
+        proc = BatchProcessor(spark, lake, view_config(ctx.settings))
         log = read_log(spark, ctx.settings, topic, None)
         ranked = log.withColumn("_i", F.row_number().over(Window.orderBy("offset", "partition")))
         proc(ranked.where(F.col("_i") <= n).drop("_i"), 0)

@@ -63,7 +63,27 @@ class Settings:
     )
     max_text_length: int = _setting("SOCIAL_MAX_TEXT_LENGTH", 280, "longest post, status or message text")
     trigger_interval: str = _setting(
-        "SOCIAL_TRIGGER_INTERVAL", "1 second", "micro-batch trigger interval of the speed layer"
+        "SOCIAL_TRIGGER_INTERVAL",
+        "0 seconds",
+        "trigger of the keyed speed layer (Kafka -> Redis); 0: the next micro-batch starts when the last ends",
+    )
+    kafka_fetch_max_wait_ms: int = _setting(
+        "SOCIAL_KAFKA_FETCH_MAX_WAIT_MS",
+        10,
+        "the Kafka source's `fetch.max.wait.ms` (Kafka's default, 500, is a floor under every micro-batch)",
+    )
+    processor_group_size: int = _setting(
+        "SOCIAL_PROCESSOR_GROUP_SIZE", 200, "events per Redis function call (one atomic run, one round trip)"
+    )
+    dedup_grace_ms: int = _setting(
+        "SOCIAL_DEDUP_GRACE_MS",
+        3600 * 1000,
+        "event ids are forgotten once received more than window + grace before a partition's newest",
+    )
+    views_trigger_interval: str = _setting(
+        "SOCIAL_VIEWS_TRIGGER_INTERVAL",
+        "2 seconds",
+        "trigger of the Delta views query (off the serving path; see docs/architecture.md)",
     )
     max_offsets_per_trigger: int = _setting(
         "SOCIAL_MAX_OFFSETS_PER_TRIGGER", 200_000, "upper bound of events per micro-batch"

@@ -1,8 +1,13 @@
-"""Batch replay: every view recomputed from the retained log, earliest offset up to position P.
+"""Batch replay: the state recomputed from the retained log, earliest offset up to position P.
 
-The same parse and the same fold step as the speed layer (:mod:`pipelines.views`), applied once
-to the whole log prefix with empty prior state. ``verify`` compares its result with the live
-tables; ``make bench`` times it against a bare read of the same offsets.
+Two replays, one per query of the speed layer, each with that query's own code:
+
+- :func:`replay_keyed`: the keyed processor (:mod:`pipelines.speed.processor`, the same code as
+  the live stream) over the log up to P into a scratch Redis namespace; ``verify`` compares it
+  key by key with the live keyed state, ``rebuild`` switches to such a namespace.
+- :func:`recompute`: the same parse and fold step as the Delta views query
+  (:mod:`pipelines.views`), applied once to the whole prefix with empty prior state; ``verify``
+  compares it with the live Delta tables.
 
 CLI: ``python -m pipelines.replay [--topic T] [--until '{"0": 123, ...}']`` prints row counts.
 """
@@ -49,17 +54,39 @@ def read_log(
     spark: SparkSession, settings: Settings, topic: str, end_offsets: dict[int, int] | None
 ) -> DataFrame:
     """The log from the earliest offset up to ``end_offsets`` (exclusive; None = the head)."""
+    from pipelines.speed.stream import kafka_options
+
     reader = (
         spark.read.format("kafka")
-        .option("kafka.bootstrap.servers", settings.kafka_bootstrap)
+        .options(**kafka_options(settings))
         .option("subscribe", topic)
         .option("startingOffsets", "earliest")
-        .option("failOnDataLoss", "true")
     )
     if end_offsets is not None:
         ends = {str(p): int(o) for p, o in end_offsets.items()}
         reader = reader.option("endingOffsets", json.dumps({topic: ends}))
     return reader.load()
+
+
+def replay_keyed(
+    spark: SparkSession, settings: Settings, topic: str, end_offsets: dict[int, int] | None, namespace: str
+) -> dict[str, int]:
+    """Run the live stream's processor over the log up to ``end_offsets`` into ``namespace``.
+
+    The namespace should be empty (a scratch one); the Kafka batch source gives one Spark task per
+    partition, in offset order, exactly as a micro-batch does. Returns the summed counts.
+    """
+    from pipelines.speed.stream import SUMMARY_SCHEMA, apply_partitions, processor_config
+
+    cfg = processor_config(settings, namespace, record_freshness=False)
+    rows = (
+        read_log(spark, settings, topic, end_offsets)
+        .select("partition", "offset", "value")
+        .mapInArrow(apply_partitions(cfg), SUMMARY_SCHEMA)
+        .collect()
+    )
+    keys = ("records", "applied", "duplicates", "rejected", "quarantined", "skipped")
+    return {k: sum(r[k] for r in rows) for k in keys}
 
 
 def recompute(

@@ -55,6 +55,7 @@ def build_spark(
         .config("spark.databricks.delta.properties.defaults.enableDeletionVectors", "true")
         .config("spark.databricks.delta.schema.autoMerge.enabled", "false")
         .config("spark.scheduler.mode", "FAIR")
+        .config("spark.scheduler.allocation.file", str(Path(__file__).with_name("fairscheduler.xml")))
         # Constraint propagation infers filters from every projection and filter; over the parse
         # step's generated contract checks (one CASE with hundreds of branches) it cost ~3 s per
         # localCheckpoint (LogicalRDD.fromDataset computes the origin plan's constraints), more

@@ -1,11 +1,18 @@
-"""The Kappa speed layer: Kafka ``social.events`` -> Delta views + Redis serving store.
+"""The Kappa speed layer: Kafka ``social.events`` -> Redis (keyed state, served at once) + Delta views.
 
-A Spark Structured Streaming query whose micro-batches run one fold step
-(:func:`pipelines.views.apply_batch`) over prior state read from Delta at the versions the
-previous batch recorded. Each batch: parse -> fold -> Redis (fenced) -> Delta (fenced) ->
-``batches`` row. The Kafka offsets of every batch live in the streaming checkpoint, so a
-restart after ``kill -9`` re-runs the unfinished batch over the same offsets and the fences make
-that re-run change nothing that was already written.
+Two streaming queries share one driver:
+
+1. **keyed** (:mod:`pipelines.speed.stream`), the serving path: the per-partition processor in
+   the executors applies each record to the keyed state in Redis through the project's Redis
+   functions (fan-out, refills, dedup, per-partition fences and a changelog entry, atomically per
+   event). Micro-batches of ~0.1-0.5 s; no Delta on this path.
+2. **views** (this module's :class:`BatchProcessor`), off the serving path: the Delta tables
+   (bronze archive, quarantine, views, ``batches``) folded with :func:`pipelines.views.apply_batch`
+   over prior state read from Delta at the versions the previous batch recorded, fenced with
+   Delta's idempotent writes. Its Kafka offsets live in its own checkpoint, so a restart after
+   ``kill -9`` re-runs the unfinished batch and the fences make that change nothing. It is the
+   set-wise implementation of the same specification: ``verify`` compares Redis with it when
+   both cover the same log position (docs/architecture.md says what replaces it next).
 
 Run in the foreground: ``python -m pipelines.speed_layer``; ``make up`` runs it in the background
 with its log under ``var/log/speed_layer.log``.
@@ -29,8 +36,9 @@ from infra.settings import Settings, get_settings
 from pipelines import namespaces
 from pipelines.lake import Lake
 from pipelines.parse import parse_records
-from pipelines.serving import ServingStore, connect
 from pipelines.spark import build_spark
+from pipelines.speed import stream as keyed
+from pipelines.speed.stream import kafka_options
 from pipelines.views import ViewConfig, apply_batch, materialize
 
 log = logging.getLogger("speed_layer")
@@ -49,13 +57,12 @@ def checkpoint_dir(settings: Settings, namespace: str) -> Path:
 
 
 def kafka_source(spark, settings: Settings, topic: str, max_offsets: int | None = None):
-    """The event stream as the speed layer reads it (the bench reads it the same way)."""
+    """The event stream as the views query reads it (the bench reads it the same way)."""
     return (
         spark.readStream.format("kafka")
-        .option("kafka.bootstrap.servers", settings.kafka_bootstrap)
+        .options(**kafka_options(settings))
         .option("subscribe", topic)
         .option("startingOffsets", "earliest")
-        .option("failOnDataLoss", "true")
         .option("maxOffsetsPerTrigger", max_offsets or settings.max_offsets_per_trigger)
         .load()
     )
@@ -71,10 +78,10 @@ def _read_extent(records: DataFrame, previous: dict[int, int]) -> tuple[int, dic
 
 
 class BatchProcessor:
-    """``foreachBatch`` body: one fold step, written to Redis and Delta, exactly once."""
+    """``foreachBatch`` body of the views query: one fold step, written to Delta exactly once."""
 
-    def __init__(self, spark, lake: Lake, store: ServingStore | None, cfg: ViewConfig):
-        self.spark, self.lake, self.store, self.cfg = spark, lake, store, cfg
+    def __init__(self, spark, lake: Lake, cfg: ViewConfig):
+        self.spark, self.lake, self.cfg = spark, lake, cfg
 
     def __call__(self, records: DataFrame, batch_id: int) -> None:
         started = time.time()
@@ -82,8 +89,6 @@ class BatchProcessor:
         if prev is not None and prev.batch_id >= batch_id:
             # Delta already has this batch (crash after the batches row, before Spark's commit).
             log.info("batch %d already committed to Delta; skipping", batch_id)
-            if self.store is not None and prev.batch_id == batch_id:
-                pass  # Redis was written before Delta: it covers the batch already
             return
         phases: dict[str, float] = {}
 
@@ -103,10 +108,7 @@ class BatchProcessor:
         phase("state")
         out = apply_batch(events, state, self.cfg)
         phase("fold")
-        if self.store is not None:
-            self.store.apply(batch_id, out, end_offsets)
-        visible_at = int(time.time() * 1000)
-        phase("redis")
+        visible_at = int(time.time() * 1000)  # in the Delta views once this batch commits
         counts = {r["disposition"]: r["count"] for r in out.bronze.groupBy("disposition").count().collect()}
         hist = {
             str(r["b"]): r["count"]
@@ -147,45 +149,66 @@ def run(
     topic: str | None = None,
     available_now: bool = False,
     with_redis: bool = True,
+    with_views: bool = True,
 ) -> None:
-    """Start the speed layer; returns when the query stops (``available_now``: when caught up)."""
+    """Start the speed layer; returns when its queries stop (``available_now``: when caught up)."""
     namespace = namespace or namespaces.active(settings)
+    topic = topic or settings.events_topic
     spark = build_spark(f"speed-layer-{namespace}", settings)
-    lake = Lake(spark, settings.lake_dir, namespace)
-    lake.ensure_tables()
-    store = ServingStore(connect(settings.redis_url), namespace) if with_redis else None
-    processor = BatchProcessor(spark, lake, store, view_config(settings))
-    writer = (
-        kafka_source(spark, settings, topic or settings.events_topic)
-        .writeStream.foreachBatch(processor)
-        .option("checkpointLocation", str(checkpoint_dir(settings, namespace)))
-        .queryName(f"speed_layer_{namespace}")
+    queries = []
+    if with_redis:
+        queries.append(keyed.start(spark, settings, namespace, topic))
+    if with_views:
+        lake = Lake(spark, settings.lake_dir, namespace)
+        lake.ensure_tables()
+        processor = BatchProcessor(spark, lake, view_config(settings))
+        writer = (
+            kafka_source(spark, settings, topic)
+            .writeStream.foreachBatch(processor)
+            .option("checkpointLocation", str(checkpoint_dir(settings, namespace)))
+            .queryName(f"speed_layer_{namespace}")
+        )
+        writer = (
+            writer.trigger(availableNow=True)
+            if available_now
+            else writer.trigger(processingTime=settings.views_trigger_interval)
+        )
+        spark.sparkContext.setLocalProperty("spark.scheduler.pool", "views")
+        queries.append(writer.start())
+        spark.sparkContext.setLocalProperty("spark.scheduler.pool", None)
+    log.info(
+        "speed layer running: namespace=%s topic=%s queries=%s", namespace, topic, [q.name for q in queries]
     )
-    writer = (
-        writer.trigger(availableNow=True)
-        if available_now
-        else writer.trigger(processingTime=settings.trigger_interval)
-    )
-    query = writer.start()
-    log.info("speed layer running: namespace=%s topic=%s", namespace, topic or settings.events_topic)
 
     stopping = threading.Event()
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda *_: stopping.set())
         signal.signal(signal.SIGINT, lambda *_: stopping.set())
-    # Stop between micro-batches, not in the middle of one: a batch interrupted after its Redis
-    # writes would be re-run at the next start (harmless, but it delays what Delta covers).
+    # Stop between micro-batches, not in the middle of one: a views batch interrupted after some
+    # of its Delta writes is re-run at the next start (harmless, but it delays what Delta covers).
     deadline = None
-    while query.isActive:
+    while any(q.isActive for q in queries):
+        for q in queries:
+            if q.exception() is not None:
+                for other in queries:
+                    if other is not q and other.isActive:
+                        other.stop()
+                raise q.exception()
+        if available_now and not queries[-1].isActive:
+            break
         if stopping.is_set():
             deadline = deadline or time.monotonic() + 120
-            if not query.status["isTriggerActive"] or time.monotonic() > deadline:
+            if all(not q.isActive or not q.status["isTriggerActive"] for q in queries) or (
+                time.monotonic() > deadline
+            ):
                 log.info("stopping")
-                query.stop()
+                for q in queries:
+                    q.stop()
                 break
-        query.awaitTermination(0.5)
-    if query.exception() is not None:
-        raise query.exception()
+        time.sleep(0.5)
+    for q in queries:
+        if q.exception() is not None:
+            raise q.exception()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -194,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--topic", help="event topic (default: SOCIAL_EVENTS_TOPIC)")
     p.add_argument("--available-now", action="store_true", help="process what is in the log, then stop")
     p.add_argument("--no-redis", action="store_true", help="maintain the Delta views only")
+    p.add_argument("--no-views", action="store_true", help="maintain the keyed state in Redis only")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     run(
@@ -202,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         topic=args.topic,
         available_now=args.available_now,
         with_redis=not args.no_redis,
+        with_views=not args.no_views,
     )
     return 0
 

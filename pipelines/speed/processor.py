@@ -35,6 +35,7 @@ class ProcessorConfig:
     redis_url: str
     namespace: str
     timeline_length: int = 800
+    timeline_slack: int = 200  # kept beyond N so removals rarely need a refill (see the Lua module)
     fanout_threshold: int = 2000
     dedup_window_ms: int = 24 * 3600 * 1000
     dedup_grace_ms: int = 3600 * 1000
@@ -110,6 +111,7 @@ class Processor:
             cfg.dedup_grace_ms,
             cfg.timeline_length,
             cfg.fanout_threshold,
+            cfg.timeline_slack,
         ]
 
     def process(self, partition: int, records: Iterable[tuple[int, bytes | None]]) -> Applied:

@@ -59,11 +59,20 @@ class SpeedLayerProcess:
         return ServingStore(connect(self.settings.redis_url), self.namespace)
 
     def lake_position(self) -> dict[int, int]:
-        """The log position the Delta views cover (Redis is written first, Delta last)."""
+        """The log position the Delta views cover."""
         from pipelines.lake import committed_position
 
         committed = committed_position(self.settings.lake_dir, self.namespace)
         return committed[1] if committed else {}
+
+    def redis_position(self) -> dict[int, int]:
+        """The log position the keyed state in Redis covers (its fences)."""
+        return self.store().fences()
+
+    def position(self) -> dict[int, int]:
+        """Where both the keyed state and the Delta views are (the smaller offset per partition)."""
+        lake, keyed = self.lake_position(), self.redis_position()
+        return {p: min(lake.get(p, 0), keyed.get(p, 0)) for p in set(lake) | set(keyed)}
 
     def wait_for(self, offsets: dict[int, int], timeout: float = 300.0) -> dict[int, int]:
         """Block until every partition's covered offset reaches ``offsets`` (exclusive end)."""
@@ -73,7 +82,7 @@ class SpeedLayerProcess:
                 raise AssertionError(
                     f"speed layer exited with {self.proc.returncode}; see {self.log_path}:\n{self.tail()}"
                 )
-            got = self.lake_position()
+            got = self.position()
             if all(got.get(int(p), 0) >= o for p, o in offsets.items()):
                 return got
             if time.monotonic() > deadline:

@@ -3,7 +3,7 @@
 The speed layer's keyed state machine, run inside Redis (docs/architecture.md, "Keyed speed layer").
 
 `FCALL social_apply 0 <ns> <partition> <dedup_window_ms> <dedup_grace_ms> <timeline_n> <fanout_threshold>
- <event>...` applies a run of events of ONE Kafka partition, in offset order. Each event is
+ <timeline_slack> <event>...` applies a run of events of ONE Kafka partition, in offset order. Each event is
 EVENT_ARGS arguments: offset, type, event_id, user_id, received_time, event_time, id1, id2, s1, s2
   user_registered  s1 = handle, s2 = display_name
   status_updated   s1 = text
@@ -19,7 +19,7 @@ Per event, atomically (a function runs alone in Redis):
   2. dedup (BRIEF section 5): a duplicate is an event_id seen before in this partition with a
      received_time at most the window before this one;
   3. stateful validity and the effects on the views, maintaining exactly, after every event:
-     tl:<u> = the latest N posts by u or by the non-celebrity authors u follows. Because that
+     tl:<u> begins with the latest N posts by u or by the non-celebrity authors u follows. Because that
      holds after every event whatever the partition it came from, the state is a function of the
      set of applied events, not of how partitions interleave;
   4. accounting (stats:<p>) and one changelog entry (stream changelog:<p>, id "<offset>-1", so an
@@ -30,7 +30,7 @@ are ids zero-padded to 19 digits, so ZREVRANGE order = (event_time desc, id desc
 strings here: Lua numbers are doubles and would round 64-bit ids.
 ]]
 
-local VERSION = '1'
+local VERSION = '2'
 local EVENT_ARGS = 10
 
 local function cmp_gt(s1, m1, s2, m2) -- (score, member) ordering of the timelines
@@ -65,23 +65,51 @@ end
 
 function Ctx:is_celeb(a) return redis.call('SISMEMBER', self:k('celebs'), a) == 1 end
 
--- Add posts (list of {member, score, author}) to tl:u, keeping its latest N; logs the net change.
+-- Timelines keep the latest K posts, N <= K <= N + S (S = slack) whenever that many are eligible
+-- (all of them otherwise): removals eat into the slack, and only a timeline that falls below N
+-- is refilled, back to N + S, so a refill's cost is shared by S removals. The view is the first
+-- N (reads never ask for more); the slack is exact too, so any prefix is the definition.
+
+-- Add posts (list of {member, score, author}) to tl:u; logs the net change.
 function Ctx:tl_add(u, posts)
   local key = self:k('tl', u)
   local n = redis.call('ZCARD', key)
   local min_s, min_m
   if n >= self.N then
+    -- holding N or more: the posts below the kept minimum may have eligible posts between them
+    -- and it, so they are not part of the kept prefix
     local lo = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
     min_m, min_s = lo[1], tonumber(lo[2])
   end
-  local added = {}
-  for _, p in ipairs(posts) do
-    if (min_s == nil or cmp_gt(p[2], p[1], min_s, min_m)) and redis.call('ZSCORE', key, p[1]) == false then
-      redis.call('ZADD', key, p[2], p[1])
+  local added, count = {}, 0
+  if #posts == 1 then
+    local p = posts[1]
+    if (min_s == nil or cmp_gt(p[2], p[1], min_s, min_m)) and redis.call('ZADD', key, p[2], p[1]) == 1 then
       added[p[1]] = p
+      count = 1
     end
+  else
+    local keep, args = {}, {}
+    for _, p in ipairs(posts) do
+      if min_s == nil or cmp_gt(p[2], p[1], min_s, min_m) then keep[#keep + 1] = p end
+    end
+    if #keep == 0 then return end
+    for _, p in ipairs(keep) do args[#args + 1] = p[1] end
+    local have = redis.call('ZMSCORE', key, unpack(args))
+    args = {}
+    for i, p in ipairs(keep) do
+      if have[i] == false and added[p[1]] == nil then
+        added[p[1]] = p
+        count = count + 1
+        args[#args + 1] = p[2]
+        args[#args + 1] = p[1]
+      end
+    end
+    if count == 0 then return end
+    redis.call('ZADD', key, unpack(args))
   end
-  local extra = redis.call('ZCARD', key) - self.N
+  if count == 0 then return end
+  local extra = n + count - self.N - self.S
   local popped = {}
   if extra > 0 then
     local out = redis.call('ZPOPMIN', key, extra)
@@ -97,14 +125,12 @@ end
 
 -- The sources of u's fanned-out timeline: u itself and the non-celebrity authors u follows.
 function Ctx:sources(u)
-  local out = {u}
-  for _, a in ipairs(redis.call('SMEMBERS', self:k('following', u))) do
-    if not self:is_celeb(a) then out[#out + 1] = a end
-  end
+  local out = redis.call('SDIFF', self:k('following', u), self:k('celebs'))
+  out[#out + 1] = u
   return out
 end
 
--- After removals from a full timeline: the next `want` posts below its current minimum.
+-- A timeline fell below N: the next `want` posts below its current minimum, from every source.
 function Ctx:refill(u, want)
   local key = self:k('tl', u)
   local lo = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
@@ -135,10 +161,18 @@ function Ctx:refill(u, want)
   table.sort(cands, function(x, y) return cmp_gt(x[2], x[1], y[2], y[1]) end)
   local top = {}
   for i = 1, math.min(want, #cands) do top[i] = cands[i] end
-  if #top > 0 then self:tl_add(u, top) end
+  if #top == 0 then return end
+  -- below the minimum by construction: added as they are (tl_add would drop them)
+  local args = {}
+  for _, p in ipairs(top) do
+    args[#args + 1] = p[2]
+    args[#args + 1] = p[1]
+    self:tl_change('+', u, p[1], p[3], p[2])
+  end
+  redis.call('ZADD', key, unpack(args))
 end
 
--- Remove members from tl:u; a timeline that was full is refilled from older posts.
+-- Remove members from tl:u; a timeline that falls below N is refilled to N + S.
 function Ctx:tl_remove(u, members)
   if #members == 0 then return end
   local key = self:k('tl', u)
@@ -150,13 +184,16 @@ function Ctx:tl_remove(u, members)
       self:tl_change('-', u, m)
     end
   end
-  if removed > 0 and before >= self.N then self:refill(u, removed) end
+  -- below N only if it held N or more before: then older eligible posts may exist
+  if removed > 0 and before >= self.N and before - removed < self.N then
+    self:refill(u, self.N + self.S - (before - removed))
+  end
 end
 
--- An author's latest N live posts as {member, score, author}: the only ones that can be in any
--- timeline (a post in the latest N of a timeline has its author's newer posts above it).
+-- An author's latest N + S live posts as {member, score, author}: the only ones that can be in
+-- any timeline (a post kept in a timeline has its author's newer posts above it).
 function Ctx:latest_posts(a)
-  local rows = redis.call('ZREVRANGE', self:k('posts', a), 0, self.N - 1, 'WITHSCORES')
+  local rows = redis.call('ZREVRANGE', self:k('posts', a), 0, self.N + self.S - 1, 'WITHSCORES')
   local out = {}
   for i = 1, #rows, 2 do out[#out + 1] = {rows[i], tonumber(rows[i + 1]), a} end
   return out
@@ -311,11 +348,11 @@ local DISPOSITION = {a = 'applied', d = 'duplicates', r = 'rejected', q = 'quara
 local function social_apply(keys, args)
   local ns, p = args[1], args[2]
   local c = setmetatable({ns = ns, window = tonumber(args[3]), grace = tonumber(args[4]),
-    N = tonumber(args[5]), T = tonumber(args[6])}, Ctx)
+    N = tonumber(args[5]), T = tonumber(args[6]), S = tonumber(args[7])}, Ctx)
   local fence_key, stats = c:k('fence'), c:k('stats', p)
   local next_offset = tonumber(redis.call('HGET', fence_key, p) or '0')
   local counts = {a = 0, d = 0, r = 0, q = 0, skipped = 0}
-  local i = 7
+  local i = 8
   while i + EVENT_ARGS - 1 <= #args do
     local offset = tonumber(args[i])
     if offset < next_offset then
