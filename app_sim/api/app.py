@@ -32,7 +32,7 @@ from infra.settings import Settings, get_settings
 RECENT_TTL_S = 24 * 3600  # how long the API remembers its own writes (the store lags by seconds)
 NAMESPACE_TTL_S = 1.0  # a blue/green switch is picked up within this
 IDEMPOTENCY_KEY_PATTERN = r"^[\x21-\x7e]{1,64}$"
-EPOCH_MS_PATTERN = r"^[0-9]{1,19}$"
+EPOCH_MS_PATTERN = r"^[0-9]{1,13}$"  # up to contract.MAX_EPOCH_MS (end of 2099): 13 digits
 # event_id of a keyed request: uuid5(EVENT_ID_NAMESPACE, "<user>|<endpoint>|<key>")
 EVENT_ID_NAMESPACE = uuid.UUID("5b0a4c1e-3d7f-5e8a-9c2b-6f1d0e4a7b39")
 IDEM_PENDING_TTL_S = 60  # a claim whose worker died mid-request frees the key after this
@@ -182,6 +182,13 @@ class ClientTimes:
     sent_time: int | None
 
 
+HEADER_NAMES = {
+    "idempotency-key": "Idempotency-Key",
+    "x-device-time": "X-Device-Time",
+    "x-sent-time": "X-Sent-Time",
+    "x_device_time": "X-Device-Time",
+    "x_sent_time": "X-Sent-Time",
+}
 SKEW_H = contract.MAX_CLOCK_SKEW_MS // 3_600_000
 OFFLINE_D = contract.MAX_OFFLINE_MS // 86_400_000
 
@@ -191,6 +198,7 @@ async def client_headers(
         str | None,
         Header(
             alias="Idempotency-Key",
+            pattern=IDEMPOTENCY_KEY_PATTERN,
             description=(
                 "1-64 visible ASCII characters (else 400). Scoped to the caller and the endpoint: "
                 "the same caller repeating the same request with the same key gets the first answer "
@@ -203,19 +211,21 @@ async def client_headers(
     x_device_time: Annotated[
         str | None,
         Header(
+            pattern=EPOCH_MS_PATTERN,
             description=(
                 "epoch ms by the device's clock when it happened: not after X-Sent-Time and at most "
                 f"{OFFLINE_D} days before it (else 400 naming this header)"
-            )
+            ),
         ),
     ] = None,
     x_sent_time: Annotated[
         str | None,
         Header(
+            pattern=EPOCH_MS_PATTERN,
             description=(
                 "epoch ms by the device's clock when sent: within "
                 f"{SKEW_H} h of the server's clock (else 400 naming this header)"
-            )
+            ),
         ),
     ] = None,
 ) -> ClientTimes:
@@ -466,6 +476,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             for e in exc.errors()
         ]
         detail = "; ".join(f"{'.'.join(e['loc'])}: {e['msg']}" for e in errors) or "invalid request"
+        if errors and all(e["loc"][:1] == ["header"] for e in errors):
+            named = ", ".join(HEADER_NAMES.get(e["loc"][-1].lower(), e["loc"][-1]) for e in errors)
+            return _error(400, "bad_header", f"malformed header {named}: {detail}", errors=errors)
         return _error(422, "invalid_request", detail, errors=errors)
 
     @app.exception_handler(StarletteHTTPException)

@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import orjson
@@ -217,3 +218,43 @@ def test_in_window_client_times_are_kept_and_the_event_time_never_passes_the_ser
     # held 10 d - 20 h by the device's clock before it was sent: that long before the server got it
     assert corrected == event["received_time"] - (10 * DAY_MS - 20 * 3_600_000) <= event["received_time"]
     assert contract.validate(event) is None
+
+
+def test_schemathesis_all_checks_pass_on_the_real_api(api, tmp_path):
+    """Every answer the API gives is in its OpenAPI document (schemathesis, every check), half
+    the operations as an authenticated user; a bounded budget (--max-time) keeps it short."""
+    import subprocess
+    import sys
+
+    _u, token = api.register("fuzzer")
+    cmd = [
+        sys.executable,
+        "-m",
+        "schemathesis.cli",
+        "--config-file",
+        str(Path(__file__).with_name("schemathesis.toml")),
+        "run",
+        f"{api.url}/openapi.json",
+        "--checks",
+        "all",
+        "--max-examples",
+        "10",
+        "--max-time",
+        "25",
+        "--seed",
+        "17",
+        "--generation-deterministic",
+        "--request-timeout",
+        "15",
+        "--suppress-health-check",
+        "all",
+        "--no-color",
+        "-H",
+        f"Authorization: Bearer {token}",
+    ]
+    started = time.monotonic()
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    took = time.monotonic() - started
+    report = done.stdout[-6000:] + done.stderr[-2000:]
+    assert done.returncode == 0, report
+    assert "passed" in done.stdout and took < 45, report
