@@ -17,7 +17,8 @@ Status codes (every error body is JSON ``{"error": <code>, "detail": <text>}``):
 202    other writes: the event is in the log; ``{event_id, type, partition, offset, post_id?...}``
 200    reads, with ``as_of``
 400    a malformed or out-of-range header (``Idempotency-Key``, ``X-Device-Time``, ``X-Sent-Time``;
-       the detail names it), or a body that cannot be decoded (not UTF-8)
+       the detail names it: ``bad_header``), or a body that cannot be decoded, e.g. not UTF-8
+       (``undecodable_body``)
 401    missing, malformed or forged bearer token (``WWW-Authenticate: Bearer``)
 403    deleting a post someone else wrote (``not_your_post``)
 404    the thing named does not exist *as far as the API can tell*: unknown user (followee,

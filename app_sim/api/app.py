@@ -483,7 +483,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_request, exc: StarletteHTTPException):
-        return _error(exc.status_code, "http_error", str(exc.detail), getattr(exc, "headers", None))
+        # FastAPI's only 400: a body it cannot decode (e.g. not UTF-8)
+        code = "undecodable_body" if exc.status_code == 400 else "http_error"
+        return _error(exc.status_code, code, str(exc.detail), getattr(exc, "headers", None))
 
     @app.exception_handler(LogUnavailable)
     async def _log_down(_request, exc: LogUnavailable):
