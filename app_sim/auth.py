@@ -2,7 +2,8 @@
 
 Registration (``POST /v1/users``) returns ``token = issue(user_id)``; every other authenticated
 request sends ``Authorization: Bearer <token>`` and the API learns the caller's id from
-``verify(token)`` alone, with no lookup: a token is valid iff its signature matches. Tokens do
+``verify(token)`` alone, with no lookup: a token is valid iff its signature matches and it is
+spelled exactly as ``issue`` spells it (no alternate base64 spelling, no leading zeros). Tokens do
 not expire (the simulated app has no sessions to revoke); rotating the secret invalidates all.
 
 The secret is ``SOCIAL_API_SECRET``, or, when that is empty, 32 random bytes generated once under
@@ -13,6 +14,7 @@ restart, so tokens survive ``make down && make up``.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import os
 import secrets
 import time
@@ -74,4 +76,8 @@ class TokenSigner:
         user_id = int(raw)
         if user_id < 1:
             raise InvalidToken("token does not name a user")
+        # One spelling per user: base64 has alternate spellings of the same bytes (the unused low
+        # bits of the last character, padding), and "007" names user 7. Only issue()'s form passes.
+        if not hmac.compare_digest(self.issue(user_id), token):
+            raise InvalidToken("token is not in canonical form")
         return user_id

@@ -460,37 +460,88 @@ def settings_env(settings: Settings) -> dict[str, str]:
 class SpeedLayer(Service):
     """The Spark Structured Streaming speed layer (``python -m pipelines.speed_layer``).
 
-    Its Spark UI is on http://127.0.0.1:4040 (or the next free port) while it runs.
+    Ready means healthy, never a line in its log: the process is ours and alive, and its Spark
+    driver answers on the Spark UI's REST API (``/api/v1/applications`` lists an application
+    named ``speed-layer-<namespace>``). The UI port is chosen free at each start and passed to
+    Spark (``spark.ui.port``); it is kept in ``run/speed_layer.ui-port`` (Spark takes one of the
+    next ports if that one is taken meanwhile, so the check looks there too).
     """
 
     name = "speed_layer"
     marker = "pipelines.speed_layer"
     stop_timeout_s = 60.0
     ready_timeout_s = 180.0
-    READY_LINE = b"speed layer running"
+    APP_PREFIX = "speed-layer-"
+    PORT_RETRIES = 16  # spark.port.maxRetries' default
 
     def ports(self) -> list[int]:
         return []
+
+    @property
+    def ui_port_file(self) -> Path:
+        return self.settings.run_dir / f"{self.name}.ui-port"
+
+    def ui_port(self) -> int | None:
+        try:
+            return int(self.ui_port_file.read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def prepare(self) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.ui_port_file.write_text(f"{port}\n")
 
     def command(self) -> list[str]:
         return [sys.executable, "-m", "pipelines.speed_layer"]
 
     def env(self) -> Mapping[str, str]:
-        return settings_env(self.settings)
+        env = settings_env(self.settings)
+        port = self.ui_port()
+        if port is not None:
+            env["PYSPARK_SUBMIT_ARGS"] = f"--conf spark.ui.port={port} pyspark-shell"
+        return env
+
+    def application(self) -> str | None:
+        """The speed layer's Spark application name, if its driver answers on the UI REST API."""
+        import json
+        import urllib.error
+        import urllib.request
+
+        port = self.ui_port()
+        if port is None:
+            return None
+        for p in range(port, port + self.PORT_RETRIES + 1):
+            if not port_listening(p):
+                continue
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{p}/api/v1/applications", timeout=2) as r:
+                    apps = json.loads(r.read())
+            except (urllib.error.URLError, OSError, ValueError):
+                continue
+            for app in apps if isinstance(apps, list) else []:
+                if str(app.get("name", "")).startswith(self.APP_PREFIX):
+                    return app["name"]
+        return None
 
     def wait_ready(self, deadline: float) -> None:
-        start = self.log_file.stat().st_size if self.log_file.exists() else 0
-        start = max(0, start - 4096)  # the start marker of this run was just written
         while True:
             if not self.is_running():
                 raise self._died()
-            with self.log_file.open("rb") as f:
-                f.seek(start)
-                if self.READY_LINE in f.read():
-                    return
+            if self.application() is not None:
+                return
             if time.monotonic() > deadline:
-                raise StackError(f"the speed layer did not start in time; see {self.log_file}")
+                raise StackError(
+                    "the speed layer runs but its Spark driver did not answer on the Spark UI REST API "
+                    f"(port {self.ui_port()}) in time; see {self.log_file}"
+                )
             time.sleep(0.5)
+
+    def status_row(self) -> tuple[str, str, str, str, str]:
+        name, state, pid, _ports, log = super().status_row()
+        ui = self.ui_port() if state == "running" else None
+        return name, state, pid, f"ui {ui}" if ui else "", log
 
 
 class ApiServer(Service):
@@ -635,19 +686,27 @@ class Stack:
         return [cls(self.settings) for cls in (self.service_types or tuple(SERVICES))]
 
     def up(self) -> dict[str, str]:
+        """Start what is not running, in order; check what is (health, not log text).
+
+        On a failure, roll back only what this call started and nothing a running service needs:
+        a service that was already running keeps every service before it in the order (its stores),
+        even one this call had to restart (a broker that had died).
+        """
         services = self.services
         # Refuse before starting anything if a port is taken by a process that is not ours.
         for service in services:
             if not service.is_running():
                 service.check_ports()
         outcome = {}
+        was_running = {service.name for service in services if service.is_running()}
         try:
             for service in services:
                 outcome[service.name] = service.start()
         except BaseException:
-            for service in reversed(services):
-                if outcome.get(service.name) == "started":
-                    service.stop()
+            needed = max((i for i, service in enumerate(services) if service.name in was_running), default=-1)
+            for i in reversed(range(needed + 1, len(services))):
+                if outcome.get(services[i].name) == "started":
+                    services[i].stop()
             raise
         return outcome
 

@@ -93,10 +93,31 @@ def _type_rules(spec: contract.EventTypeSpec, *, shape_ok: bool = False) -> list
             if f.pattern:
                 bad = bad | ~v.rlike(f.pattern)
             rules.append((present & bad, F.lit(f"bad_value:{f.name}")))
+    rules += _clock_rules()
     for reason, types, fld, other in contract.CROSS_FIELD_RULES:
         if spec.name in types:
             rules.append((_value(fld, "integer") == _value(other, "integer"), F.lit(reason)))
     return rules
+
+
+def _clock_rules() -> list[tuple[Column, Column]]:
+    """The clock window (``contract.clock_reason``), after the field rules put every time in range.
+
+    Overflow-proof whatever the record holds: the differences are ``try_subtract`` (null instead
+    of an ANSI overflow error should Spark ever evaluate them ahead of the range rules), and a
+    null difference counts as outside the window.
+    """
+    device, sent, received = (_value(n, "integer") for n in ("device_time", "sent_time", "received_time"))
+    skew = F.try_subtract(received, sent)
+    held = F.try_subtract(sent, device)
+    k, off = F.lit(contract.MAX_CLOCK_SKEW_MS), F.lit(contract.MAX_OFFLINE_MS)
+    return [
+        (F.coalesce((skew > k) | (skew < -k), F.lit(True)), F.lit("clock_skew:sent_time")),
+        (
+            F.coalesce((held < 0) | (held > off) | (held > received), F.lit(True)),
+            F.lit("clock_skew:device_time"),
+        ),
+    ]
 
 
 def _first(rules: list[tuple[Column, Column]]) -> Column:
@@ -132,7 +153,8 @@ def _fast_path(spec: contract.EventTypeSpec) -> Column:
 def reason_column() -> Column:
     """The quarantine reason of a record (null when it satisfies the contract).
 
-    Expects columns ``raw`` (string), ``_v`` (VARIANT or null) and the typed ``_x_<field>``.
+    Expects columns ``raw`` (string), ``_utf8`` (the value is UTF-8), ``_v`` (VARIANT or null)
+    and the typed ``_x_<field>``.
 
     Two paths, one answer. A record whose whole shape is its type's (every field present with
     its JSON type, nothing else) can only fail a value rule, so it is checked against those
@@ -142,7 +164,8 @@ def reason_column() -> Column:
     """
     etype = _value("type", "string")
     exact = (
-        F.when(F.col("_v").isNull(), F.lit("bad_json"))
+        F.when(~F.col("_utf8"), F.lit("not_utf8"))
+        .when(F.col("_v").isNull(), F.lit("bad_json"))
         .when(~F.expr("schema_of_variant(_v)").startswith("OBJECT"), F.lit("not_an_object"))
         .when(_absent("type"), F.lit("missing_field:type"))
         .when(_vtype("type") != "STRING", F.lit("mistyped_field:type"))
@@ -175,15 +198,23 @@ def parse_records(records: DataFrame) -> tuple[DataFrame, DataFrame]:
 
     ``events`` has the columns of ``events_bronze`` (less disposition/reason) plus ``key``,
     ``raw`` and ``kafka_timestamp`` (kept so a later stateful rejection can be quarantined
-    with its raw record). Corrected event time = device_time + (received_time - sent_time).
+    with its raw record). Corrected event time = device_time + (received_time - sent_time),
+    computed with ``try_add``/``try_subtract`` on times the contract has already bounded.
+
+    Text columns hold valid UTF-8 only (Parquet readers such as pyarrow refuse anything else):
+    a value that is not UTF-8 is quarantined as ``not_utf8`` with ``raw`` = its bytes in base64;
+    a key that is not UTF-8 is kept as ``base64:`` followed by its bytes in base64.
     """
+    utf8 = F.expr("is_valid_utf8(value)")
     base = records.select(
         F.col("partition").cast("int").alias("partition"),
         F.col("offset"),
-        F.col("key").cast("string").alias("key"),
-        F.col("value").cast("string").alias("raw"),
+        F.when(F.expr("is_valid_utf8(key)"), F.col("key").cast("string"))
+        .otherwise(F.concat(F.lit("base64:"), F.base64("key")))
+        .alias("key"),
+        F.when(utf8, F.col("value").cast("string")).otherwise(F.base64("value")).alias("raw"),
         (F.unix_micros(F.col("timestamp")) / 1000).cast("bigint").alias("kafka_timestamp"),
-        F.expr("is_valid_utf8(value)").alias("_utf8"),
+        F.coalesce(utf8, F.lit(True)).alias("_utf8"),  # a null value (tombstone) is bad_json
     )
     parsed = base.withColumn("_v", F.when(F.col("_utf8"), F.expr("try_parse_json(raw)")))
     # Computed once and cut from its lineage: events and quarantine both come from it.
@@ -226,7 +257,10 @@ def parse_records(records: DataFrame) -> tuple[DataFrame, DataFrame]:
             _value(f.name, "integer" if f.dataType.typeName() == "long" else "string").alias(f.name)
             for f in fields
         ],
-    ).withColumn("event_time", F.col("device_time") + (F.col("received_time") - F.col("sent_time")))
+    ).withColumn(
+        "event_time",
+        F.try_add(F.col("device_time"), F.try_subtract(F.col("received_time"), F.col("sent_time"))),
+    )
     for col in event_cols:
         if col not in extracted.columns:
             extracted = extracted.withColumn(col, F.lit(None).cast("bigint"))

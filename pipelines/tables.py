@@ -49,7 +49,9 @@ TABLES: dict[str, Table] = {
             "type STRING, kafka_timestamp BIGINT",
             ("partition", "offset"),
             "Every record that has no effect because it is invalid: the raw record, its log position "
-            "and the reason.",
+            "and the reason. `raw` is the record value as text; a value that is not UTF-8 (reason "
+            "`not_utf8`) is kept as its bytes in base64, and a key that is not UTF-8 as `base64:` and "
+            "its bytes in base64, so every column stays valid UTF-8 for any Parquet reader.",
         ),
         Table(
             "users",

@@ -16,14 +16,18 @@ Status codes (every error body is JSON ``{"error": <code>, "detail": <text>}``):
 201    ``POST /v1/users``: registered; ``{user_id, token, event_id, partition, offset}``
 202    other writes: the event is in the log; ``{event_id, type, partition, offset, post_id?...}``
 200    reads, with ``as_of``
-400    a malformed header (``Idempotency-Key``, ``X-Device-Time``, ``X-Sent-Time``)
+400    a malformed or out-of-range header (``Idempotency-Key``, ``X-Device-Time``, ``X-Sent-Time``;
+       the detail names it: ``bad_header``), or a body that cannot be decoded, e.g. not UTF-8
+       (``undecodable_body``)
 401    missing, malformed or forged bearer token (``WWW-Authenticate: Bearer``)
 403    deleting a post someone else wrote (``not_your_post``)
 404    the thing named does not exist *as far as the API can tell*: unknown user (followee,
        recipient, status), unknown or deleted post, a message not in the caller's inbox (404,
        not 403: whether someone else's message exists is not the caller's business)
-409    an ``Idempotency-Key`` reused for a different request
-422    the request body or parameters break the rules: unknown fields, wrong JSON types (strict:
+409    ``Idempotency-Key``: a request with it is still in progress (``request_in_progress``,
+       ``Retry-After: 1``), or a registration repeated with it (``already_registered``, no token)
+422    an ``Idempotency-Key`` the caller already used on this endpoint for another request
+       (``idempotency_key_reused``); the request body or parameters break the rules: unknown fields, wrong JSON types (strict:
        no coercion), empty or oversized text (> contract ``MAX_TEXT_LENGTH``), bad handle, a
        ``limit`` out of range, following or unfollowing oneself (``self_follow``)
 503    the log (broker) did not acknowledge within ``api_produce_timeout_ms``, or Redis is down:
@@ -39,12 +43,27 @@ re-checks everything stateful (``not_own_post``, ``not_in_inbox``) against the l
 
 Events: validated with ``app_sim.contract.validate`` before the append; ``received_time`` is the
 server's clock; ``sent_time`` is header ``X-Sent-Time`` else ``received_time``; ``device_time``
-is ``X-Device-Time`` else ``sent_time`` (epoch ms). ``event_id`` is a random UUID, or the
-request's ``Idempotency-Key`` (1-64 visible ASCII characters); a retry with the same key and the
-same request re-appends the identical event (same post/message id), which the speed layer drops
-as a duplicate; with a different request it is refused (409). The key cache is per API process
-(10,000 keys), so a retry that lands on another process mints new ids for the same event id:
-still at most one effect in the views, but the ids in the two answers differ.
+is ``X-Device-Time`` else ``sent_time`` (epoch ms). Client times must fit the contract's clock
+window (``app_sim.contract.CLOCK_WINDOW``): ``X-Sent-Time`` within a day of the server's clock,
+``X-Device-Time`` not after the send time and at most 30 days before it; anything else is a 400
+naming the header, so the corrected event time is never later than the server's receive time.
+
+Idempotency: ``Idempotency-Key`` (1-64 visible ASCII characters) is scoped to (caller, endpoint):
+the record lives in Redis under ``api:idem:<sha256 of "<user>|<event type>|<key>">``, shared by
+every API worker, for ``dedup_window_ms``, holding the request's hash and, once appended, the
+answer. The first request claims it atomically (``SET NX``); a repeat by the same caller with the
+same request (body and path; the clock headers may change between retries) gets the first answer
+and appends nothing; with another request 422; while the first is in flight 409. Another caller's
+identical key is another record, so it neither learns of nor collides with this one. The
+``event_id`` of a keyed request is ``uuid5("<user>|<event type>|<key>")``: a retry is a duplicate
+by construction (should a 503 hide a write that happened, the retry re-appends that very event,
+kept in the record) and nothing else is. Without a key, ``event_id`` is a random UUID.
+
+Registration proves nothing about its caller (there is no user yet), so a repeated registration
+key is answered 409 ``already_registered`` without a token (the token is only ever in the first
+answer; a client that lost it registers again with a new key), and a registration that failed
+(503) is not re-sent: its retry mints a new user. The ``event_id`` of a keyed registration
+derives from the new user's id, so two registrations are never duplicates of each other.
 
 Handle uniqueness is not enforced (there is no index of handles in the serving store).
 """

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 import re
 import time
-from collections import OrderedDict
+import uuid
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
@@ -22,16 +23,27 @@ from fastapi.responses import Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app_sim import auth
+from app_sim import auth, contract
 from app_sim.api import models as m
-from app_sim.api.eventlog import EventLog, InvalidEvent, LogUnavailable
+from app_sim.api.eventlog import EventLog, LogUnavailable
 from app_sim.ids import GENERATOR_WORKER_ID, MAX_WORKER_ID, Snowflake, new_event_id, wall_clock_ms
 from infra.settings import Settings, get_settings
 
 RECENT_TTL_S = 24 * 3600  # how long the API remembers its own writes (the store lags by seconds)
 NAMESPACE_TTL_S = 1.0  # a blue/green switch is picked up within this
-IDEMPOTENCY_CACHE = 10_000
 IDEMPOTENCY_KEY_PATTERN = r"^[\x21-\x7e]{1,64}$"
+EPOCH_MS_PATTERN = r"^[0-9]{1,13}$"  # up to contract.MAX_EPOCH_MS (end of 2099): 13 digits
+# event_id of a keyed request: uuid5(EVENT_ID_NAMESPACE, "<user>|<endpoint>|<key>")
+EVENT_ID_NAMESPACE = uuid.UUID("5b0a4c1e-3d7f-5e8a-9c2b-6f1d0e4a7b39")
+IDEM_PENDING_TTL_S = 60  # a claim whose worker died mid-request frees the key after this
+# SET key new EX ttl only if it still holds old: takes over a failed attempt exactly once
+_COMPARE_AND_SET = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3])
+  return 1
+end
+return 0
+"""
 
 
 class ApiError(Exception):
@@ -87,7 +99,6 @@ class Api:
     tokens: auth.TokenSigner
     ids: Snowflake
     _ns: tuple[float, str] = (0.0, "")
-    _idem: OrderedDict = field(default_factory=OrderedDict)
 
     async def namespace(self) -> str:
         """The live views namespace: the setting, else Redis ``active_namespace``, else the file."""
@@ -171,18 +182,52 @@ class ClientTimes:
     sent_time: int | None
 
 
+HEADER_NAMES = {
+    "idempotency-key": "Idempotency-Key",
+    "x-device-time": "X-Device-Time",
+    "x-sent-time": "X-Sent-Time",
+    "x_device_time": "X-Device-Time",
+    "x_sent_time": "X-Sent-Time",
+}
+SKEW_H = contract.MAX_CLOCK_SKEW_MS // 3_600_000
+OFFLINE_D = contract.MAX_OFFLINE_MS // 86_400_000
+
+
 async def client_headers(
     idempotency_key: Annotated[
         str | None,
         Header(
             alias="Idempotency-Key",
-            description="1-64 visible ASCII characters; becomes the event_id, so a retry is a duplicate",
+            pattern=IDEMPOTENCY_KEY_PATTERN,
+            description=(
+                "1-64 visible ASCII characters (else 400). Scoped to the caller and the endpoint: "
+                "the same caller repeating the same request with the same key gets the first answer "
+                "again (nothing is appended twice); a different request with it gets 422; one still "
+                "in progress 409. The event_id derives from (caller, endpoint, key). On POST /v1/users "
+                "a repeat is answered 409 without a token."
+            ),
         ),
     ] = None,
     x_device_time: Annotated[
-        str | None, Header(description="epoch ms by the device's clock when it happened")
+        str | None,
+        Header(
+            pattern=EPOCH_MS_PATTERN,
+            description=(
+                "epoch ms by the device's clock when it happened: not after X-Sent-Time and at most "
+                f"{OFFLINE_D} days before it (else 400 naming this header)"
+            ),
+        ),
     ] = None,
-    x_sent_time: Annotated[str | None, Header(description="epoch ms by the device's clock when sent")] = None,
+    x_sent_time: Annotated[
+        str | None,
+        Header(
+            pattern=EPOCH_MS_PATTERN,
+            description=(
+                "epoch ms by the device's clock when sent: within "
+                f"{SKEW_H} h of the server's clock (else 400 naming this header)"
+            ),
+        ),
+    ] = None,
 ) -> ClientTimes:
     if idempotency_key is not None and not re.fullmatch(IDEMPOTENCY_KEY_PATTERN, idempotency_key):
         raise ApiError(400, "bad_header", "Idempotency-Key must be 1-64 visible ASCII characters")
@@ -190,8 +235,12 @@ async def client_headers(
     def epoch_ms(name: str, raw: str | None) -> int | None:
         if raw is None:
             return None
-        if not raw.isascii() or not raw.isdigit() or len(raw) > 19 or int(raw) > m.INT64_MAX:
-            raise ApiError(400, "bad_header", f"{name} must be epoch milliseconds (a non-negative int64)")
+        if not re.fullmatch(EPOCH_MS_PATTERN, raw) or int(raw) > contract.MAX_EPOCH_MS:
+            raise ApiError(
+                400,
+                "bad_header",
+                f"{name} must be epoch milliseconds between 0 and {contract.MAX_EPOCH_MS} (end of 2099)",
+            )
         return int(raw)
 
     return ClientTimes(
@@ -199,9 +248,54 @@ async def client_headers(
     )
 
 
+def event_times(client: ClientTimes, received: int) -> tuple[int, int]:
+    """(device_time, sent_time) of a new event, or 400 naming the header outside the clock window."""
+    sent = client.sent_time if client.sent_time is not None else received
+    device = client.device_time if client.device_time is not None else sent
+    reason = contract.clock_reason(device, sent, received)
+    if reason == "clock_skew:sent_time":
+        raise ApiError(
+            400,
+            "bad_header",
+            f"X-Sent-Time {sent} is more than {SKEW_H} h away from the server's clock ({received})",
+        )
+    if reason is not None:
+        raise ApiError(
+            400,
+            "bad_header",
+            f"X-Device-Time {device} must not be after the send time ({sent}) nor more than "
+            f"{OFFLINE_D} days before it",
+        )
+    return device, sent
+
+
 Client = Annotated[ClientTimes, Depends(client_headers)]
 Limit = Annotated[int, Query(ge=1, le=m.MAX_LIMIT, description="how many, newest first")]
 IdPath = Annotated[int, PathParam(ge=1, le=m.INT64_MAX)]
+
+
+@dataclass(frozen=True)
+class Idempotency:
+    """One keyed request's record in Redis, shared by every API worker (see the package docstring)."""
+
+    redis_key: str
+    request_hash: str
+
+
+def _idempotency(api: Api, client: ClientTimes, etype: str, user_id: int | None, fields: dict):
+    if client.idempotency_key is None:
+        return None
+    scope = f"{'anonymous' if user_id is None else user_id}|{etype}|{client.idempotency_key}"
+    request = orjson.dumps([etype, user_id, fields], option=orjson.OPT_SORT_KEYS)
+    return Idempotency(
+        "api:idem:" + hashlib.sha256(scope.encode()).hexdigest(), hashlib.sha256(request).hexdigest()
+    )
+
+
+def _event_id(user_id: int, etype: str, key: str | None) -> str:
+    if key is None:
+        return new_event_id()
+    return str(uuid.uuid5(EVENT_ID_NAMESPACE, f"{user_id}|{etype}|{key}"))
 
 
 async def append(
@@ -215,44 +309,90 @@ async def append(
 ) -> dict:
     """Build, validate and append one event; returns the 202 body.
 
-    ``mint`` names snowflake ids to create (post_id, message_id); ``check`` is an async
-    precondition (existence checks against Redis), skipped for a retry of a cached request.
+    ``mint`` names snowflake ids to create (post_id, message_id, user_id); ``check`` is an
+    async precondition (existence checks against Redis). ``user_id`` None: registration (the
+    id is minted). With an ``Idempotency-Key`` the request is recorded in Redis under (caller,
+    endpoint, key) with its hash and, once appended, its answer: a repeat by the same caller
+    gets that answer and appends nothing.
     """
-    key = client.idempotency_key
-    fingerprint = (etype, user_id, tuple(sorted(fields.items())))
-    cached = api._idem.get(key) if key is not None else None
-    if cached is not None:
-        if cached[0] != fingerprint:
-            raise ApiError(409, "idempotency_key_reused", "this Idempotency-Key was used for another request")
-        event = cached[1]
-    else:
+    idem = _idempotency(api, client, etype, user_id, fields)
+    event = None
+    claim = None
+    if idem is not None:
+        ttl = max(1, api.settings.dedup_window_ms // 1000)
+        pending = orjson.dumps({"h": idem.request_hash, "s": "pending"}).decode()
+        if await api.redis.set(idem.redis_key, pending, nx=True, ex=IDEM_PENDING_TTL_S):
+            claim = pending
+        else:
+            raw = await api.redis.get(idem.redis_key)
+            record = orjson.loads(raw) if raw else {"h": idem.request_hash, "s": "pending"}
+            if record["h"] != idem.request_hash:
+                raise ApiError(
+                    422,
+                    "idempotency_key_reused",
+                    "this Idempotency-Key was already used by you on this endpoint for another request",
+                )
+            if record["s"] == "done":
+                if user_id is None:
+                    raise ApiError(
+                        409,
+                        "already_registered",
+                        f"this Idempotency-Key already registered user {record['body']['user_id']}; "
+                        "a token is only ever in the first answer",
+                    )
+                return record["body"]
+            taken = record["s"] == "failed" and await api.redis.eval(
+                _COMPARE_AND_SET, 1, idem.redis_key, raw, pending, IDEM_PENDING_TTL_S
+            )
+            if not taken:
+                raise ApiError(
+                    409,
+                    "request_in_progress",
+                    "a request with this Idempotency-Key is still in progress; retry",
+                    {"Retry-After": "1"},
+                )
+            claim = pending
+            event = record["event"]  # the failed attempt's event, re-appended identically
+    produced = False  # the event went to the producer: it may be in the log whatever happens next
+    try:
         if check is not None:
             await check()
-        received = wall_clock_ms()
-        sent = client.sent_time if client.sent_time is not None else received
-        event = {
-            "event_id": key if key is not None else new_event_id(),
-            "type": etype,
-            "schema_version": 1,
-            "user_id": user_id,
-            "device_time": client.device_time if client.device_time is not None else sent,
-            "sent_time": sent,
-            "received_time": received,
-            **fields,
-        }
-        for name in mint:
-            event[name] = api.ids.next_id(received)
-        if key is not None:
-            api._idem[key] = (fingerprint, event)
-            if len(api._idem) > IDEMPOTENCY_CACHE:
-                api._idem.popitem(last=False)
-    try:
+        if event is None:
+            received = wall_clock_ms()
+            device, sent = event_times(client, received)
+            event = {
+                "event_id": "",
+                "type": etype,
+                "schema_version": 1,
+                "user_id": user_id,
+                "device_time": device,
+                "sent_time": sent,
+                "received_time": received,
+                **fields,
+            }
+            for name in mint:
+                event[name] = api.ids.next_id(received)
+            event["event_id"] = _event_id(event["user_id"], etype, client.idempotency_key)
+        reason = contract.validate(event)
+        if reason is not None:  # the models should make this impossible; never append it
+            raise ApiError(422, "invalid_event", f"the event would break the contract: {reason}")
+        produced = True
         at = await api.log.append(event)
-    except InvalidEvent as exc:  # the models should make this impossible; never append it
-        raise ApiError(422, "invalid_event", f"the event would break the contract: {exc.reason}") from None
+    except BaseException:
+        if claim is not None:
+            if produced and user_id is not None:
+                # maybe in the log after all: a retry re-appends this very event (a duplicate)
+                failed = orjson.dumps({"h": idem.request_hash, "s": "failed", "event": event}).decode()
+                await api.redis.set(idem.redis_key, failed, ex=ttl)
+            else:  # nothing appended, or a registration (never re-sent: its retry mints a new user)
+                await api.redis.delete(idem.redis_key)
+        raise
     body = {"event_id": event["event_id"], "type": etype, "partition": at.partition, "offset": at.offset}
     for name in mint:
         body[name] = event[name]
+    if claim is not None:
+        done = orjson.dumps({"h": idem.request_hash, "s": "done", "body": body}).decode()
+        await api.redis.set(idem.redis_key, done, ex=ttl)
     return body
 
 
@@ -264,10 +404,26 @@ def _not_self(user_id: int, other: int) -> None:
 # --- the app ---------------------------------------------------------------------------------------
 
 ERRORS = {
-    400: {"model": m.Error, "description": "malformed header"},
+    400: {
+        "model": m.Error,
+        "description": "a malformed or out-of-range header (Idempotency-Key, X-Device-Time, "
+        "X-Sent-Time; the detail names it), or a body that cannot be decoded (not UTF-8)",
+    },
     401: {"model": m.Error, "description": "missing or invalid token"},
-    422: {"model": m.Error, "description": "invalid request"},
+    422: {
+        "model": m.Error,
+        "description": "invalid request (body, parameters), or an Idempotency-Key you already used "
+        "on this endpoint for another request (idempotency_key_reused)",
+    },
     503: {"model": m.Error, "description": "the log or the serving store is unavailable"},
+}
+WRITES = ERRORS | {
+    409: {
+        "model": m.Error,
+        "description": "Idempotency-Key: a request with it is still in progress (request_in_progress, "
+        "retry after Retry-After), or a registration repeated with it (already_registered: the token "
+        "is only in the first answer)",
+    }
 }
 NOT_FOUND = {404: {"model": m.Error, "description": "unknown user, post or message"}}
 
@@ -320,11 +476,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             for e in exc.errors()
         ]
         detail = "; ".join(f"{'.'.join(e['loc'])}: {e['msg']}" for e in errors) or "invalid request"
+        if errors and all(e["loc"][:1] == ["header"] for e in errors):
+            named = ", ".join(HEADER_NAMES.get(e["loc"][-1].lower(), e["loc"][-1]) for e in errors)
+            return _error(400, "bad_header", f"malformed header {named}: {detail}", errors=errors)
         return _error(422, "invalid_request", detail, errors=errors)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_request, exc: StarletteHTTPException):
-        return _error(exc.status_code, "http_error", str(exc.detail), getattr(exc, "headers", None))
+        # FastAPI's only 400: a body it cannot decode (e.g. not UTF-8)
+        code = "undecodable_body" if exc.status_code == 400 else "http_error"
+        return _error(exc.status_code, code, str(exc.detail), getattr(exc, "headers", None))
 
     @app.exception_handler(LogUnavailable)
     async def _log_down(_request, exc: LogUnavailable):
@@ -346,7 +507,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     # -- writes ------------------------------------------------------------------------------------
 
-    @app.post("/v1/users", status_code=201, response_model=m.Registered, responses=ERRORS, tags=["writes"])
+    @app.post("/v1/users", status_code=201, response_model=m.Registered, responses=WRITES, tags=["writes"])
     async def register(body: m.NewUser, request: Request, client: Client):
         """Register a user (event ``user_registered``); the answer carries the bearer token."""
         api = _api(request)
@@ -360,7 +521,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         "/v1/follows",
         status_code=202,
         response_model=m.Accepted,
-        responses=ERRORS | NOT_FOUND,
+        responses=WRITES | NOT_FOUND,
         tags=["writes"],
     )
     async def follow(body: m.NewFollow, request: Request, me: Caller, client: Client):
@@ -371,7 +532,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         "/v1/follows/{followee_id}",
         status_code=202,
         response_model=m.Accepted,
-        responses=ERRORS | NOT_FOUND,
+        responses=WRITES | NOT_FOUND,
         tags=["writes"],
     )
     async def unfollow(
@@ -393,7 +554,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         out = await append(api, client, etype, me, {"followee_id": followee_id}, check=check)
         return _json(out, 202)
 
-    @app.post("/v1/posts", status_code=202, response_model=m.Accepted, responses=ERRORS, tags=["writes"])
+    @app.post("/v1/posts", status_code=202, response_model=m.Accepted, responses=WRITES, tags=["writes"])
     async def create_post(body: m.NewPost, request: Request, me: Caller, client: Client):
         """Publish a post (event ``post_created``); the answer carries the new ``post_id``."""
         api = _api(request)
@@ -405,7 +566,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         "/v1/posts/{post_id}",
         status_code=202,
         response_model=m.Accepted,
-        responses=ERRORS | NOT_FOUND | {403: {"model": m.Error, "description": "not your post"}},
+        responses=WRITES | NOT_FOUND | {403: {"model": m.Error, "description": "not your post"}},
         tags=["writes"],
     )
     async def delete_post(post_id: IdPath, request: Request, me: Caller, client: Client):
@@ -427,7 +588,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         "/v1/messages",
         status_code=202,
         response_model=m.Accepted,
-        responses=ERRORS | NOT_FOUND,
+        responses=WRITES | NOT_FOUND,
         tags=["writes"],
     )
     async def send_message(body: m.NewMessage, request: Request, me: Caller, client: Client):
@@ -447,7 +608,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         "/v1/messages/{message_id}/read",
         status_code=202,
         response_model=m.Accepted,
-        responses=ERRORS | NOT_FOUND,
+        responses=WRITES | NOT_FOUND,
         tags=["writes"],
     )
     async def read_message(
@@ -466,7 +627,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         out = await append(api, client, "message_read", me, {"message_id": message_id}, check=check)
         return _json(out, 202)
 
-    @app.put("/v1/status", status_code=202, response_model=m.Accepted, responses=ERRORS, tags=["writes"])
+    @app.put("/v1/status", status_code=202, response_model=m.Accepted, responses=WRITES, tags=["writes"])
     async def update_status(body: m.NewStatus, request: Request, me: Caller, client: Client):
         """Replace your status text (event ``status_updated``)."""
         out = await append(_api(request), client, "status_updated", me, {"text": body.text})

@@ -16,7 +16,9 @@ truth: every event type, field, constraint and partition key (``x-partition-key`
 Reason codes (what the quarantine records; stable, the first failing check wins, in this order):
 
 =========================  ========================================================================
-``bad_json``               the record value is not UTF-8 JSON
+``not_utf8``               the record value is not UTF-8 (the quarantine keeps its bytes in
+                           ``raw`` as base64, RFC 4648, so the table stays text)
+``bad_json``               the record value is not JSON
 ``not_an_object``          valid JSON, but not an object
 ``missing_field:type``     no ``type`` (``mistyped_field:type`` if it is not a string)
 ``unknown_type``           ``type`` is not one of ``EVENT_TYPES``
@@ -25,14 +27,22 @@ Reason codes (what the quarantine records; stable, the first failing check wins,
                            the two apart, so both count as missing), in declared order
 ``bad_schema_version``     ``schema_version`` is present but not the integer ``1``
 ``mistyped_field:<f>``     wrong JSON type; integers must be written without fraction or exponent
-                           (``1.0``, or beyond 64 bits, is mistyped: stricter than JSON Schema, as
+                           (``1.0``, or beyond int64, is mistyped: stricter than JSON Schema, as
                            Spark's LongType is)
-``bad_value:<f>``          out of range (ids >= 1, times >= 0, int64), empty, or pattern mismatch
+``bad_value:<f>``          out of range (ids 1..int64 max, times 1970..2099 in epoch ms), empty,
+                           or pattern mismatch
 ``text_too_long:<f>``      a string longer than its ``maxLength`` (text: 280 code points)
+``clock_skew:sent_time``   ``|received_time - sent_time| > max_clock_skew_ms`` (``CLOCK_WINDOW``)
+``clock_skew:device_time`` ``device_time > sent_time``, or ``sent_time - device_time >
+                           max_offline_ms``, or a corrected event time before 1970
 ``self_follow``            ``followed``/``unfollowed`` with ``followee_id == user_id``
 =========================  ========================================================================
 
-Field checks run field by field in declared order (envelope first): type, then value.
+Field checks run field by field in declared order (envelope first): type, then value; then the
+clock window (``CLOCK_WINDOW``, from the schema's ``x-clock-window``): the corrected event time
+``device_time + (received_time - sent_time)`` always lies in ``[received_time - max_offline_ms,
+received_time]``, so a client clock can neither put an event in the future (pinned at the top of
+every timeline) nor before 1970, and no arithmetic on the times of a valid event can overflow.
 Two more reasons need state and are decided by the speed layer, not here (``STATEFUL_REASONS``):
 ``not_own_post`` (``post_deleted`` of a post the user did not create) and ``not_in_inbox``
 (``message_read`` of a message that is not in the reader's inbox yet).
@@ -51,6 +61,7 @@ import orjson
 
 SCHEMA_PATH = Path(__file__).with_name("events.v1.schema.json")
 SCHEMA_VERSION = 1
+CLOCK_REASONS = ("clock_skew:sent_time", "clock_skew:device_time")
 DOCS_PATH = Path(__file__).resolve().parents[2] / "docs" / "events.md"
 
 # Rules a JSON Schema cannot express (they compare two fields), kept next to the schema as data
@@ -171,6 +182,25 @@ EVENT_TYPES: tuple[str, ...] = tuple(schema()["properties"]["type"]["enum"])
 ENVELOPE_FIELDS: tuple[str, ...] = tuple(schema()["$defs"]["envelope"]["properties"])
 PARTITION_KEY: dict[str, str] = {t: s.partition_key for t, s in _event_type_specs().items()}
 
+# The clock window around the server's receive time (see the module docstring).
+CLOCK_WINDOW: dict[str, int] = {
+    k: v for k, v in schema()["$defs"]["envelope"]["x-clock-window"].items() if k != "description"
+}
+MAX_CLOCK_SKEW_MS: int = CLOCK_WINDOW["max_clock_skew_ms"]
+MAX_OFFLINE_MS: int = CLOCK_WINDOW["max_offline_ms"]
+MAX_EPOCH_MS: int = schema()["$defs"]["epoch_ms"]["maximum"]
+
+
+def clock_reason(device_time: int, sent_time: int, received_time: int) -> str | None:
+    """The clock-window reason for three in-range times (None when they fit the window)."""
+    skew = received_time - sent_time
+    if skew > MAX_CLOCK_SKEW_MS or skew < -MAX_CLOCK_SKEW_MS:
+        return "clock_skew:sent_time"
+    held = sent_time - device_time
+    if held < 0 or held > MAX_OFFLINE_MS or held > received_time:
+        return "clock_skew:device_time"
+    return None
+
 
 def event_type(name: str) -> EventTypeSpec:
     """The flattened spec of one event type (fields in declared order, envelope first)."""
@@ -208,6 +238,7 @@ def record_key(event: dict) -> bytes:
 
 # One check per field, as a small tuple the loop below interprets; compiled once per type.
 _INT, _STR, _CONST = 0, 1, 2
+_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -270,8 +301,8 @@ def validate(obj: Any) -> str | None:
         if v is None:
             continue  # optional and absent (v1 has no optional fields, but keep the rule general)
         if kind == _INT:
-            if type(v) is not int:
-                return f"mistyped_field:{name}"
+            if type(v) is not int or not _I64_MIN <= v <= _I64_MAX:
+                return f"mistyped_field:{name}"  # beyond int64 (orjson reads up to 2**64 - 1)
             if (lo is not None and v < lo) or (hi is not None and v > hi):
                 return f"bad_value:{name}"
         elif kind == _STR:
@@ -283,6 +314,9 @@ def validate(obj: Any) -> str | None:
                 return f"bad_value:{name}"
         elif type(v) is not type(const) or v != const:
             return "bad_schema_version" if name == "schema_version" else f"bad_value:{name}"
+    reason = clock_reason(obj["device_time"], obj["sent_time"], obj["received_time"])
+    if reason is not None:
+        return reason
     for reason, fld, other in plan.cross:
         if obj[fld] == obj[other]:
             return reason
@@ -297,6 +331,11 @@ def parse_and_validate(raw: bytes | str) -> tuple[dict | None, str | None]:
     try:
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError:
+        if isinstance(raw, bytes | bytearray | memoryview):
+            try:
+                bytes(raw).decode("utf-8")
+            except UnicodeDecodeError:
+                return None, "not_utf8"
         return None, "bad_json"
     reason = validate(obj)
     if reason is not None:
@@ -309,7 +348,7 @@ def reason_codes() -> list[str]:
 
     ``unknown_field:<name>`` is open-ended (any undeclared name) and so is not listed.
     """
-    codes = ["bad_json", "not_an_object", "unknown_type", "bad_schema_version"]
+    codes = ["not_utf8", "bad_json", "not_an_object", "unknown_type", "bad_schema_version"]
     seen = set(codes)
 
     def add(code: str) -> None:
@@ -333,6 +372,8 @@ def reason_codes() -> list[str]:
                 add(f"bad_value:{f.name}")
             if f.max_length is not None:
                 add(f"text_too_long:{f.name}")
+    for reason in CLOCK_REASONS:
+        add(reason)
     for reason, *_ in CROSS_FIELD_RULES:
         add(reason)
     codes += list(STATEFUL_REASONS)

@@ -48,6 +48,20 @@ def render() -> str:
         out.append(
             f"| `{name}` | {_json_type(f) if name != 'type' else 'string'} | {_constraints(f) if name != 'type' else ''} | {desc} |"
         )
+    window = s["$defs"]["envelope"]["x-clock-window"]
+    out += [
+        "",
+        "## Clock window (`x-clock-window`, `app_sim.contract.CLOCK_WINDOW`)",
+        "",
+        window["description"],
+        "",
+        f"- `max_clock_skew_ms` = {window['max_clock_skew_ms']} ({window['max_clock_skew_ms'] / 3_600_000:g} h)",
+        f"- `max_offline_ms` = {window['max_offline_ms']} ({window['max_offline_ms'] / 86_400_000:g} days)",
+        "",
+        "The API refuses a request whose `X-Device-Time` or `X-Sent-Time` header would break these",
+        "rules (400 `bad_header`, naming the header), so only raw producers can write such events;",
+        "the speed layer quarantines them with the reason (they never reach the views).",
+    ]
     out += ["", "## Event types", "", "| type | extra fields | partition key (record key) |", "|---|---|---|"]
     for t in c.EVENT_TYPES:
         extra = [f"`{f.name}`" for f in c.event_type(t).fields if f.name not in c.ENVELOPE_FIELDS]

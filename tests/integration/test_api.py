@@ -240,18 +240,21 @@ def test_every_write_lands_in_the_log_as_a_valid_event_at_the_answered_position(
 def test_client_clock_headers_and_idempotency_key(api_factory):
     api = api_factory()
     _alice, token = api.register("alice")
+    now = int(time.time() * 1000)
+    device, sent = now - 3_600_000, now - 55_000  # written an hour ago, sent by a clock ~a minute slow
     with api.client(token) as c:
-        h = {"X-Device-Time": "1700000000000", "X-Sent-Time": "1700000005000", "Idempotency-Key": "retry-1"}
+        h = {"X-Device-Time": str(device), "X-Sent-Time": str(sent), "Idempotency-Key": "retry-1"}
         first = c.post("/v1/posts", json={"text": "once"}, headers=h)
+        before = end_offsets(api.settings, api.topic)
         again = c.post("/v1/posts", json={"text": "once"}, headers=h)
         other = c.post("/v1/posts", json={"text": "different"}, headers=h)
     assert first.status_code == again.status_code == 202
-    assert first.json()["post_id"] == again.json()["post_id"]  # the same event, appended twice
-    assert other.status_code == 409 and other.json()["error"] == "idempotency_key_reused"
+    assert again.json() == first.json()  # the first answer again ...
+    assert end_offsets(api.settings, api.topic) == before  # ... and nothing appended twice
+    assert other.status_code == 422 and other.json()["error"] == "idempotency_key_reused"
     _k1, e1 = record_at(api.settings, api.topic, first.json()["partition"], first.json()["offset"])
-    _k2, e2 = record_at(api.settings, api.topic, again.json()["partition"], again.json()["offset"])
-    assert e1 == e2 and e1["event_id"] == "retry-1"  # a duplicate by event_id: the speed layer drops it
-    assert (e1["device_time"], e1["sent_time"]) == (1700000000000, 1700000005000)
+    assert e1["event_id"] == first.json()["event_id"]
+    assert (e1["device_time"], e1["sent_time"]) == (device, sent)
     assert e1["received_time"] > e1["sent_time"]
 
 
@@ -454,6 +457,42 @@ BAD = {
         {},
         422,
         "invalid_request",
+    ),
+    "not-utf8-body": (
+        "alice",
+        "POST",
+        "/v1/posts",
+        b'{"text": "caf\xe9"}',
+        {"Content-Type": "application/json"},
+        400,
+        "undecodable_body",
+    ),
+    "device-time-year-9999": (
+        "alice",
+        "POST",
+        "/v1/posts",
+        {"text": "x"},
+        {"X-Device-Time": "253402300799999"},
+        400,
+        "bad_header",
+    ),
+    "device-time-int64-max": (
+        "alice",
+        "POST",
+        "/v1/posts",
+        {"text": "x"},
+        {"X-Device-Time": "9223372036854775807", "X-Sent-Time": "0"},
+        400,
+        "bad_header",
+    ),
+    "sent-time-int64-max": (
+        "alice",
+        "PUT",
+        "/v1/status",
+        {"text": "x"},
+        {"X-Sent-Time": "9223372036854775807"},
+        400,
+        "bad_header",
     ),
     "lone-surrogate": (
         "alice",

@@ -132,3 +132,101 @@ def test_a_taken_port_gives_a_clear_error(tmp_path, private_settings):
     assert cli.returncode == 1
     assert cli.stderr.strip().startswith("error: kafka: port") and "Traceback" not in cli.stderr
     assert len(cli.stderr.strip().splitlines()) == 1
+
+
+def test_up_twice_with_every_service_is_fast_and_reads_no_log(kafka_stack):
+    """Issue 17: `make up` on a running stack answers from health checks (the Spark UI's REST API
+    for the speed layer, /v1/health for the API) within seconds, whatever its logs hold."""
+    import dataclasses
+    import time
+
+    from infra.stack import ApiServer, SpeedLayer
+    from tests.conftest import _free_port
+
+    settings = dataclasses.replace(
+        kafka_stack.settings,
+        views_namespace=f"upstack-{uuid.uuid4().hex[:8]}",
+        api_port=_free_port(18200, set()),
+    )
+    stack = Stack(settings)
+    speed_layer, api = SpeedLayer(settings), ApiServer(settings)
+    try:
+        assert stack.up() == {
+            "kafka": "already running",
+            "redis": "already running",
+            "speed_layer": "started",
+            "api": "started",
+        }
+        assert speed_layer.application() == f"speed-layer-{settings.views_namespace}"
+        pids = {s.name: s.pid() for s in stack.services}
+        for service in (speed_layer, api):
+            service.log_file.write_bytes(b"")  # readiness must not depend on what a log says
+        started = time.monotonic()
+        assert stack.up() == {name: "already running" for name in pids}
+        assert time.monotonic() - started < 10
+        assert {s.name: s.pid() for s in stack.services} == pids
+    finally:
+        api.stop()
+        speed_layer.stop()
+
+
+class _Sleeper:
+    """A stand-in for a service that needs the stores (as the speed layer and the API do)."""
+
+    @staticmethod
+    def make(name: str, code: str):
+        from infra.stack import Service
+
+        class Stub(Service):
+            marker = f"kappa-stub-{name}"
+
+            def ports(self):
+                return []
+
+            def command(self):
+                return [sys.executable, "-c", code, self.marker]
+
+            def wait_ready(self, deadline):
+                import time
+
+                time.sleep(0.3)
+                if not self.is_running():
+                    raise self._died()
+
+        Stub.name = name
+        return Stub
+
+
+def test_a_failed_start_never_stops_what_a_running_service_needs(tmp_path, private_settings):
+    """Issue 17: the store a running service needs stays up when a later service fails to start,
+    even when this `up` had to restart it (the broker-restart case of the issue), and the running
+    service itself is left alone; what nothing running needs is rolled back."""
+    import signal
+
+    from infra.stack import RedisServer
+
+    settings = private_settings(tmp_path / "var")
+    sleeper = _Sleeper.make("sleeper", "import time; time.sleep(600)")
+    broken = _Sleeper.make("broken", "import sys; sys.exit(3)")
+    try:
+        assert Stack(settings, service_types=(RedisServer, sleeper)).up() == {
+            "redis": "started",
+            "sleeper": "started",
+        }
+        redis_server = RedisServer(settings)
+        os.kill(redis_server.pid(), signal.SIGKILL)  # the store dies under the running service
+        while redis_server.is_running():
+            pass
+        with pytest.raises(StackError, match="broken exited during start-up"):
+            Stack(settings, service_types=(RedisServer, sleeper, broken)).up()
+        assert redis_server.is_running(), "the restarted store was stopped although sleeper needs it"
+        assert sleeper(settings).is_running()
+        assert not broken(settings).is_running()
+
+        # nothing running needs a store started by a failed `up` on a stopped stack: rolled back
+        Stack(settings, service_types=(RedisServer, sleeper)).down()
+        with pytest.raises(StackError, match="broken exited during start-up"):
+            Stack(settings, service_types=(RedisServer, sleeper, broken)).up()
+        assert not redis_server.is_running() and not sleeper(settings).is_running()
+    finally:
+        Stack(settings, service_types=(RedisServer, sleeper, broken)).down()

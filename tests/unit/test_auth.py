@@ -45,3 +45,31 @@ def test_the_secret_is_generated_once_private_and_reused(tmp_path):
     assert len(first) == 64
     assert secret_file(settings).stat().st_mode & 0o777 == 0o600
     assert load_secret(settings) == first  # a restart (or another worker) signs the same tokens
+
+
+def _alternate_spellings(token: str) -> list[str]:
+    """Other base64url spellings of the same signature bytes (the last character's unused bits)."""
+    import base64
+
+    user, _, sig = token.partition(".")
+    raw = base64.urlsafe_b64decode(sig + "=" * (-len(sig) % 4))
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+    out = []
+    for c in alphabet:
+        other = sig[:-1] + c
+        if other != sig and base64.urlsafe_b64decode(other + "=" * (-len(other) % 4)) == raw:
+            out.append(f"{user}.{other}")
+    return out
+
+
+def test_only_the_canonical_spelling_of_a_token_is_accepted():
+    """Issue 17: base64 spellings that decode to the same signature bytes are refused, and so is a
+    user id with leading zeros; the token issue() spells is the only one that passes."""
+    signer = TokenSigner(b"s3cret")
+    token = signer.issue(7)
+    alternates = _alternate_spellings(token)
+    assert len(alternates) == 3  # 32 signature bytes = 43 characters, 2 unused bits: 4 spellings
+    for other in alternates + [f"{token}=", "0" + token]:
+        with pytest.raises(InvalidToken):
+            signer.verify(other)
+    assert signer.verify(token) == 7

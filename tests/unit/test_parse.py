@@ -78,7 +78,26 @@ RECORDS: list[bytes] = [
     b"not json",
     b'{"type": "post_created", ',
     b"\x80\x81 binary",
+    b"\xed\xa0\x80",  # a UTF-8-encoded surrogate: not UTF-8
+    json.dumps(_ev(text="caf")).encode().replace(b'"caf"', b'"caf\xe9"'),  # Latin-1, not UTF-8
     json.dumps("just a string").encode(),
+    # times: out of range (int64 max, year > 2099, negative) and outside the clock window
+    json.dumps(_ev(device_time=2**63 - 1, sent_time=0)).encode(),  # the API poison of issue 17
+    json.dumps(_ev(received_time=2**63 - 1)).encode(),  # the raw-log poison of issue 17
+    json.dumps(_ev(received_time=253402300800000)).encode(),  # year 10000
+    json.dumps(_ev(device_time=253402300799999, sent_time=253402300799999)).encode(),  # year 9999
+    json.dumps(_ev(sent_time=-5)).encode(),
+    json.dumps(_ev(received_time=4102444799999, sent_time=4102444799999, device_time=4102444799999)).encode(),
+    json.dumps(_ev(received_time=4102444800000)).encode(),  # 2100-01-01: one ms too late
+    json.dumps(_ev(sent_time=T + 500 - 86_400_000)).encode(),  # skew exactly at the limit: valid
+    json.dumps(_ev(sent_time=T + 500 - 86_400_001, device_time=T - 86_400_001)).encode(),
+    json.dumps(_ev(sent_time=T + 500 + 86_400_001, device_time=T)).encode(),
+    json.dumps(_ev(device_time=T + 11)).encode(),  # after it was sent, by the same clock
+    json.dumps(_ev(device_time=T + 10 - 2_592_000_000)).encode(),  # held exactly 30 days: valid
+    json.dumps(_ev(device_time=T + 10 - 2_592_000_001)).encode(),
+    json.dumps(_ev(device_time=0, sent_time=10, received_time=5)).encode(),  # corrected time < 0
+    json.dumps(_ev(device_time=0, sent_time=5, received_time=5)).encode(),  # corrected time 0
+    json.dumps(_ev(device_time=2**63, sent_time=0)).encode(),  # beyond int64: mistyped
 ]
 
 
@@ -113,6 +132,43 @@ def test_valid_event_columns_and_corrected_time(spark):
     assert (row.partition, row.offset, row.user_id, row.post_id, row.text) == (3, 42, 7, 99, "hi")
     assert row.event_time == 1000 + (5000 - 1300)  # device clock corrected by its offset
     assert row.key == "7"
+
+
+def test_times_can_never_overflow_and_bad_bytes_stay_readable(spark, tmp_path):
+    """Issue 17: int64-max and year-9999 times are quarantined with a reason (no ANSI overflow),
+    and a record that is not UTF-8 is stored as base64 text that pyarrow can read back."""
+    import base64
+
+    import pyarrow.parquet as pq
+
+    from pipelines.parse import parse_records
+
+    latin1 = b'{"type": "post_created", "text": "caf\xe9"}'
+    records = [
+        (b"7", json.dumps(_ev(device_time=2**63 - 1, sent_time=0)).encode()),
+        (b"7", json.dumps(_ev(received_time=2**63 - 1)).encode()),
+        (b"7", json.dumps(_ev(device_time=253402300799999)).encode()),
+        (b"\xff\xfe", latin1),
+        (b"7", json.dumps(_ev(device_time=T - 60_000)).encode()),  # offline a minute: valid
+    ]
+    df = spark.createDataFrame(
+        [(k, v, 0, i, None) for i, (k, v) in enumerate(records)],
+        "key binary, value binary, partition int, offset long, timestamp timestamp",
+    )
+    events, quarantine = parse_records(df)
+    got = {r["offset"]: r for r in quarantine.collect()}
+    assert {o: r["reason"] for o, r in got.items()} == {
+        0: "bad_value:device_time",
+        1: "bad_value:received_time",
+        2: "bad_value:device_time",
+        3: "not_utf8",
+    }
+    assert base64.b64decode(got[3]["raw"]) == latin1 and got[3]["key"] == "base64://4="
+    (ok,) = events.collect()
+    assert ok.event_time == (T - 60_000) + ((T + 500) - (T + 10))  # corrected by hand: T + 429_940
+    quarantine.write.parquet(str(tmp_path / "q"))
+    table = pq.read_table(str(tmp_path / "q"))  # raises on invalid UTF-8 in a string column
+    assert sorted(table.column("reason").to_pylist())[-1] == "not_utf8"
 
 
 def test_every_valid_generated_event_takes_the_fast_path(spark):
