@@ -101,6 +101,10 @@ class GeneratorConfig:
     sim_events_per_user_s: float = 0.1  # simulated server clock: users * this events per second
     start_ms: int = SIM_EPOCH_MS
     realtime: bool = False
+    # Continuing an earlier run's world (bench phases): the same follower graph from its own seed,
+    # and no registrations or follows written again; the activity still comes from ``seed``.
+    graph_seed: int | None = None
+    emit_bootstrap: bool = True
     worker_id: int = GENERATOR_WORKER_ID
     chunk: int = 8192
 
@@ -166,10 +170,11 @@ class EventGenerator:
         U = cfg.users
         if U < 2:
             raise ValueError("need at least 2 users")
-        pop = graph.popularity(U, rng)
-        edges = graph.follower_graph(U, cfg.mean_followers, rng, popularity_p=pop)
-        edges = edges[rng.permutation(len(edges))]
-        bootstrap = U + len(edges)
+        grng = rng if cfg.graph_seed is None else np.random.default_rng(cfg.graph_seed)
+        pop = graph.popularity(U, grng)
+        edges = graph.follower_graph(U, cfg.mean_followers, grng, popularity_p=pop)
+        edges = edges[grng.permutation(len(edges))]
+        bootstrap = U + len(edges) if cfg.emit_bootstrap else 0
         if bootstrap > self.n_events:
             raise ValueError(
                 f"{self.n_events} events cannot hold the bootstrap of {U} registrations and {len(edges)} "
@@ -301,9 +306,10 @@ class EventGenerator:
                     "handle": f"u{u}",
                     "display_name": f"User {u}",
                 }
-                yield keys[u], ev, None
-                counts.records += 1
-                after_write(keys[u], ev, now, 0, ch["u1"][i])
+                if cfg.emit_bootstrap:
+                    yield keys[u], ev, None
+                    counts.records += 1
+                    after_write(keys[u], ev, now, 0, ch["u1"][i])
 
         # ---- 2. the follower graph ---------------------------------------------------------------
         pos = 0
@@ -323,9 +329,10 @@ class EventGenerator:
                     "received_time": now,
                     "followee_id": b,
                 }
-                yield keys[a], ev, None
-                counts.records += 1
-                after_write(keys[a], ev, now, 0, ch["u1"][i])
+                if cfg.emit_bootstrap:
+                    yield keys[a], ev, None
+                    counts.records += 1
+                    after_write(keys[a], ev, now, 0, ch["u1"][i])
 
         # ---- 3. activity ----------------------------------------------------------------------------
         slot = 0

@@ -54,6 +54,12 @@ def assert_verified(report: dict, summary) -> None:
     assert a["duplicates"] == summary.duplicates
     assert a["quarantined"] == sum(summary.invalid.values())
     assert report["serving"]["ok"] is True, report["serving"]
+    # the keyed state in Redis == the same processor replayed into a scratch namespace, key by key
+    k = report["keyed"]
+    assert k["ok"] is True, {n: f for n, f in k.get("families", {}).items() if not f["ok"]} or k
+    assert k["accounting"]["events_read"] == summary.events
+    assert k["accounting"]["duplicates"] == summary.duplicates
+    assert k["accounting"]["rejected"] + k["accounting"]["quarantined"] == a["quarantined"]
 
 
 def assert_no_duplicate_keys(settings, namespace: str, versions: dict) -> None:

@@ -1,0 +1,327 @@
+"""``make bench`` section ``keyed``: the keyed speed layer (Kafka -> processor -> Redis functions).
+
+One run, side by side on one broker and one Redis (BRIEF section 8):
+
+- read-your-write: an API write, then the same user's timeline read until its ``as_of`` covers
+  the write; p50/p99 over ``ryw_writes`` writes, idle and with ``ryw_load_rate`` events/s flowing;
+- freshness (server receive -> applied in Redis, the processor's own histogram) at fixed rates of
+  the default mix, ``freshness_seconds`` each, and the highest of them whose p99 stays <= 5 s;
+- what limits it: Redis commands per event (``INFO commandstats``), Redis CPU seconds per event
+  (``INFO cpu``), and the timeline writes per second (ZADD calls) against the same Redis running
+  the project's own ``social_apply`` on posts fanned out to 31 followers, pipelined (the ceiling
+  of fan-out on write with this function on this machine), as a ratio;
+- Redis memory per follow edge, per timeline entry and per remembered event id, and what a 24 h
+  dedup window costs at 5,000 events/s;
+- replay (the same processor into a scratch namespace) events/s against a bare Spark read of
+  the same offsets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import redis
+
+from infra.bench import BenchContext, section
+from infra.settings import Settings
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    v = sorted(values)
+    return round(v[min(len(v) - 1, int(q * len(v)))], 1)
+
+
+def _commandstats(r: redis.Redis) -> dict[str, int]:
+    return {k.removeprefix("cmdstat_"): v["calls"] for k, v in r.info("commandstats").items()}
+
+
+def _redis_cpu(r: redis.Redis) -> float:
+    cpu = r.info("cpu")
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+
+
+class _SpeedLayer:
+    """The keyed query alone (``--no-views``) as a subprocess, the way ``make up`` runs it."""
+
+    def __init__(self, settings: Settings, topic: str, namespace: str, log_path: Path):
+        from infra.stack import settings_env
+
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.log = log_path.open("ab")
+        cmd = [sys.executable, "-m", "pipelines.speed_layer", "--topic", topic, "--namespace", namespace]
+        self.proc = subprocess.Popen(
+            [*cmd, "--no-views"],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=settings_env(settings),
+            start_new_session=True,
+        )
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        self.log.close()
+
+
+def _wait_fences(r: redis.Redis, namespace: str, ends: dict[int, int], timeout_s: float) -> bool:
+    from pipelines.speed import functions
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        f = functions.fences(r, namespace)
+        if all(f.get(p, 0) >= o for p, o in ends.items()):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _read_your_write(base: str, token: str, n: int, timeout_s: float = 30.0) -> dict:
+    """API write -> the same user's read covers it (as_of), n times; latencies in ms."""
+    import httpx
+
+    lat, misses = [], 0
+    headers = {"Authorization": f"Bearer {token}"}
+    with httpx.Client(base_url=base, headers=headers, timeout=10) as c:
+        for i in range(n):
+            t0 = time.perf_counter()
+            w = c.post("/v1/posts", json={"text": f"ryw {i}"})
+            w.raise_for_status()
+            part, off = str(w.json()["partition"]), w.json()["offset"]
+            while True:
+                as_of = c.get("/v1/timeline", params={"limit": 1}).json()["as_of"]
+                if as_of.get(part, 0) > off:
+                    lat.append((time.perf_counter() - t0) * 1000)
+                    break
+                if time.perf_counter() - t0 > timeout_s:
+                    misses += 1
+                    break
+                time.sleep(0.005)
+            time.sleep(0.02)
+    return {"writes": n, "p50_ms": _pct(lat, 0.5), "p99_ms": _pct(lat, 0.99), "timeouts": misses}
+
+
+def _fanout_ceiling(r: redis.Redis, namespace: str, seconds: float = 5.0, followers: int = 31) -> dict:
+    """``social_apply`` on posts by one author with ``followers`` followers, pipelined, for a while."""
+    import orjson
+
+    from pipelines.speed.processor import Processor, ProcessorConfig
+
+    cfg = ProcessorConfig(redis_url="unused", namespace=namespace, record_freshness=False)
+    proc = Processor(cfg, client=r)
+    t = int(time.time() * 1000)
+
+    def event(i: int, type_: str, user: int, **f) -> bytes:
+        ms = t + i
+        base = {"event_id": f"c{i}", "type": type_, "schema_version": 1, "user_id": user}
+        return orjson.dumps({**base, "device_time": ms, "sent_time": ms, "received_time": ms, **f})
+
+    proc.process(1, [(i, event(i, "followed", 1000 + i, followee_id=1)) for i in range(followers)])
+    before, cpu0 = _commandstats(r).get("zadd", 0), _redis_cpu(r)
+    offset, posts, t0 = followers, 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        batch = [
+            (offset + i, event(offset + i, "post_created", 1, post_id=10**9 + offset + i, text="x" * 80))
+            for i in range(2000)
+        ]
+        proc.process(0, batch)
+        offset += len(batch)
+        posts += len(batch)
+    elapsed = time.perf_counter() - t0
+    zadds = _commandstats(r).get("zadd", 0) - before
+    from pipelines.speed.compare import drop_namespace
+
+    drop_namespace(r, namespace)
+    return {
+        "ceiling_posts_per_s": round(posts / elapsed),
+        "ceiling_timeline_writes_per_s": round(zadds / elapsed),
+        "ceiling_redis_cpu_s_per_post_us": round((_redis_cpu(r) - cpu0) / posts * 1e6, 1),
+        "ceiling_followers_per_post": followers,
+    }
+
+
+def _memory(r: redis.Redis, namespace: str) -> dict:
+    """Bytes per follow edge, timeline entry and remembered event id (MEMORY USAGE of every key)."""
+
+    def family(pattern: str) -> tuple[int, int]:
+        keys = list(r.scan_iter(match=f"{namespace}:{pattern}", count=2000))
+        pipe = r.pipeline(transaction=False)
+        for k in keys:
+            pipe.memory_usage(k, samples=0)
+        sizes = pipe.execute()
+        pipe = r.pipeline(transaction=False)
+        for k in keys:
+            t = r.type(k)
+            {b"zset": pipe.zcard, b"set": pipe.scard, b"hash": pipe.hlen}[t](k)
+        return sum(s or 0 for s in sizes), sum(pipe.execute())
+
+    f_bytes, f_items = family("following:*")
+    g_bytes, g_items = family("followers:*")
+    t_bytes, t_items = family("tl:*")
+    s_bytes, s_items = family("seen:*")
+    q_bytes, _ = family("seenq:*")
+    per_id = (s_bytes + q_bytes) / max(s_items, 1)
+    return {
+        "memory_bytes_per_follow_edge": round((f_bytes + g_bytes) / max(f_items, 1), 1),
+        "memory_bytes_per_timeline_entry": round(t_bytes / max(t_items, 1), 1),
+        "memory_bytes_per_event_id": round(per_id, 1),
+        # a 24 h window at 5,000 events/s remembers 432M ids
+        "dedup_24h_at_5k_per_s_gib": round(per_id * 5000 * 86400 / 2**30, 1),
+    }
+
+
+@section("keyed")
+def keyed_section(ctx: BenchContext) -> dict:
+    from app_sim.generator import GeneratorConfig, produce
+    from infra.stack import ApiServer
+    from pipelines.speed import functions
+
+    namespace = f"bench_keyed_{ctx.run_id}".lower()
+    topic = ctx.topic("keyed")
+    settings = dataclasses.replace(
+        ctx.settings,
+        events_topic=topic,
+        views_namespace=namespace,
+        api_port=_free_port(),
+        var_dir=Path(ctx.settings.var_dir) / "bench" / "keyed",
+    )
+    r = redis.Redis.from_url(settings.redis_url)
+    out: dict = {}
+    sl = _SpeedLayer(settings, topic, namespace, Path(settings.var_dir) / "speed_layer.log")
+    api = ApiServer(settings)
+    api.start()
+    try:
+        # the stack is warm: a bootstrap of users and follows has gone through
+        boot = GeneratorConfig(users=2000, seed=21, graph_seed=21, mean_followers=31, realtime=True)
+        produce(90_000, boot, topic=topic, bootstrap=settings.kafka_bootstrap, progress=False)
+        from infra.stack import end_offsets
+
+        if not _wait_fences(r, namespace, end_offsets(settings, topic), 600):
+            raise RuntimeError(f"the speed layer did not catch up; see {sl.log.name}")
+        base = f"http://127.0.0.1:{settings.api_port}"
+        import httpx
+
+        reg = httpx.post(f"{base}/v1/users", json={"handle": f"ryw{ctx.run_id[-6:]}", "display_name": "RYW"})
+        reg.raise_for_status()
+        token = reg.json()["token"]
+        ryw_idle = _read_your_write(base, token, ctx.ryw_writes)
+        out.update({f"ryw_idle_{k}": v for k, v in ryw_idle.items()})
+
+        best = 0
+        for rate in ctx.keyed_rates:
+            r.delete(functions.key(namespace, "freshness"))
+            stats0, cpu0 = _commandstats(r), _redis_cpu(r)
+            n = int(rate * ctx.keyed_seconds)
+            gen = GeneratorConfig(
+                users=2000,
+                seed=100 + rate,
+                graph_seed=21,
+                mean_followers=31,
+                realtime=True,
+                emit_bootstrap=False,
+            )
+            t0 = time.perf_counter()
+            load = threading.Thread(
+                target=produce,
+                args=(n, gen),
+                kwargs={
+                    "topic": topic,
+                    "bootstrap": settings.kafka_bootstrap,
+                    "rate": rate,
+                    "progress": False,
+                },
+            )
+            load.start()
+            if rate == ctx.ryw_load_rate:
+                time.sleep(min(10, ctx.keyed_seconds / 4))
+                ryw = _read_your_write(base, token, ctx.ryw_writes)
+                out.update({f"ryw_at_{rate}_{k}": v for k, v in ryw.items()})
+            load.join()
+            sent_s = time.perf_counter() - t0
+            caught = _wait_fences(r, namespace, end_offsets(settings, topic), 300)
+            from pipelines.verify import keyed_freshness
+
+            fresh = keyed_freshness(r, namespace)
+            stats1, cpu1 = _commandstats(r), _redis_cpu(r)
+            calls = {k: stats1.get(k, 0) - stats0.get(k, 0) for k in stats1}
+            inner = sum(
+                v for k, v in calls.items() if k not in ("fcall", "info", "hincrby", "hgetall", "ping")
+            )
+            events = fresh["events"] or n
+            met = caught and fresh["p99_ms"] is not None and fresh["p99_ms"] <= ctx.freshness_p99_target_ms
+            best = rate if met else best
+            out.update(
+                {
+                    f"freshness_{rate}_achieved_events_per_s": round(n / sent_s),
+                    f"freshness_{rate}_p50_ms": fresh["p50_ms"],
+                    f"freshness_{rate}_p99_ms": fresh["p99_ms"],
+                    f"freshness_{rate}_p99_within_5s": bool(met),
+                    f"redis_commands_per_event_{rate}": round(inner / max(events, 1), 1),
+                    f"redis_cpu_us_per_event_{rate}": round((cpu1 - cpu0) / max(events, 1) * 1e6, 1),
+                    f"timeline_writes_per_s_{rate}": round(calls.get("zadd", 0) / sent_s),
+                }
+            )
+        out["max_rate_p99_within_5s"] = best
+        out.update(_memory(r, namespace))
+    finally:
+        api.stop()
+        sl.stop()
+    ceiling = _fanout_ceiling(r, f"{namespace}_ceiling")
+    out.update(ceiling)
+    top = max(ctx.keyed_rates)
+    out["timeline_writes_vs_ceiling_at_top_rate"] = round(
+        out.get(f"timeline_writes_per_s_{top}", 0) / max(ceiling["ceiling_timeline_writes_per_s"], 1), 3
+    )
+    out.update(_replay_vs_bare_read(ctx, settings, topic, namespace))
+    from pipelines.speed.compare import drop_namespace
+
+    drop_namespace(r, namespace)
+    return out
+
+
+def _replay_vs_bare_read(ctx: BenchContext, settings: Settings, topic: str, namespace: str) -> dict:
+    from infra.stack import end_offsets
+    from pipelines.replay import read_log, replay_keyed
+    from pipelines.spark import build_spark
+    from pipelines.speed.compare import drop_namespace
+
+    spark = build_spark("bench-keyed-replay", settings)
+    ends = end_offsets(settings, topic)
+    n = sum(ends.values())
+    read_log(spark, settings, topic, ends).count()  # warm the JVM and the Kafka consumers
+    t0 = time.perf_counter()
+    read_log(spark, settings, topic, ends).write.format("noop").mode("overwrite").save()
+    bare = time.perf_counter() - t0
+    scratch = f"{namespace}__benchreplay"
+    t0 = time.perf_counter()
+    replay_keyed(spark, settings, topic, ends, scratch)
+    replay = time.perf_counter() - t0
+    drop_namespace(redis.Redis.from_url(settings.redis_url), scratch)
+    spark.stop()
+    return {
+        "replay_events": n,
+        "replay_events_per_s": round(n / replay),
+        "bare_read_events_per_s": round(n / bare),
+        "replay_vs_bare_read_ratio": round(bare / replay, 3),
+        "replay_target_met": n / replay >= 20_000,
+    }

@@ -1,0 +1,100 @@
+"""Key-by-key comparison of two keyed-state namespaces in Redis (live vs its replay).
+
+Every key of the state (:mod:`pipelines.speed.functions`) is read by type and compared as
+content, not as bytes (Redis may encode the same set differently after a different history).
+Timelines are compared as the view: their first N entries (the slack beyond N is history-
+dependent by design). The freshness histogram is a metric, not state, and is left out.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import redis
+
+SKIP = {"freshness"}  # metrics
+EXAMPLES = 5
+
+
+def _read(pipe, kind: str, key: str, n: int) -> None:
+    if kind == "zset":
+        # the view of a timeline is its first N; every other zset is compared whole
+        stop = n - 1 if ":tl:" in key else -1
+        pipe.zrevrange(key, 0, stop, withscores=True)
+    elif kind == "hash":
+        pipe.hgetall(key)
+    elif kind == "set":
+        pipe.smembers(key)
+    elif kind == "string":
+        pipe.get(key)
+    elif kind == "stream":
+        pipe.xrange(key)
+    else:
+        pipe.type(key)
+
+
+def _suffixes(r: redis.Redis, namespace: str) -> dict[str, str]:
+    prefix = f"{namespace}:"
+    keys = [k.decode() for k in r.scan_iter(match=prefix + "*", count=2000)]
+    keys = [k for k in keys if k[len(prefix) :].split(":", 1)[0] not in SKIP]
+    pipe = r.pipeline(transaction=False)
+    for k in keys:
+        pipe.type(k)
+    return {k[len(prefix) :]: t.decode() for k, t in zip(keys, pipe.execute(), strict=True)}
+
+
+def _contents(r: redis.Redis, namespace: str, suffixes: list[str], kinds: dict[str, str], n: int) -> list:
+    out = []
+    for i in range(0, len(suffixes), 1000):
+        pipe = r.pipeline(transaction=False)
+        for s in suffixes[i : i + 1000]:
+            _read(pipe, kinds[s], f"{namespace}:{s}", n)
+        out += pipe.execute()
+    return [sorted(v) if isinstance(v, set) else v for v in out]
+
+
+def compare_namespaces(r: redis.Redis, live: str, replayed: str, timeline_length: int) -> dict:
+    """Per key family (``tl``, ``inbox``, ``fence``, ...): keys, mismatching keys, examples."""
+    a, b = _suffixes(r, live), _suffixes(r, replayed)
+    empty = {"zset": [], "hash": {}, "set": [], "string": None, "stream": []}
+    names = sorted(set(a) | set(b))
+    kinds = {s: a.get(s) or b.get(s) for s in names}
+    present_a = [s for s in names if s in a]
+    present_b = [s for s in names if s in b]
+    va = dict(zip(present_a, _contents(r, live, present_a, kinds, timeline_length), strict=True))
+    vb = dict(zip(present_b, _contents(r, replayed, present_b, kinds, timeline_length), strict=True))
+    families: dict[str, dict] = defaultdict(lambda: {"keys": 0, "mismatches": 0, "examples": []})
+    for s in names:
+        fam = families[s.split(":", 1)[0]]
+        fam["keys"] += 1
+        left, right = va.get(s, empty[kinds[s]]), vb.get(s, empty[kinds[s]])
+        if left != right and not (not left and not right):
+            fam["mismatches"] += 1
+            if len(fam["examples"]) < EXAMPLES:
+                fam["examples"].append({"key": s, "live": _short(left), "replayed": _short(right)})
+    result = {name: dict(v, ok=v["mismatches"] == 0) for name, v in sorted(families.items())}
+    return {
+        "families": result,
+        "keys": sum(v["keys"] for v in result.values()),
+        "mismatches": sum(v["mismatches"] for v in result.values()),
+        "ok": all(v["ok"] for v in result.values()),
+    }
+
+
+def _short(v) -> str:
+    text = repr(v)
+    return text if len(text) <= 300 else text[:300] + "..."
+
+
+def drop_namespace(r: redis.Redis, namespace: str) -> int:
+    """Remove every key of a namespace (a scratch replay); returns how many."""
+    n = 0
+    batch = []
+    for k in r.scan_iter(match=f"{namespace}:*", count=2000):
+        batch.append(k)
+        if len(batch) >= 1000:
+            n += r.unlink(*batch)
+            batch = []
+    if batch:
+        n += r.unlink(*batch)
+    return n
