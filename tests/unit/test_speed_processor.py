@@ -319,7 +319,7 @@ def test_invalid_records_are_quarantined_with_their_reason(redis_url, ns):
         ("a", None),
         ("q", "bad_json"),
         ("q", "self_follow"),
-        ("q", "bad_json"),
+        ("q", "not_utf8"),
     ]
     assert functions.fences(r, ns) == {1: 4}
 
