@@ -3,8 +3,8 @@
 1. start the stack (Kafka, Redis, the speed layer and the API when the stack runs them);
 2. append ~200k events to the log with the generator (small shares of invalid and duplicate
    records, server clock = wall clock so freshness is real);
-3. wait until the speed layer has caught up with the log (its position in the serving store's
-   ``meta`` vs the topic's end offsets); when the stack runs no speed layer, run one in catch-up
+3. wait until the speed layer has caught up with the log (the fences of the keyed state in Redis
+   and the position of the Delta views, vs the topic's end offsets); when the stack runs no speed layer, run one in catch-up
    mode (``python -m pipelines.speed_layer --available-now``);
 4. ``airflow dags test verify_views``: the live views equal a replay of the log at their position;
 5. ``airflow dags test data_quality``: the Great Expectations suites;
@@ -39,12 +39,18 @@ def log_end_offsets(settings: Settings, topic: str) -> dict[int, int]:
 
 
 def committed_position(settings: Settings) -> dict[int, int]:
-    """Per-partition end offsets the live namespace's Delta views cover (Redis is written first)."""
+    """Per-partition end offsets both the keyed state (Redis) and the Delta views cover."""
+    import redis
+
     from pipelines import namespaces
     from pipelines.lake import committed_position as committed
+    from pipelines.speed.functions import fences
 
-    found = committed(settings.lake_dir, namespaces.active(settings))
-    return found[1] if found else {}
+    ns = namespaces.active(settings)
+    found = committed(settings.lake_dir, ns)
+    lake = found[1] if found else {}
+    keyed = fences(redis.Redis.from_url(settings.redis_url), ns)
+    return {p: min(lake.get(p, 0), keyed.get(p, 0)) for p in set(lake) | set(keyed)}
 
 
 def wait_caught_up(
@@ -205,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     hints = [
         ("make status", "what runs, pids, ports, logs"),
         (f"{redis_cli} get active_namespace", "the live views version"),
-        (f"{redis_cli} hgetall {ns}:meta", "the log position the serving store covers"),
+        (f"{redis_cli} hgetall {ns}:fence", "the log position the keyed state covers (its fences)"),
         (f"{redis_cli} --scan --pattern '{ns}:tl:*' | head", "home timelines"),
         (f"curl -s 127.0.0.1:{settings.api_port}/v1/health", "the API"),
         ("python -m pipelines.rebuild run", "blue/green rebuild of every view (undo: ... rollback)"),

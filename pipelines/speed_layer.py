@@ -157,7 +157,7 @@ def run(
     spark = build_spark(f"speed-layer-{namespace}", settings)
     queries = []
     if with_redis:
-        queries.append(keyed.start(spark, settings, namespace, topic))
+        queries.append(keyed.start(spark, settings, namespace, topic, available_now=available_now))
     if with_views:
         lake = Lake(spark, settings.lake_dir, namespace)
         lake.ensure_tables()
@@ -194,8 +194,6 @@ def run(
                     if other is not q and other.isActive:
                         other.stop()
                 raise q.exception()
-        if available_now and not queries[-1].isActive:
-            break
         if stopping.is_set():
             deadline = deadline or time.monotonic() + 120
             if all(not q.isActive or not q.status["isTriggerActive"] for q in queries) or (

@@ -160,8 +160,8 @@ def fresh_checkpoint(settings: Settings, namespace: str) -> Path:
     return path
 
 
-def start(spark, settings: Settings, namespace: str, topic: str):
-    """Start the keyed query; returns the StreamingQuery."""
+def start(spark, settings: Settings, namespace: str, topic: str, *, available_now: bool = False):
+    """Start the keyed query; returns the StreamingQuery (``available_now``: stops when caught up)."""
     cfg = processor_config(settings, namespace)
     functions.ensure_loaded(redis.Redis.from_url(settings.redis_url))
     fn = apply_partitions(cfg)
@@ -188,7 +188,9 @@ def start(spark, settings: Settings, namespace: str, topic: str):
             .writeStream.foreachBatch(each_batch)
             .option("checkpointLocation", str(fresh_checkpoint(settings, namespace)))
             .queryName(f"keyed_{namespace}")
-            .trigger(processingTime=settings.trigger_interval)
+            .trigger(
+                **({"availableNow": True} if available_now else {"processingTime": settings.trigger_interval})
+            )
             .start()
         )
     finally:

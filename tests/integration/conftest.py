@@ -27,6 +27,7 @@ class SpeedLayerProcess:
     topic: str
     namespace: str
     log_path: Path
+    args: tuple[str, ...] = ()
     proc: subprocess.Popen | None = None
     restarts: int = field(default=0)
 
@@ -44,6 +45,7 @@ class SpeedLayerProcess:
                     self.topic,
                     "--namespace",
                     self.namespace,
+                    *self.args,
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -71,6 +73,8 @@ class SpeedLayerProcess:
 
     def position(self) -> dict[int, int]:
         """Where both the keyed state and the Delta views are (the smaller offset per partition)."""
+        if "--no-views" in self.args:
+            return self.redis_position()
         lake, keyed = self.lake_position(), self.redis_position()
         return {p: min(lake.get(p, 0), keyed.get(p, 0)) for p in set(lake) | set(keyed)}
 
@@ -135,9 +139,10 @@ class SpeedLayerProcess:
 def speed_layer_factory(kafka_stack, tmp_path: Path) -> Iterator[Callable[..., SpeedLayerProcess]]:
     started: list[SpeedLayerProcess] = []
 
-    def make(topic: str, namespace: str, **overrides) -> SpeedLayerProcess:
+    def make(topic: str, namespace: str, *, args: tuple[str, ...] = (), **overrides) -> SpeedLayerProcess:
         settings = replace(kafka_stack.settings, **overrides) if overrides else kafka_stack.settings
-        sl = SpeedLayerProcess(settings, topic, namespace, tmp_path / f"speed_layer-{namespace}.log").start()
+        log_path = tmp_path / f"speed_layer-{namespace}.log"
+        sl = SpeedLayerProcess(settings, topic, namespace, log_path, args=tuple(args)).start()
         started.append(sl)
         return sl
 

@@ -272,7 +272,7 @@ def _seed_views(api: RunningApi, alice: int, bob: int) -> None:
     r.hset(f"{ns}:msgs:{alice}", 7, orjson.dumps(msg))
     r.hset(f"{ns}:unread", alice, 1)
     r.hset(f"{ns}:status", bob, orjson.dumps({"text": "away", "event_time": 800}))
-    r.hset(f"{ns}:meta", mapping={"batch_id": 3, "offsets": '{"0": 5, "1": 9}'})
+    r.hset(f"{ns}:fence", mapping={"0": 5, "1": 9})
 
 
 def test_reads_come_from_the_serving_store_with_as_of(api_factory):

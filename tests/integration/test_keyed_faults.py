@@ -1,0 +1,129 @@
+"""Faults of the keyed speed layer, each through the real stack, each ending with verify.
+
+- Redis killed with SIGKILL mid-run and restarted from its append-only file: its fences roll back
+  with its state (at most the last second of writes is lost), the speed layer starts from those
+  fences and re-applies the log from there; the keyed state then equals its replay and the
+  accounting is exact.
+- The speed layer killed with SIGKILL at random moments, many times: the fences make every
+  re-run of a micro-batch change nothing.
+
+`verify --keyed-only` runs as a separate process, as the DAG runs it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from app_sim.generator import GeneratorConfig, produce
+
+pytestmark = pytest.mark.integration
+
+
+def verify_keyed(settings, topic: str, namespace: str) -> dict:
+    from infra.stack import settings_env
+
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipelines.verify",
+            "--keyed-only",
+            "--topic",
+            topic,
+            "--namespace",
+            namespace,
+        ],
+        env=settings_env(settings),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    report = json.loads((settings.reports_dir / "verify" / "keyed.json").read_text())
+    assert report["namespace"] == namespace
+    return {**report["keyed"], "_exit": done.returncode, "_out": done.stdout[-2000:] + done.stderr[-2000:]}
+
+
+def assert_keyed_ok(k: dict, summary) -> None:
+    assert k["_exit"] == 0, k["_out"]
+    assert k["ok"] is True, {n: f for n, f in k["families"].items() if not f["ok"]}
+    a = k["accounting"]
+    assert a["events_read"] == summary.events
+    assert a["events_read"] == a["applied"] + a["duplicates"] + a["rejected"] + a["quarantined"]
+    assert a["duplicates"] == summary.duplicates
+    assert a["rejected"] + a["quarantined"] == sum(summary.invalid.values())
+    # one changelog entry per record, by construction of its ids; none twice
+    assert k["families"]["changelog"]["keys"] > 0
+
+
+def test_redis_kill9_and_restart_from_its_aof(kafka_stack, topic_factory, speed_layer_factory, tmp_path):
+    from infra.stack import RedisServer
+    from tests.conftest import _free_port
+
+    port = _free_port(16479, {kafka_stack.settings.redis_port})
+    settings = dataclasses.replace(
+        kafka_stack.settings,
+        redis_port=port,
+        redis_url=f"redis://127.0.0.1:{port}/0",
+        var_dir=tmp_path / "var",
+    )
+    store = RedisServer(settings)
+    store.start()
+    try:
+        topic = topic_factory(4)
+        cfg = GeneratorConfig(users=300, seed=8, mean_followers=10, invalid_share=0.02, duplicate_share=0.02)
+        summary = produce(30_000, cfg, topic=topic, bootstrap=kafka_stack.bootstrap, progress=False)
+        sl = speed_layer_factory(
+            topic=topic,
+            namespace="redis_crash",
+            args=("--no-views",),
+            max_offsets_per_trigger=2_000,
+            **{k: getattr(settings, k) for k in ("redis_port", "redis_url", "var_dir")},
+        )
+        deadline = time.monotonic() + 300
+        while sum(sl.redis_position().values()) < 8_000:  # well into the log, mid-run
+            assert time.monotonic() < deadline, sl.tail()
+            time.sleep(0.1)
+        pid = store.pid()
+        os.kill(pid, signal.SIGKILL)
+        while store.is_running():
+            time.sleep(0.05)
+        assert store.start() == "started"  # from the append-only file
+        recovered = sum(sl.redis_position().values())
+        assert 0 < recovered < summary.events
+        # the speed layer lost its store: it stops loudly (an infrastructure failure) or is killed
+        sl.kill9()
+        sl.restart()
+        sl.wait_caught_up(timeout=600)
+        sl.stop()
+        k = verify_keyed(settings, topic, "redis_crash")
+        assert_keyed_ok(k, summary)
+    finally:
+        store.stop()
+
+
+@pytest.mark.slow
+def test_keyed_layer_kill9_ten_times(kafka_stack, topic_factory, speed_layer_factory):
+    topic = topic_factory(4)
+    cfg = GeneratorConfig(users=400, seed=5, mean_followers=12, invalid_share=0.02, duplicate_share=0.02)
+    summary = produce(40_000, cfg, topic=topic, bootstrap=kafka_stack.bootstrap, progress=False)
+    sl = speed_layer_factory(
+        topic=topic, namespace="keyed_crashy", args=("--no-views",), max_offsets_per_trigger=1_500
+    )
+    rng = random.Random(7)
+    for _ in range(10):
+        sl.wait_running()
+        time.sleep(rng.uniform(0, 6))
+        sl.kill9()
+        sl.restart()
+    sl.wait_caught_up(timeout=600)
+    sl.stop()
+    assert_keyed_ok(verify_keyed(kafka_stack.settings, topic, "keyed_crashy"), summary)
