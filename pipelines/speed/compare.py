@@ -3,7 +3,10 @@
 Every key of the state (:mod:`pipelines.speed.functions`) is read by type and compared as
 content, not as bytes (Redis may encode the same set differently after a different history).
 Timelines are compared as the view: their first N entries (the slack beyond N is history-
-dependent by design). The freshness histogram is a metric, not state, and is left out.
+dependent by design). Changelog streams are compared by entry id (one per offset), disposition and
+reason: which event a cross-partition change (a fan-out into a timeline, a celebrity flip) is
+logged under depends on how the partitions interleaved, while the state they sum up to does not.
+The freshness histogram is a metric, not state, and is left out.
 """
 
 from __future__ import annotations
@@ -50,7 +53,15 @@ def _contents(r: redis.Redis, namespace: str, suffixes: list[str], kinds: dict[s
         for s in suffixes[i : i + 1000]:
             _read(pipe, kinds[s], f"{namespace}:{s}", n)
         out += pipe.execute()
-    return [sorted(v) if isinstance(v, set) else v for v in out]
+    return [_canonical(v, kinds[s]) for v, s in zip(out, suffixes, strict=True)]
+
+
+def _canonical(v, kind: str):
+    if kind == "set":
+        return sorted(v)
+    if kind == "stream":
+        return [(i, f.get(b"d"), f.get(b"r")) for i, f in v]
+    return v
 
 
 def compare_namespaces(r: redis.Redis, live: str, replayed: str, timeline_length: int) -> dict:
