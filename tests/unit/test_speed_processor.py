@@ -23,9 +23,8 @@ import redis
 
 from pipelines.speed import functions
 from pipelines.speed.processor import Processor, ProcessorConfig
+from tests.unit.events import KEY_FIELD, T0, ev
 
-T0 = 1_700_000_000_000
-KEY_FIELD = {"message_sent": "recipient_id"}
 PARTITIONS = 2
 
 
@@ -75,22 +74,6 @@ def redis_url(tmp_path_factory):
 @pytest.fixture
 def ns():
     return f"t{uuid.uuid4().hex[:8]}"
-
-
-def ev(type_, user, t, eid=None, **fields):
-    """A valid event; ``t`` is the device time offset in seconds (clocks in sync by default)."""
-    ms = T0 + int(t * 1000)
-    return {
-        "event_id": eid
-        or str(uuid.uuid5(uuid.NAMESPACE_OID, f"{type_}-{user}-{t}-{sorted(fields.items())}")),
-        "type": type_,
-        "schema_version": 1,
-        "user_id": user,
-        "device_time": ms,
-        "sent_time": ms,
-        "received_time": ms,
-        **fields,
-    }
 
 
 def to_records(events, offsets=None):

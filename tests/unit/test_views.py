@@ -7,31 +7,14 @@ speed layer would see. Offsets follow list order per partition; partition = key 
 from __future__ import annotations
 
 import json
-import uuid
 
 import pytest
+
+from tests.unit.events import KEY_FIELD, ev  # noqa: E402
 
 pytestmark = pytest.mark.spark
 
 PARTITIONS = 2
-T0 = 1_700_000_000_000
-KEY_FIELD = {"message_sent": "recipient_id"}
-
-
-def ev(type_, user, t, eid=None, **fields):
-    """A valid event; ``t`` is the device time offset in seconds (clocks in sync by default)."""
-    ms = T0 + int(t * 1000)
-    return {
-        "event_id": eid
-        or str(uuid.uuid5(uuid.NAMESPACE_OID, f"{type_}-{user}-{t}-{sorted(fields.items())}")),
-        "type": type_,
-        "schema_version": 1,
-        "user_id": user,
-        "device_time": ms,
-        "sent_time": ms,
-        "received_time": ms,
-        **fields,
-    }
 
 
 def records(spark, events, start_offsets=None):
