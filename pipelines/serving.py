@@ -47,11 +47,12 @@ class ServingStore:
         return {int(p): int(o) for p, o in self.r.hgetall(self.k("fence")).items()}
 
     # -- dumping (verify compares these with the Delta views) ------------------------------------
-    def dump_timelines(self) -> Iterator[tuple[int, int]]:
+    def dump_timelines(self, n: int) -> Iterator[tuple[int, int]]:
+        """(user, post) of every home timeline's view: its first ``n`` (the rest is slack)."""
         prefix = self.k("tl", "")
         for tl_key in self.r.scan_iter(match=prefix + "*", count=1000):
             u = int(tl_key[len(prefix) :])
-            for m in self.r.zrange(tl_key, 0, -1):
+            for m in self.r.zrevrange(tl_key, 0, n - 1):
                 yield u, int(m)
 
     def dump_hash(self, name: str) -> dict[str, str]:

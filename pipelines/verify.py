@@ -139,7 +139,7 @@ def compare_serving(
     if {p: o for p, o in covered.items() if o > 0} != wanted:
         return {"ok": None, "skipped": f"Redis covers {covered}, the Delta views {wanted}"}
     out = {}
-    tl = list(store.dump_timelines())
+    tl = list(store.dump_timelines(settings.timeline_length))
     redis_tl = spark.createDataFrame(tl, "user_id BIGINT, post_id BIGINT")
     out["home_timeline"] = compare(
         redis_tl, lake.read("home_timeline", versions["home_timeline"]), ["user_id", "post_id"]
