@@ -745,7 +745,7 @@ def write_report(results: dict[str, dict], settings: Settings, run_id: str) -> P
     return latest
 
 
-def run(only: list[str] | None, events: int, settings: Settings | None = None) -> dict[str, dict]:
+def run(only: list[str] | None, events: int, settings: Settings | None = None, **context) -> dict[str, dict]:
     from infra.stack import Stack, port_listening
 
     settings = settings or get_settings()
@@ -760,7 +760,7 @@ def run(only: list[str] | None, events: int, settings: Settings | None = None) -
 
         stack = Stack(settings, service_types=BACKBONE)
         stack.up()
-    ctx = BenchContext(settings=settings, events=events)
+    ctx = BenchContext(settings=settings, events=events, **context)
     results: dict[str, dict] = {}
     try:
         for name in names:
@@ -792,8 +792,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m infra.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--only", action="append", help="run only this section (repeatable)")
     p.add_argument("--events", type=int, default=1_000_000, help="events per ingest run (default 1M)")
+    p.add_argument("--keyed-seconds", type=int, default=120, help="keyed: seconds at each fixed rate")
+    p.add_argument(
+        "--keyed-rates", default="1000,5000,10000", help="keyed: comma-separated fixed rates, events/s"
+    )
     a = p.parse_args(argv)
-    results = run(a.only, a.events)
+    rates = tuple(int(x) for x in a.keyed_rates.split(","))
+    results = run(a.only, a.events, keyed_seconds=a.keyed_seconds, keyed_rates=rates)
     return 1 if any("error" in r for r in results.values()) else 0
 
 
