@@ -23,8 +23,8 @@ the failure it is (lost update, partial write, out-of-order write); none touched
 
 Repair, per mode: the namespace rebuilt from the log by a replay (the speed layer over the
 topic from offset 0 into ``<namespace>-replayed``, blue/green as ``rebuild`` does), counted
-again. To stay within minutes, each replay starts as soon as its topic exists (the dual one
-during the dual run) and is counted once it covers the whole topic.
+again. The replays start once both runs are over (one micro-batch each over the whole topic),
+while the live speed layer still catches up.
 
 Everything runs on a private stack (Kafka, Redis on free ports, state under
 ``var/dual_write/``), so a ``make up`` stack is never touched. Report:
@@ -127,7 +127,7 @@ def fold(events: Iterable[dict], timeline_length: int = 800) -> Truth:
         elif kind == "message_sent":
             inbox[e["recipient_id"]].setdefault(e["message_id"], False)
         elif kind == "message_read":
-            if e["message_id"] in inbox[u]:
+            if e["message_id"] in inbox.get(u, {}):
                 inbox[u][e["message_id"]] = True
             else:
                 t.no_effect += 1
@@ -443,16 +443,13 @@ def run(
             say(
                 f"{mode} mode: {users} Locust users for {run_time_s} s, faults {rates} per mille, seed {seed}"
             )
-            # the repair's replay of this mode's topic starts with it (its JVM start overlaps the
-            # runs); it is measured only once it covers the whole topic
-            if mode == "dual":
-                replays["dual"] = SpeedLayerRun(base, "dw.dual", "dual-replayed")
-                live.append(replays["dual"])
             summary = run_workload(per_mode[mode], report_dir / f"locust_{mode}", users, run_time_s, seed)
             report["modes"][mode] = {"topic": f"dw.{mode}", "namespace": mode, "locust": summary}
-            if mode == "log":
-                replays["log"] = SpeedLayerRun(base, "dw.log", "log-replayed")
-                live.append(replays["log"])
+        # the repair's replays start now, over whole topics: one micro-batch each
+        say("repair: replaying each topic into <namespace>-replayed (started now, counted later)")
+        for mode in MODES:
+            replays[mode] = SpeedLayerRun(base, f"dw.{mode}", f"{mode}-replayed")
+            live.append(replays[mode])
         say("waiting for the live speed layer to cover the whole of dw.log")
         sl.wait_caught_up(r)
         sl.stop()
@@ -467,7 +464,7 @@ def run(
                 faults_injected={f: sum(1 for j in journal if j["fault"] == f) for f in FAULTS},
                 before_repair=before,
             )
-        say("repair: waiting for the replays of each topic into <namespace>-replayed")
+        say("waiting for the replays")
         for mode in MODES:
             replays[mode].wait_caught_up(r)
             replays[mode].stop()
@@ -615,6 +612,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--users", type=int, default=30, help="Locust users (30)")
     p.add_argument("--run-time", type=int, default=25, help="seconds of Locust per mode (25)")
     p.add_argument("--seed", type=int, default=settings.fault_seed)
+    p.add_argument(
+        "--stall-ms",
+        type=int,
+        default=8000,
+        help="how long a timed-out write stalls (8000: long enough for the client's next writes to pass it)",
+    )
     for f in FAULTS:
         default = int(os.environ[ENV[f]]) if os.environ.get(ENV[f]) else DEFAULT_FAULTS[f]
         p.add_argument(f"--{f.replace('_', '-')}", type=int, default=default, help=f"per mille ({default})")
@@ -622,7 +625,7 @@ def main(argv: list[str] | None = None) -> int:
     rates = {f: getattr(a, f) for f in FAULTS}
     var_dir = Path(settings.var_dir) / "dual_write"
     shutil.rmtree(var_dir, ignore_errors=True)  # a fresh log and store every run
-    base = private_settings(var_dir)
+    base = private_settings(var_dir, fault_stall_ms=a.stall_ms)
     report = run(base, a.users, a.run_time, a.seed, rates, Path(settings.reports_dir) / "dual_write")
     page = write_report(report, Path(settings.reports_dir) / "dual_write")
     print_table(report)
