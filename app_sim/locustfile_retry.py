@@ -9,7 +9,9 @@ Used by ``make dual-write`` (``infra/dual_write.py``), against both write modes 
   client does, and what turns a stalled or crashed request into a duplicate in the log;
 - it also replaces its status now and then (``PUT /v1/status``), which ``SocialUser`` never does.
 
-The user's generator is seeded from ``LOAD_SEED`` and the user's number in this process.
+The user's generator is seeded from ``LOAD_SEED``, ``LOAD_RUN`` (a name for the run: two runs
+appending to one log must not draw the same keys, or the second's events are duplicates) and
+the user's number in this process.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from app_sim.locustfile import SEED, SocialUser, _text
 
 RETRIES = int(os.environ.get("LOAD_RETRIES", "3"))
 TIMEOUT_S = float(os.environ.get("LOAD_TIMEOUT_S", "1.5"))
+RUN = os.environ.get("LOAD_RUN", "")  # runs over one log need their own keys: a key is an event_id
 RETRY_ON = {0, 502, 503, 504}  # 0: no answer (timeout, connection reset by a crashed worker)
 _numbers = itertools.count()
 
@@ -68,7 +71,7 @@ class RetryingSocialUser(SocialUser):
 
     def __init__(self, environment) -> None:
         super().__init__(environment)
-        self.rng = random.Random(f"{SEED}:{next(_numbers)}")
+        self.rng = random.Random(f"{SEED}:{RUN}:{next(_numbers)}")
         self.client = RetryingClient(self.client, self.rng)
 
     def on_start(self) -> None:

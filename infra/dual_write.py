@@ -6,25 +6,33 @@ twice, with the same seeded faults (``app_sim/api/dual_write.py``: a worker cras
 writes, counter read-modify-writes racing across the 2 API workers, a stalled request the
 client retries, a store write failing after the log append):
 
-- ``log`` mode (the design): the API only appends to topic ``dw.log``; the real speed layer
-  (``python -m pipelines.speed_layer --topic dw.log --namespace log``) derives namespace ``log``;
-- ``dual`` mode (the anti-pattern): the API writes namespace ``dual`` itself and appends to
-  topic ``dw.dual``; it also serves its reads from ``dual``.
+- ``log`` mode (the design): the API only appends to the log;
+- ``dual`` mode (the anti-pattern): the API also writes namespace ``dual`` itself, and serves its
+  reads from it.
+
+Both runs append to one topic, ``dw.events``, one after the other (each mode's events are its
+*span* of the log: the end offsets before and after its run; the two runs' users never meet).
+Once both runs are over, the real speed layer (``python -m pipelines.speed_layer --topic
+dw.events --namespace replay``) folds the whole log into namespace ``replay``, in one
+micro-batch: on a busy 2-core machine its micro-batches cost minutes each, so a live one would
+only add batches, and the views are a function of the log, not of when they are computed. The
+cost: during the log-mode run the API's reads find its namespace empty (its clients read no
+messages to mark them read), while dual mode's reads see its own writes.
 
 Then, per mode, the derived state in Redis is compared with **the log's truth**: an independent
-fold of the topic in Python (:func:`fold`, BRIEF section 5: dedup by ``event_id``, follows,
-live posts, home timelines of the latest N, inbox with read flags, last status in log order;
-not the speed layer's code, so the log mode's zero is a check, not a tautology). Counted
+fold of the mode's span in Python (:func:`fold`, BRIEF section 5: dedup by ``event_id``,
+follows, live posts, home timelines of the latest N, inbox with read flags, last status in log
+order; not the speed layer's code, so the log design's zero is a check, not a tautology), for
+the span's users only. The log design's state is ``replay``; dual mode's is ``dual``. Counted
 (:func:`divergences`): users whose unread counter differs from the unread messages in their
 inbox; inbox and timeline entries missing or extra; statuses that are not the last one. Each
 divergence is attributed to the journaled faults that touched it (:func:`attribute`), named by
 the failure it is (lost update, partial write, out-of-order write); none touched it:
 ``unattributed`` (a race of the dual writes themselves, with no fault injected).
 
-Repair, per mode: the namespace rebuilt from the log by a replay (the speed layer over the
-topic from offset 0 into ``<namespace>-replayed``, blue/green as ``rebuild`` does), counted
-again. The replays start once both runs are over (one micro-batch each over the whole topic),
-while the live speed layer still catches up.
+Repair: the namespace rebuilt from the log by a replay (the speed layer from offset 0 into a
+fresh namespace, blue/green as ``rebuild`` does): that is ``replay``, counted again per mode. For
+the log design, repair changes nothing: its store already is that replay.
 
 Everything runs on a private stack (Kafka, Redis on free ports, state under
 ``var/dual_write/``), so a ``make up`` stack is never touched. Report:
@@ -48,7 +56,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -57,6 +65,8 @@ from app_sim.api.dual_write import FAILURE, FAULTS, corrected_time, journal_key
 from infra.settings import Settings, get_settings
 
 MODES = ("log", "dual")
+TOPIC = "dw.events"  # both runs append here, one after the other; each mode's truth is its span
+REPLAY = "replay"  # the speed layer's namespace: the log design's store, and the repaired one
 METRICS = (
     "counter_mismatch_users",
     "inbox_missing",
@@ -142,13 +152,17 @@ def fold(events: Iterable[dict], timeline_length: int = 800) -> Truth:
     return t
 
 
-def read_log(settings: Settings, topic: str) -> list[dict]:
-    """Every record of ``topic`` up to its current end, partition by partition, in offset order."""
+def read_log(
+    settings: Settings, topic: str, start: dict[int, int] | None = None, end: dict[int, int] | None = None
+) -> list[dict]:
+    """The records of ``topic`` from ``start`` (default: 0) to ``end`` (default: its current end),
+    partition by partition, in offset order."""
     from confluent_kafka import Consumer, TopicPartition
 
     from infra.stack import end_offsets
 
-    ends = end_offsets(settings, topic)
+    ends = end or end_offsets(settings, topic)
+    start = start or {}
     consumer = Consumer(
         {
             "bootstrap.servers": settings.kafka_bootstrap,
@@ -158,16 +172,17 @@ def read_log(settings: Settings, topic: str) -> list[dict]:
     )
     out: list[dict] = []
     try:
-        for p, end in ends.items():
-            if end == 0:
+        for p, stop in ends.items():
+            first = start.get(p, 0)
+            if stop <= first:
                 continue
-            consumer.assign([TopicPartition(topic, p, 0)])
+            consumer.assign([TopicPartition(topic, p, first)])
             got = []
             deadline = time.monotonic() + 60
-            while not got or got[-1][0] < end - 1:
+            while not got or got[-1][0] < stop - 1:
                 msg = consumer.poll(1.0)
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"reading {topic}[{p}] timed out at {len(got)}/{end}")
+                    raise RuntimeError(f"reading {topic}[{p}] timed out at {len(got)}/{stop - first}")
                 if msg is None or msg.error() is not None:
                     continue
                 got.append((msg.offset(), json.loads(msg.value())))
@@ -210,8 +225,21 @@ def read_store(r, namespace: str) -> StoreState:
     )
 
 
-def divergences(store: StoreState, truth: Truth) -> dict[str, list]:
-    """Every divergence, by metric: a user id, or a (user id, entry id) pair."""
+def divergences(store: StoreState, truth: Truth, only: set[int] | None = None) -> dict[str, list]:
+    """Every divergence, by metric: a user id, or a (user id, entry id) pair.
+
+    ``only``: compare these users' state alone (a namespace that also holds other users').
+    """
+    if only is not None:
+        store = StoreState(*({u: v for u, v in d.items() if u in only} for d in vars(store).values()))
+        truth = replace(
+            truth,
+            users=truth.users & only,
+            **{
+                n: {u: v for u, v in getattr(truth, n).items() if u in only}
+                for n in ("inbox", "timeline", "status")
+            },
+        )
     users = truth.users | set(store.unread) | set(store.inbox)
     out: dict[str, list] = {m: [] for m in METRICS}
     for u in sorted(users):
@@ -232,8 +260,9 @@ def divergences(store: StoreState, truth: Truth) -> dict[str, list]:
     return out
 
 
-def read_journal(r, topic: str) -> list[dict]:
-    return [json.loads(x) for x in r.lrange(journal_key(topic), 0, -1)]
+def read_journal(r, topic: str, mode: str | None = None) -> list[dict]:
+    entries = [json.loads(x) for x in r.lrange(journal_key(topic), 0, -1)]
+    return [j for j in entries if mode is None or j["mode"] == mode]
 
 
 def attribute(found: dict[str, list], journal: list[dict]) -> dict[str, dict[str, int]]:
@@ -380,9 +409,9 @@ class SpeedLayerRun:
 def mode_settings(base: Settings, mode: str, rates: dict[str, int], seed: int) -> Settings:
     return replace(
         base,
-        events_topic=f"dw.{mode}",
+        events_topic=TOPIC,
         write_mode=mode,
-        views_namespace=mode,  # where the API reads: the speed layer's namespace, or its own
+        views_namespace=REPLAY if mode == "log" else "dual",  # the speed layer's, or its own
         dual_namespace="dual",
         fault_seed=seed,
         **{f"fault_{f}_permille": rates[f] for f in FAULTS},
@@ -405,22 +434,23 @@ def run_workload(settings: Settings, out_dir: Path, users: int, run_time_s: int,
             run_time_s=run_time_s,
             locustfile=Path(__file__).resolve().parent.parent / "app_sim" / "locustfile_retry.py",
             user_classes=("RetryingSocialUser",),
-            extra_env={"LOAD_SEED": str(seed), "LOAD_FOLLOWS": "8"},
+            extra_env={"LOAD_SEED": str(seed), "LOAD_RUN": settings.write_mode, "LOAD_FOLLOWS": "8"},
         )
     finally:
         api.stop()
 
 
-def measure(r, settings: Settings, topic: str, namespace: str) -> tuple[Truth, dict]:
-    truth = fold(read_log(settings, topic), settings.timeline_length)
-    found = divergences(read_store(r, namespace), truth)
-    return truth, summarize(found, read_journal(r, topic))
+def measure(r, truth: Truth, namespace: str, journal: list[dict]) -> dict:
+    """A namespace against the truth of one mode's span of the log, for that span's users only."""
+    return summarize(divergences(read_store(r, namespace), truth, only=truth.users), journal)
 
 
 def run(
     base: Settings, users: int, run_time_s: int, seed: int, rates: dict[str, int], report_dir: Path
 ) -> dict:
-    from infra.stack import BACKBONE, Stack, create_topic
+    from confluent_kafka import KafkaException
+
+    from infra.stack import BACKBONE, Stack, StackError, create_topic, end_offsets
     from pipelines.serving import connect
 
     started = time.monotonic()
@@ -431,45 +461,58 @@ def run(
     try:
         r = connect(base.redis_url)
         per_mode = {m: mode_settings(base, m, rates, seed) for m in MODES}
-        for s in per_mode.values():
-            create_topic(base, s.events_topic, base.events_partitions)
-        say("log mode: the speed layer derives namespace 'log' from topic dw.log")
-        sl = SpeedLayerRun(per_mode["log"], "dw.log", "log")
-        live.append(sl)
-        sl.wait_ready()
-        report: dict = {"modes": {}}
-        replays: dict[str, SpeedLayerRun] = {}
+        create_topic(base, TOPIC, base.events_partitions)
+        for _ in range(40):  # until the new topic's metadata has reached the broker's cache
+            try:
+                end_offsets(base, TOPIC)
+                break
+            except (StackError, KafkaException):
+                time.sleep(0.25)
+        report: dict = {"modes": {}, "phases_s": {}}
+        mark = time.monotonic()
+
+        def phase(name: str) -> None:
+            nonlocal mark
+            report["phases_s"][name] = round(time.monotonic() - mark, 1)
+            mark = time.monotonic()
+
+        phase("stack")
+        spans: dict[str, tuple[dict[int, int], dict[int, int]]] = {}
         for mode in MODES:
             say(
                 f"{mode} mode: {users} Locust users for {run_time_s} s, faults {rates} per mille, seed {seed}"
             )
+            first = end_offsets(base, TOPIC)
             summary = run_workload(per_mode[mode], report_dir / f"locust_{mode}", users, run_time_s, seed)
-            report["modes"][mode] = {"topic": f"dw.{mode}", "namespace": mode, "locust": summary}
-        # the repair's replays start now, over whole topics: one micro-batch each
-        say("repair: replaying each topic into <namespace>-replayed (started now, counted later)")
+            spans[mode] = (first, end_offsets(base, TOPIC))
+            report["modes"][mode] = {"locust": summary, "log_span": {"from": first, "to": spans[mode][1]}}
+            phase(f"{mode}_run")
+        say(f"the speed layer: {TOPIC} -> namespace {REPLAY!r}, in one micro-batch")
+        speed_layer = SpeedLayerRun(per_mode["log"], TOPIC, REPLAY)
+        live.append(speed_layer)
+        speed_layer.wait_caught_up(r)
+        speed_layer.stop()
+        phase("speed_layer")
         for mode in MODES:
-            replays[mode] = SpeedLayerRun(base, f"dw.{mode}", f"{mode}-replayed")
-            live.append(replays[mode])
-        say("waiting for the live speed layer to cover the whole of dw.log")
-        sl.wait_caught_up(r)
-        sl.stop()
-        for mode in MODES:
-            truth, before = measure(r, base, f"dw.{mode}", mode)
-            journal = read_journal(r, f"dw.{mode}")
+            truth = fold(read_log(base, TOPIC, *spans[mode]), base.timeline_length)
+            journal = read_journal(r, TOPIC, mode)
+            before = measure(r, truth, REPLAY if mode == "log" else "dual", journal)
             report["modes"][mode].update(
+                namespace=REPLAY if mode == "log" else "dual",
                 events=truth.events,
                 duplicates=truth.duplicates,
                 no_effect=truth.no_effect,
                 users=len(truth.users),
                 faults_injected={f: sum(1 for j in journal if j["fault"] == f) for f in FAULTS},
+                faults_by_event_type={
+                    f: dict(Counter(j.get("type") for j in journal if j["fault"] == f)) for f in FAULTS
+                },
                 before_repair=before,
+                # the repair: the namespace rebuilt from the log, i.e. the replay's; for the log
+                # design that is its own namespace already
+                after_repair={**measure(r, truth, REPLAY, journal), "namespace": REPLAY},
             )
-        say("waiting for the replays")
-        for mode in MODES:
-            replays[mode].wait_caught_up(r)
-            replays[mode].stop()
-            _, after = measure(r, base, f"dw.{mode}", f"{mode}-replayed")
-            report["modes"][mode]["after_repair"] = {**after, "namespace": f"{mode}-replayed"}
+        phase("measure")
     finally:
         for sl in live:
             sl.stop()
@@ -486,8 +529,8 @@ def run(
         locust_run_time_s=run_time_s,
         metrics=METRIC_TEXT,
         truth=(
-            "an independent Python fold of each topic (infra/dual_write.py: fold), not the speed "
-            "layer's code; log mode's namespace is the live speed layer's, dual mode's the API's own"
+            "an independent Python fold of each mode's span of the log (infra/dual_write.py: fold), "
+            "not the speed layer's code"
         ),
     )
     return report
@@ -553,7 +596,7 @@ def render(report: dict, png: bytes) -> str:
         f"<td class=num>{sum(un.values())}</td><td>{e(', '.join(f'{k}: {v}' for k, v in un.items() if v))}</td></tr>"
     )
     modes = "".join(
-        f"<tr><td>{mode}</td><td>{e(d['topic'])}</td><td>{e(d['namespace'])}</td><td class=num>{d['events']}</td>"
+        f"<tr><td>{mode}</td><td>{e(json.dumps(d['log_span']))}</td><td>{e(d['namespace'])}</td><td class=num>{d['events']}</td>"
         f"<td class=num>{d['duplicates']}</td><td class=num>{d['locust']['requests']}</td>"
         f"<td class=num>{d['locust']['failures']}</td></tr>"
         for mode, d in report["modes"].items()
@@ -568,7 +611,9 @@ def render(report: dict, png: bytes) -> str:
 <h1>Dual writes vs. the log as the source of truth</h1>
 <p>The same Locust workload ({report["locust_users"]} users, {report["locust_run_time_s"]} s) and the same
 seeded faults (seed {report["seed"]}) against the API in both write modes. Truth: {e(report["truth"])}.
-Repair: a replay of the mode's topic by the speed layer into a fresh namespace. Run took {report["seconds"]} s,
+Repair: the namespace rebuilt from the log, by the speed layer from offset 0 into a fresh namespace
+(<code>replay</code>), which also is the log design's own store. Run took {report["seconds"]} s
+({e(", ".join(f"{k} {v} s" for k, v in report["phases_s"].items()))}),
 {e(report["generated_at"])}.</p>
 <h2>Divergences from the log</h2>
 <table><tr><th>metric</th><th>log, before repair</th><th>log, after repair</th><th>dual, before repair</th>
@@ -580,7 +625,7 @@ status (one touched by two faults counts for both).</p>
 <table><tr><th>fault</th><th>failure</th><th>per mille</th><th>injected, log mode</th><th>injected, dual mode</th>
 <th>divergences it touched</th><th>by metric</th></tr>{"".join(faults)}</table>
 <h2>Runs</h2>
-<table><tr><th>mode</th><th>topic</th><th>namespace</th><th>events in the log</th><th>duplicates</th>
+<table><tr><th>mode</th><th>span of dw.events (partition: offset)</th><th>namespace</th><th>events in the log</th><th>duplicates</th>
 <th>requests</th><th>failed requests</th></tr>{modes}</table>
 <p class=muted>Machine-readable: latest.json (examples of each divergence included).</p>
 </body></html>"""
