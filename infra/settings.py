@@ -43,6 +43,40 @@ class Settings:
     api_produce_timeout_ms: int = _setting(
         "SOCIAL_API_PRODUCE_TIMEOUT_MS", 5000, "longest an API write waits for the broker before a 503"
     )
+    # The dual-write experiment (`make dual-write`, app_sim/api/dual_write.py): the ANTI-PATTERN,
+    # off by default. Fault rates are per mille of API writes, drawn from seeded generators.
+    write_mode: str = _setting(
+        "SOCIAL_WRITE_MODE",
+        "log",
+        "`log`: API writes only append to the log (the design); `dual`: the anti-pattern, the API also "
+        "writes the serving store itself (app_sim/api/dual_write.py, for `make dual-write`)",
+    )
+    dual_namespace: str = _setting(
+        "SOCIAL_DUAL_NAMESPACE", "dual", "Redis namespace the API writes directly in `dual` write mode"
+    )
+    fault_seed: int = _setting("SOCIAL_FAULT_SEED", 7, "seed of the injected faults' draws (per API worker)")
+    fault_crash_permille: int = _setting(
+        "SOCIAL_FAULT_CRASH_PERMILLE", 0, "writes after whose first write the API worker process exits"
+    )
+    fault_race_permille: int = _setting(
+        "SOCIAL_FAULT_RACE_PERMILLE",
+        0,
+        "unread-counter read-modify-writes held open for up to SOCIAL_FAULT_RACE_MS (races between workers)",
+    )
+    fault_race_ms: int = _setting(
+        "SOCIAL_FAULT_RACE_MS", 200, "longest a raced read-modify-write is held open"
+    )
+    fault_timeout_permille: int = _setting(
+        "SOCIAL_FAULT_TIMEOUT_PERMILLE",
+        0,
+        "writes stalled SOCIAL_FAULT_STALL_MS before any write (the client times out and retries)",
+    )
+    fault_stall_ms: int = _setting("SOCIAL_FAULT_STALL_MS", 3000, "how long a timed-out write stalls")
+    fault_store_fail_permille: int = _setting(
+        "SOCIAL_FAULT_STORE_FAIL_PERMILLE",
+        0,
+        "dual mode: writes whose store update after the log append fails (logged, answered 202)",
+    )
     var_dir: Path = _setting("SOCIAL_VAR_DIR", REPO_ROOT / "var", "all runtime state: logs, data, reports")
     jars_dir: Path = _setting(
         "SOCIAL_JARS_DIR", REPO_ROOT / ".cache" / "jars", "fetched, checksum-verified JVM jars"
