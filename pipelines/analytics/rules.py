@@ -75,11 +75,12 @@ def burst(events: DataFrame, cfg: AnalyticsConfig) -> DataFrame:
 def follow_churn(events: DataFrame, cfg: AnalyticsConfig) -> DataFrame:
     """At least ``churn_repeats`` follows undone within ``churn_within_s`` by one user in a window."""
     within = cfg.churn_within_s * 1000
+    # u undoes f: the same followee, unfollowed at most `within` ms after the follow
     undone = (
-        "(f, u) -> u.type = 'unfollowed' AND u.followee_id = f.followee_id "
+        "u.type = 'unfollowed' AND u.followee_id = f.followee_id "
         f"AND u.event_time >= f.event_time AND u.event_time - f.event_time <= {within}"
     )
-    churned = F.expr(f"filter(evs, f -> f.type = 'followed' AND exists(evs, u -> ({undone})(f, u)))")
+    churned = F.expr(f"filter(evs, f -> f.type = 'followed' AND exists(evs, u -> {undone}))")
     agg = (
         events.withWatermark("event_ts", cfg.lateness)
         .where(F.col("type").isin("followed", "unfollowed"))
@@ -96,8 +97,8 @@ def _churn_alerts(agg: DataFrame, churned, undone: str, cfg: AnalyticsConfig) ->
     # the evidence: each churned follow and the unfollow(s) that undid it, in event-time order
     evidence = F.expr(
         f"array_distinct(flatten(transform(filter(evs, f -> f.type = 'followed' AND "
-        f"exists(evs, u -> ({undone})(f, u))), f -> concat(array(f.event_id), "
-        f"transform(filter(evs, u -> ({undone})(f, u)), u -> u.event_id)))))"
+        f"exists(evs, u -> {undone})), f -> concat(array(f.event_id), "
+        f"transform(filter(evs, u -> {undone}), u -> u.event_id)))))"
     )
     with_value = agg.withColumn("churns", F.size(churned)).withColumn("event_ids", evidence)
     return _alerts(
