@@ -740,7 +740,20 @@ def inject(patterns: list[str], *, topic: str, bootstrap: str, user: int, settin
     s = settings or get_settings()
     producer = Producer(producer_config(bootstrap))
     n = 0
+    window_s = {
+        "burst": s.rule_burst_window_s / 2,
+        "follow_churn": s.rule_churn_window_s,
+        "message_flood": s.rule_flood_window_s,
+    }
+    span_s = {  # first to last event of each pattern (see pattern_events)
+        "burst": (s.rule_burst_posts + 1) * 0.2,
+        "follow_churn": 2 * (s.rule_churn_repeats + 1) - 1.0,
+        "message_flood": (s.rule_flood_recipients + 1) * 0.1,
+    }
     for pattern in patterns:
+        # the pattern ends now; wait until it fits in one window of its rule (no boundary inside)
+        if time.time() % window_s[pattern] < span_s[pattern] + 0.1:
+            time.sleep(span_s[pattern] + 0.2 - time.time() % window_s[pattern])
         for ev in pattern_events(
             pattern,
             user=user,
