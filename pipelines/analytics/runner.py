@@ -246,12 +246,18 @@ def run(
                     raise q.exception()
             time.sleep(0.5)
     finally:
+        # A batch interrupted here is re-run from the checkpoint at the next start (every sink is
+        # fenced by batch id), so stopping in the middle of one is safe.
         for q in queries:
-            if q.isActive:
+            try:
                 q.stop()
-    failed = [q.exception() for q in queries if q.exception() is not None]
-    if failed:
-        raise failed[0]
+            except Exception as exc:  # noqa: BLE001 - stopping the others matters more
+                log.warning("stopping %s: %s", q.name, exc)
+    if not stopping.is_set():
+        failed = [q.exception() for q in queries if q.exception() is not None]
+        if failed:
+            raise failed[0]
+    log.info("analytics stopped")
     spark.stop()
 
 
