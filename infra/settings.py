@@ -154,6 +154,47 @@ class Settings:
         "SOCIAL_REPORT_RETENTION_DAYS", 30, "maintenance prunes reports and Airflow logs older than this"
     )
 
+    # Stream analytics (pipelines/analytics/): windows, joins, alert rules on the event log -------
+    analytics: int = _setting(
+        "SOCIAL_ANALYTICS",
+        1,
+        "1: `make up` also starts the analytics queries (0 saves ~a core on small machines)",
+    )
+    analytics_trigger_interval: str = _setting(
+        "SOCIAL_ANALYTICS_TRIGGER_INTERVAL",
+        "10 seconds",
+        "micro-batch trigger interval of each analytics query",
+    )
+    analytics_lateness_s: int = _setting(
+        "SOCIAL_ANALYTICS_LATENESS_S",
+        120,
+        "allowed lateness (watermark delay) of the analytics; later events go to `late_events`",
+    )
+    alerts_topic: str = _setting("SOCIAL_ALERTS_TOPIC", "social.alerts", "topic of the derived alert stream")
+    rule_burst_posts: int = _setting(
+        "SOCIAL_RULE_BURST_POSTS", 10, "burst alert: a user with more than this many posts ..."
+    )
+    rule_burst_window_s: int = _setting(
+        "SOCIAL_RULE_BURST_WINDOW_S", 10, "... in one window of this many seconds (windows slide by half)"
+    )
+    rule_churn_within_s: int = _setting(
+        "SOCIAL_RULE_CHURN_WITHIN_S", 60, "follow churn: an unfollow this soon after the follow is one churn"
+    )
+    rule_churn_repeats: int = _setting(
+        "SOCIAL_RULE_CHURN_REPEATS", 3, "follow churn alert: at least this many churns by one user ..."
+    )
+    rule_churn_window_s: int = _setting(
+        "SOCIAL_RULE_CHURN_WINDOW_S", 600, "... in one window of this many seconds"
+    )
+    rule_flood_recipients: int = _setting(
+        "SOCIAL_RULE_FLOOD_RECIPIENTS",
+        20,
+        "message flood alert: a sender messaging this many distinct users ...",
+    )
+    rule_flood_window_s: int = _setting(
+        "SOCIAL_RULE_FLOOD_WINDOW_S", 60, "... in one window of this many seconds"
+    )
+
     # Derived locations -------------------------------------------------------------------------
     @property
     def log_dir(self) -> Path:
