@@ -7,7 +7,7 @@ UV      := .venv/bin/uv
 STAMP   := .venv/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help setup up down status demo test test-unit test-integration bench load lint fmt clean
+.PHONY: help setup up down status demo test test-unit test-integration bench load dual-write lint fmt clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -53,6 +53,9 @@ bench: setup ## side-by-side benchmarks -> var/reports/bench/latest.json
 
 load: setup ## headless Locust run -> var/reports/load/
 	@$(PY) -m app_sim.load
+
+dual-write: setup ## dual writes (the anti-pattern) vs. the log, same workload and faults -> var/reports/dual_write/
+	@$(PY) -m infra.dual_write $(DUAL_WRITE_ARGS)
 
 lint: setup ## ruff
 	$(PY) -m ruff check .

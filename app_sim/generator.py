@@ -682,6 +682,101 @@ def produce(
     return summary
 
 
+# --- alert patterns on demand (the analytics' rules, pipelines/analytics/rules.py) -------------------
+
+PATTERNS = ("burst", "follow_churn", "message_flood")
+
+
+def pattern_events(
+    pattern: str,
+    *,
+    user: int,
+    now_ms: int,
+    burst_posts: int,
+    churn_repeats: int,
+    churn_within_s: int,
+    flood_recipients: int,
+    worker_id: int = GENERATOR_WORKER_ID,
+) -> list[dict]:
+    """The valid events of one alert pattern by ``user``, ending at ``now_ms`` (server clock).
+
+    Each crosses its rule's threshold with a margin and fits well inside the rule's window:
+    ``burst``: ``burst_posts + 2`` posts 200 ms apart; ``follow_churn``: ``churn_repeats + 1``
+    follows each undone 1 s later (never more than ``churn_within_s``); ``message_flood``:
+    messages to ``flood_recipients + 2`` distinct users 100 ms apart. Device clocks are exact.
+    """
+    flake = Snowflake(worker_id)
+    others = [u for u in range(1, flood_recipients + churn_repeats + 8) if u != user]
+    if pattern == "burst":
+        steps = [("post_created", {"text": f"burst {i}"}) for i in range(burst_posts + 2)]
+        gap = 200
+    elif pattern == "follow_churn":
+        assert churn_within_s >= 1, "an unfollow 1 s after its follow must count as churn"
+        steps = []
+        for v in others[: churn_repeats + 1]:
+            steps += [("followed", {"followee_id": v}), ("unfollowed", {"followee_id": v})]
+        gap = 1000
+    elif pattern == "message_flood":
+        steps = [
+            ("message_sent", {"recipient_id": r, "text": "hello"}) for r in others[: flood_recipients + 2]
+        ]
+        gap = 100
+    else:
+        raise ValueError(f"unknown pattern {pattern!r}; known: {PATTERNS}")
+    rng = np.random.default_rng()
+    ids = event_ids(rng, len(steps))
+    out = []
+    for i, (etype, fields) in enumerate(steps):
+        t = now_ms - (len(steps) - 1 - i) * gap
+        ev = {"event_id": ids[i], "type": etype, "schema_version": 1, "user_id": user, **fields}
+        if etype == "post_created":
+            ev["post_id"] = flake.next_id(t)
+        elif etype == "message_sent":
+            ev["message_id"] = flake.next_id(t)
+        ev.update(device_time=t, sent_time=t, received_time=t)
+        out.append(ev)
+    return out
+
+
+def inject(patterns: list[str], *, topic: str, bootstrap: str, user: int, settings=None) -> int:
+    """Append the events of each pattern (thresholds from the settings) to ``topic``; returns how many."""
+    from confluent_kafka import Producer
+
+    from infra.settings import get_settings
+
+    s = settings or get_settings()
+    producer = Producer(producer_config(bootstrap))
+    n = 0
+    window_s = {
+        "burst": s.rule_burst_window_s / 2,
+        "follow_churn": s.rule_churn_window_s,
+        "message_flood": s.rule_flood_window_s,
+    }
+    span_s = {  # first to last event of each pattern (see pattern_events)
+        "burst": (s.rule_burst_posts + 1) * 0.2,
+        "follow_churn": 2 * (s.rule_churn_repeats + 1) - 1.0,
+        "message_flood": (s.rule_flood_recipients + 1) * 0.1,
+    }
+    for pattern in patterns:
+        # the pattern ends now; wait until it fits in one window of its rule (no boundary inside)
+        if time.time() % window_s[pattern] < span_s[pattern] + 0.1:
+            time.sleep(span_s[pattern] + 0.2 - time.time() % window_s[pattern])
+        for ev in pattern_events(
+            pattern,
+            user=user,
+            now_ms=time.time_ns() // 1_000_000,
+            burst_posts=s.rule_burst_posts,
+            churn_repeats=s.rule_churn_repeats,
+            churn_within_s=s.rule_churn_within_s,
+            flood_recipients=s.rule_flood_recipients,
+        ):
+            producer.produce(topic, orjson.dumps(ev), contract.record_key(ev))
+            n += 1
+    if producer.flush(60):
+        raise RuntimeError("injected pattern events were not all acknowledged within 60 s")
+    return n
+
+
 def main(argv: list[str] | None = None) -> int:
     from infra.settings import get_settings
 
@@ -702,6 +797,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--realtime", action="store_true", help="received_time = wall clock at produce (freshness runs)"
     )
+    p.add_argument(
+        "--inject",
+        action="append",
+        choices=PATTERNS,
+        help="after the run, append this alert pattern (repeatable; with --events 0, only the patterns)",
+    )
+    p.add_argument("--inject-user", type=int, default=1, help="the user who acts out the patterns")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--no-progress", action="store_true")
     a = p.parse_args(argv)
@@ -715,13 +817,21 @@ def main(argv: list[str] | None = None) -> int:
         worker_id=a.worker_id,
         realtime=a.realtime,
     )
-    summary = produce(
-        a.events, config, topic=a.topic, bootstrap=a.bootstrap, rate=a.rate, progress=not a.no_progress
-    )
-    print(
-        orjson.dumps(summary.as_dict(), option=orjson.OPT_INDENT_2).decode() if a.json else summary.render()
-    )
-    return 1 if summary.delivery_failures else 0
+    failures = 0
+    if a.events:
+        summary = produce(
+            a.events, config, topic=a.topic, bootstrap=a.bootstrap, rate=a.rate, progress=not a.no_progress
+        )
+        failures = summary.delivery_failures
+        print(
+            orjson.dumps(summary.as_dict(), option=orjson.OPT_INDENT_2).decode()
+            if a.json
+            else summary.render()
+        )
+    if a.inject:
+        n = inject(a.inject, topic=a.topic, bootstrap=a.bootstrap, user=a.inject_user, settings=settings)
+        print(f"injected {n} events: {', '.join(a.inject)} by user {a.inject_user}")
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":

@@ -45,6 +45,8 @@ def run_locust(
     run_time_s: int,
     processes: int = 1,
     extra_env: dict[str, str] | None = None,
+    locustfile: Path = LOCUSTFILE,
+    user_classes: tuple[str, ...] = (),
 ) -> dict:
     """Run Locust headless; returns ``summary.json`` (reads/writes merged) plus per-endpoint rows."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -52,7 +54,7 @@ def run_locust(
     summary_file.unlink(missing_ok=True)
     cmd = [
         sys.executable, "-m", "locust",
-        "-f", str(LOCUSTFILE),
+        "-f", str(locustfile),
         "--headless",
         "--host", host,
         "--users", str(users),
@@ -66,6 +68,7 @@ def run_locust(
     ]  # fmt: skip
     if processes > 1:
         cmd += ["--processes", str(processes)]
+    cmd += list(user_classes)  # none: every User class in the locustfile
     env = {**os.environ, "LOAD_SUMMARY_JSON": str(summary_file), **(extra_env or {})}
     # hard bound on wall time: run time + spawn + stop, whatever happens
     done = subprocess.run(

@@ -8,7 +8,9 @@
    mode (``python -m pipelines.speed_layer --available-now``);
 4. ``airflow dags test verify_views``: the live views equal a replay of the log at their position;
 5. ``airflow dags test data_quality``: the Great Expectations suites;
-6. a summary, where to look, how to stop.
+6. when the stack runs the analytics (``SOCIAL_ANALYTICS=1``, the default): the alert patterns
+   injected after step 2 fire on ``social.alerts``, and the analytics page is written;
+7. a summary, where to look, how to stop.
 
 ``python -m infra.demo [--events N] [--no-airflow]`` (``--no-airflow`` calls the same entrypoints,
 ``python -m pipelines.verify`` / ``pipelines.quality``, without Airflow).
@@ -84,6 +86,34 @@ def has_speed_layer_service() -> bool:
     return any(cls.name == "speed_layer" for cls in stack.SERVICES)
 
 
+def analytics_alerts(settings: Settings, user: int, timeout_s: float) -> dict[str, int]:
+    """Alerts of ``user`` on the alerts topic per rule, waiting up to ``timeout_s`` for all three."""
+    from confluent_kafka import Consumer
+
+    from app_sim.generator import PATTERNS
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": settings.kafka_bootstrap,
+            "group.id": f"demo-{time.time_ns()}",
+            "auto.offset.reset": "earliest",
+        }
+    )
+    consumer.subscribe([settings.alerts_topic])
+    seen: dict[str, set[str]] = {}
+    deadline = time.monotonic() + timeout_s
+    try:
+        while set(seen) < set(PATTERNS) and time.monotonic() < deadline:
+            msg = consumer.poll(1.0)
+            if msg is not None and msg.error() is None:
+                alert = json.loads(msg.value())
+                if alert["user_id"] == user:
+                    seen.setdefault(alert["rule"], set()).add(alert["alert_id"])
+    finally:
+        consumer.close()
+    return {rule: len(ids) for rule, ids in sorted(seen.items())}
+
+
 def run_job(dag_id: str, module: str, settings: Settings, use_airflow: bool) -> tuple[bool, float]:
     started = time.monotonic()
     if use_airflow:
@@ -142,6 +172,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {gen.delivery_failures} delivery failures")
         return 1
 
+    if settings.analytics:
+        from app_sim.generator import PATTERNS, inject
+
+        say("injecting the alert patterns (burst, follow churn, message flood) by user 1")
+        print(f"  {inject(list(PATTERNS), topic=topic, bootstrap=settings.kafka_bootstrap, user=1)} events")
+
     say("waiting for the speed layer to catch up with the log")
     proc = None
     if not has_speed_layer_service():
@@ -169,6 +205,20 @@ def main(argv: list[str] | None = None) -> int:
     verified, verify_s = run_job("verify_views", "pipelines.verify", settings, not args.no_airflow)
     say(f"data_quality ({via}): Great Expectations suites")
     quality_ok, quality_s = run_job("data_quality", "pipelines.quality", settings, not args.no_airflow)
+
+    alerts, page = {}, None
+    if settings.analytics:
+        say("stream analytics: the injected alerts on social.alerts, and the analytics page")
+        alerts = analytics_alerts(settings, 1, timeout_s=300)
+        env = {**os.environ, "SOCIAL_VAR_DIR": str(settings.var_dir)}
+        done = subprocess.run(
+            [sys.executable, "-m", "pipelines.analytics.report"],
+            cwd=REPO_ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        page = done.stdout.strip().splitlines()[-1] if done.returncode == 0 and done.stdout.strip() else None
 
     reports = Path(settings.reports_dir)
     verify_json = reports / "verify" / "latest.json"
@@ -198,6 +248,13 @@ def main(argv: list[str] | None = None) -> int:
             f"{acct.get('duplicates', '-')} + quarantined {acct.get('quarantined', '-')}",
         ),
         ("data quality", f"{'OK' if quality_ok else 'FAILED'} ({quality_s:.0f}s)"),
+        (
+            "alerts fired (user 1)",
+            (", ".join(f"{r} {n}" for r, n in alerts.items()) or "none yet (see var/log/analytics.log)")
+            if settings.analytics
+            else "analytics off (SOCIAL_ANALYTICS=0)",
+        ),
+        ("analytics page", page or "-"),
         ("verify report", f"{verify_json} (+ latest.html)"),
         ("quality Data Docs", str(reports / "quality" / "index.html")),
         ("total", f"{time.monotonic() - t0:.0f}s"),

@@ -43,6 +43,40 @@ class Settings:
     api_produce_timeout_ms: int = _setting(
         "SOCIAL_API_PRODUCE_TIMEOUT_MS", 5000, "longest an API write waits for the broker before a 503"
     )
+    # The dual-write experiment (`make dual-write`, app_sim/api/dual_write.py): the ANTI-PATTERN,
+    # off by default. Fault rates are per mille of API writes, drawn from seeded generators.
+    write_mode: str = _setting(
+        "SOCIAL_WRITE_MODE",
+        "log",
+        "`log`: API writes only append to the log (the design); `dual`: the anti-pattern, the API also "
+        "writes the serving store itself (app_sim/api/dual_write.py, for `make dual-write`)",
+    )
+    dual_namespace: str = _setting(
+        "SOCIAL_DUAL_NAMESPACE", "dual", "Redis namespace the API writes directly in `dual` write mode"
+    )
+    fault_seed: int = _setting("SOCIAL_FAULT_SEED", 7, "seed of the injected faults' draws (per API worker)")
+    fault_crash_permille: int = _setting(
+        "SOCIAL_FAULT_CRASH_PERMILLE", 0, "writes after whose first write the API worker process exits"
+    )
+    fault_race_permille: int = _setting(
+        "SOCIAL_FAULT_RACE_PERMILLE",
+        0,
+        "unread-counter read-modify-writes held open for up to SOCIAL_FAULT_RACE_MS (races between workers)",
+    )
+    fault_race_ms: int = _setting(
+        "SOCIAL_FAULT_RACE_MS", 200, "longest a raced read-modify-write is held open"
+    )
+    fault_timeout_permille: int = _setting(
+        "SOCIAL_FAULT_TIMEOUT_PERMILLE",
+        0,
+        "writes stalled SOCIAL_FAULT_STALL_MS before any write (the client times out and retries)",
+    )
+    fault_stall_ms: int = _setting("SOCIAL_FAULT_STALL_MS", 3000, "how long a timed-out write stalls")
+    fault_store_fail_permille: int = _setting(
+        "SOCIAL_FAULT_STORE_FAIL_PERMILLE",
+        0,
+        "dual mode: writes whose store update after the log append fails (logged, answered 202)",
+    )
     var_dir: Path = _setting("SOCIAL_VAR_DIR", REPO_ROOT / "var", "all runtime state: logs, data, reports")
     jars_dir: Path = _setting(
         "SOCIAL_JARS_DIR", REPO_ROOT / ".cache" / "jars", "fetched, checksum-verified JVM jars"
@@ -118,6 +152,47 @@ class Settings:
     )
     report_retention_days: int = _setting(
         "SOCIAL_REPORT_RETENTION_DAYS", 30, "maintenance prunes reports and Airflow logs older than this"
+    )
+
+    # Stream analytics (pipelines/analytics/): windows, joins, alert rules on the event log -------
+    analytics: int = _setting(
+        "SOCIAL_ANALYTICS",
+        1,
+        "1: `make up` also starts the analytics queries (0 saves ~a core on small machines)",
+    )
+    analytics_trigger_interval: str = _setting(
+        "SOCIAL_ANALYTICS_TRIGGER_INTERVAL",
+        "10 seconds",
+        "micro-batch trigger interval of each analytics query",
+    )
+    analytics_lateness_s: int = _setting(
+        "SOCIAL_ANALYTICS_LATENESS_S",
+        120,
+        "allowed lateness (watermark delay) of the analytics; later events go to `late_events`",
+    )
+    alerts_topic: str = _setting("SOCIAL_ALERTS_TOPIC", "social.alerts", "topic of the derived alert stream")
+    rule_burst_posts: int = _setting(
+        "SOCIAL_RULE_BURST_POSTS", 10, "burst alert: a user with more than this many posts ..."
+    )
+    rule_burst_window_s: int = _setting(
+        "SOCIAL_RULE_BURST_WINDOW_S", 10, "... in one window of this many seconds (windows slide by half)"
+    )
+    rule_churn_within_s: int = _setting(
+        "SOCIAL_RULE_CHURN_WITHIN_S", 60, "follow churn: an unfollow this soon after the follow is one churn"
+    )
+    rule_churn_repeats: int = _setting(
+        "SOCIAL_RULE_CHURN_REPEATS", 3, "follow churn alert: at least this many churns by one user ..."
+    )
+    rule_churn_window_s: int = _setting(
+        "SOCIAL_RULE_CHURN_WINDOW_S", 600, "... in one window of this many seconds"
+    )
+    rule_flood_recipients: int = _setting(
+        "SOCIAL_RULE_FLOOD_RECIPIENTS",
+        20,
+        "message flood alert: a sender messaging this many distinct users ...",
+    )
+    rule_flood_window_s: int = _setting(
+        "SOCIAL_RULE_FLOOD_WINDOW_S", 60, "... in one window of this many seconds"
     )
 
     # Derived locations -------------------------------------------------------------------------

@@ -544,6 +544,46 @@ class SpeedLayer(Service):
         return name, state, pid, f"ui {ui}" if ui else "", log
 
 
+class Analytics(Service):
+    """The stream analytics (``python -m pipelines.analytics``): windows, joins, alert rules.
+
+    Started by ``up`` unless ``SOCIAL_ANALYTICS=0`` (they cost about a core on a 2-core machine).
+    """
+
+    name = "analytics"
+    marker = "pipelines.analytics"
+    stop_timeout_s = 60.0
+    ready_timeout_s = 180.0
+    READY_LINE = b"analytics running"
+
+    def ports(self) -> list[int]:
+        return []
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "pipelines.analytics"]
+
+    def env(self) -> Mapping[str, str]:
+        return settings_env(self.settings)
+
+    def start(self) -> str:
+        if not self.settings.analytics and not self.is_running():
+            return "off (SOCIAL_ANALYTICS=0)"
+        return super().start()
+
+    def wait_ready(self, deadline: float) -> None:
+        start = max(0, (self.log_file.stat().st_size if self.log_file.exists() else 0) - 4096)
+        while True:
+            if not self.is_running():
+                raise self._died()
+            with self.log_file.open("rb") as f:
+                f.seek(start)
+                if self.READY_LINE in f.read():
+                    return
+            if time.monotonic() > deadline:
+                raise StackError(f"the analytics did not start in time; see {self.log_file}")
+            time.sleep(0.5)
+
+
 class ApiServer(Service):
     """The app API (``python -m app_sim.api``: uvicorn, ``api_workers`` processes) on api_host:api_port."""
 
@@ -599,7 +639,7 @@ class ApiServer(Service):
 # The registry. `up` starts these in order, `down` stops them in reverse order.
 # Extension point: the speed layer (pipelines/) and the app API (app_sim/) become Service
 # subclasses (ports, command, wait_ready) and are appended here, after the stores they need.
-SERVICES: list[type[Service]] = [KafkaBroker, RedisServer, SpeedLayer, ApiServer]
+SERVICES: list[type[Service]] = [KafkaBroker, RedisServer, SpeedLayer, Analytics, ApiServer]
 BACKBONE: tuple[type[Service], ...] = (KafkaBroker, RedisServer)  # what the other parts need first
 
 

@@ -193,7 +193,7 @@ def _checks(gateway: int) -> tuple[list[Column], Column]:
     return _field_columns(), reason_column()
 
 
-def parse_records(records: DataFrame) -> tuple[DataFrame, DataFrame]:
+def parse_records(records: DataFrame, *, checkpoint: bool = True) -> tuple[DataFrame, DataFrame]:
     """Split Kafka records (key, value, partition, offset, timestamp) into (events, quarantine).
 
     ``events`` has the columns of ``events_bronze`` (less disposition/reason) plus ``key``,
@@ -204,6 +204,10 @@ def parse_records(records: DataFrame) -> tuple[DataFrame, DataFrame]:
     Text columns hold valid UTF-8 only (Parquet readers such as pyarrow refuse anything else):
     a value that is not UTF-8 is quarantined as ``not_utf8`` with ``raw`` = its bytes in base64;
     a key that is not UTF-8 is kept as ``base64:`` followed by its bytes in base64.
+
+    ``checkpoint=False`` skips the local checkpoint that cuts the checked records from their
+    lineage: a streaming DataFrame (the analytics queries, ``pipelines.analytics``) cannot be
+    checkpointed, and there each output is its own query anyway.
     """
     utf8 = F.expr("is_valid_utf8(value)")
     base = records.select(
@@ -219,12 +223,9 @@ def parse_records(records: DataFrame) -> tuple[DataFrame, DataFrame]:
     parsed = base.withColumn("_v", F.when(F.col("_utf8"), F.expr("try_parse_json(raw)")))
     # Computed once and cut from its lineage: events and quarantine both come from it.
     fields, reason = _checks(id(SparkContext._gateway))
-    checked = (
-        parsed.select("*", *fields)
-        .withColumn("reason", reason)
-        .drop("_v", "_utf8")
-        .localCheckpoint(eager=True, storageLevel=StorageLevel.DISK_ONLY)
-    )
+    checked = parsed.select("*", *fields).withColumn("reason", reason).drop("_v", "_utf8")
+    if checkpoint:
+        checked = checked.localCheckpoint(eager=True, storageLevel=StorageLevel.DISK_ONLY)
 
     quarantine_cols = TABLES["quarantine"].columns
     quarantine = (

@@ -24,6 +24,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app_sim import auth, contract
+from app_sim.api import dual_write
 from app_sim.api import models as m
 from app_sim.api.eventlog import EventLog, LogUnavailable
 from app_sim.ids import GENERATOR_WORKER_ID, MAX_WORKER_ID, Snowflake, new_event_id, wall_clock_ms
@@ -440,6 +441,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # thread hops; a Redis that hangs fails the request after 5 s (503), not the process.
         client = redis.asyncio.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=5)
         log = EventLog(settings.kafka_bootstrap, settings.events_topic, settings.api_produce_timeout_ms)
+        # SOCIAL_WRITE_MODE=dual / SOCIAL_FAULT_*: the measured anti-pattern (make dual-write); off by default
+        log = dual_write.wrap(log, client, settings, worker_id)
         app.state.api = Api(
             settings=settings,
             redis=client,

@@ -213,3 +213,25 @@ def test_realtime_stamps_the_wall_clock():
 def test_too_few_events_for_the_bootstrap_is_a_clear_error():
     with pytest.raises(ValueError, match="bootstrap"):
         list(generate(100, GeneratorConfig(users=100, mean_followers=10)))
+
+
+@pytest.mark.parametrize("pattern", ["burst", "follow_churn", "message_flood"])
+def test_alert_patterns_are_valid_and_cross_their_thresholds(pattern):
+    from app_sim.generator import pattern_events
+
+    now = 1_767_225_600_000
+    evs = pattern_events(
+        pattern, user=3, now_ms=now, burst_posts=10, churn_repeats=3, churn_within_s=60, flood_recipients=20
+    )
+    assert all(contract.validate(e) is None for e in evs)
+    assert {e["user_id"] for e in evs} == {3} and evs[-1]["received_time"] == now
+    span_ms = evs[-1]["device_time"] - evs[0]["device_time"]
+    if pattern == "burst":  # more than 10 posts (12), within half of a 10 s window (2.2 s)
+        assert [e["type"] for e in evs] == ["post_created"] * 12 and span_ms == 2_200
+    elif pattern == "follow_churn":  # 4 follows, each undone 1 s later, 4 different followees
+        follows = [e for e in evs if e["type"] == "followed"]
+        assert len(follows) == 4 and len({e["followee_id"] for e in follows}) == 4
+        assert [e["type"] for e in evs] == ["followed", "unfollowed"] * 4 and span_ms == 7_000
+    else:  # 22 distinct recipients (at least 20), none the sender, in 2.1 s
+        assert len({e["recipient_id"] for e in evs}) == 22 and 3 not in {e["recipient_id"] for e in evs}
+        assert span_ms == 2_100

@@ -1,0 +1,688 @@
+"""``make dual-write``: the inconsistency the log design removes, reproduced and measured.
+
+The same Locust workload (``app_sim/locustfile_retry.py``: ``locustfile.py``'s users, retrying
+timed-out writes with their ``Idempotency-Key``, and setting their status) runs against the API
+twice, with the same seeded faults (``app_sim/api/dual_write.py``: a worker crash between two
+writes, counter read-modify-writes racing across the 2 API workers, a stalled request the
+client retries, a store write failing after the log append):
+
+- ``log`` mode (the design): the API only appends to the log;
+- ``dual`` mode (the anti-pattern): the API also writes namespace ``dual`` itself, and serves its
+  reads from it.
+
+Both runs append to one topic, ``dw.events``, one after the other (each mode's events are its
+*span* of the log: the end offsets before and after its run; the two runs' users never meet).
+Once both runs are over, the real speed layer (``python -m pipelines.speed_layer --topic
+dw.events --namespace replay --no-views``, its keyed serving path alone) folds the whole log into namespace ``replay``, in one
+micro-batch: on a busy 2-core machine its micro-batches cost minutes each, so a live one would
+only add batches, and the views are a function of the log, not of when they are computed. The
+cost: during the log-mode run the API's reads find its namespace empty (its clients read no
+messages to mark them read), while dual mode's reads see its own writes.
+
+Then, per mode, the derived state in Redis is compared with **the log's truth**: an independent
+fold of the mode's span in Python (:func:`fold`, BRIEF section 5: dedup by ``event_id``,
+follows, live posts, home timelines of the latest N, inbox with read flags, last status in log
+order; not the speed layer's code, so the log design's zero is a check, not a tautology), for
+the span's users only. The log design's state is ``replay``; dual mode's is ``dual``. Counted
+(:func:`divergences`): users whose unread counter differs from the unread messages in their
+inbox; inbox and timeline entries missing or extra; statuses that are not the last one. Each
+divergence is attributed to the journaled faults that touched it (:func:`attribute`), named by
+the failure it is (lost update, partial write, out-of-order write); none touched it:
+``unattributed`` (a race of the dual writes themselves, with no fault injected).
+
+Repair: the namespace rebuilt from the log by a replay (the speed layer from offset 0 into a
+fresh namespace, blue/green as ``rebuild`` does): that is ``replay``, counted again per mode. For
+the log design, repair changes nothing: its store already is that replay.
+
+Everything runs on a private stack (Kafka, Redis on free ports, state under
+``var/dual_write/``), so a ``make up`` stack is never touched. Report:
+``var/reports/dual_write/latest.json``, ``latest.html`` (with a plot), ``divergences.png``.
+
+``python -m infra.dual_write [--users 30] [--run-time 25] [--seed 7] [--crash 5] [--race 150]
+[--timeout 15] [--store-fail 20]`` (rates per mille; ``SOCIAL_FAULT_*`` variables, when set,
+replace these defaults).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import html
+import io
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from app_sim.api.dual_write import FAILURE, FAULTS, corrected_time, journal_key
+from infra.settings import Settings, get_settings
+
+MODES = ("log", "dual")
+TOPIC = "dw.events"  # both runs append here, one after the other; each mode's truth is its span
+REPLAY = "replay"  # the speed layer's namespace: the log design's store, and the repaired one
+METRICS = (
+    "counter_mismatch_users",
+    "inbox_missing",
+    "inbox_extra",
+    "timeline_missing",
+    "timeline_extra",
+    "status_not_last",
+)
+METRIC_TEXT = {
+    "counter_mismatch_users": "users whose unread counter != unread messages in their inbox",
+    "inbox_missing": "inbox entries missing (in the log, not in the store)",
+    "inbox_extra": "inbox entries extra (in the store, not in the log)",
+    "timeline_missing": "timeline entries missing",
+    "timeline_extra": "timeline entries extra",
+    "status_not_last": "statuses that are not the user's last one in the log",
+}
+DEFAULT_FAULTS = {"crash": 5, "race": 150, "timeout": 15, "store_fail": 20}  # per mille
+ENV = {f: f"SOCIAL_FAULT_{f.upper()}_PERMILLE" for f in FAULTS}
+
+
+# --- the log's truth: an independent fold of BRIEF section 5 ------------------------------------------
+
+
+@dataclass
+class Truth:
+    users: set[int] = field(default_factory=set)
+    inbox: dict[int, dict[int, bool]] = field(default_factory=dict)  # user -> message id -> read
+    timeline: dict[int, set[int]] = field(default_factory=dict)  # user -> post ids
+    status: dict[int, str] = field(default_factory=dict)  # user -> text of the last status
+    events: int = 0
+    duplicates: int = 0
+    no_effect: int = 0  # would be quarantined: a read of a message not in the inbox, a foreign delete
+
+
+def fold(events: Iterable[dict], timeline_length: int = 800) -> Truth:
+    """The views of BRIEF section 5 from events in log order (order matters within a partition only).
+
+    Only what the API can append is handled (it validates every event against the contract);
+    the dedup window is the whole log (a run lasts minutes, the window a day).
+    """
+    t = Truth()
+    seen: set[str] = set()
+    follows: dict[int, set[int]] = defaultdict(set)
+    posts: dict[int, tuple[int, int]] = {}  # post id -> (author, corrected time), live only
+    inbox: dict[int, dict[int, bool]] = defaultdict(dict)
+    for e in events:
+        t.events += 1
+        if e["event_id"] in seen:
+            t.duplicates += 1
+            continue
+        seen.add(e["event_id"])
+        kind, u = e["type"], e["user_id"]
+        if kind == "user_registered":
+            t.users.add(u)
+        elif kind == "status_updated":
+            t.status[u] = e["text"]
+        elif kind == "followed":
+            follows[u].add(e["followee_id"])
+        elif kind == "unfollowed":
+            follows[u].discard(e["followee_id"])
+        elif kind == "post_created":
+            posts[e["post_id"]] = (u, corrected_time(e))
+        elif kind == "post_deleted":
+            if posts.get(e["post_id"], (None,))[0] == u:
+                del posts[e["post_id"]]
+            else:
+                t.no_effect += 1
+        elif kind == "message_sent":
+            inbox[e["recipient_id"]].setdefault(e["message_id"], False)
+        elif kind == "message_read":
+            if e["message_id"] in inbox.get(u, {}):
+                inbox[u][e["message_id"]] = True
+            else:
+                t.no_effect += 1
+    by_author: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    for pid, (author, when) in posts.items():
+        by_author[author].append((when, pid))
+    for u in t.users | set(follows) | set(by_author):
+        candidates = [p for a in {u, *follows[u]} for p in by_author.get(a, ())]
+        newest = sorted(candidates, reverse=True)[:timeline_length]  # ties: post id descending
+        t.timeline[u] = {pid for _, pid in newest}
+    t.inbox = {u: dict(m) for u, m in inbox.items()}
+    return t
+
+
+def read_log(
+    settings: Settings, topic: str, start: dict[int, int] | None = None, end: dict[int, int] | None = None
+) -> list[dict]:
+    """The records of ``topic`` from ``start`` (default: 0) to ``end`` (default: its current end),
+    partition by partition, in offset order."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from infra.stack import end_offsets
+
+    ends = end or end_offsets(settings, topic)
+    start = start or {}
+    consumer = Consumer(
+        {
+            "bootstrap.servers": settings.kafka_bootstrap,
+            "group.id": "dual-write-truth",
+            "enable.auto.commit": False,
+        }
+    )
+    out: list[dict] = []
+    try:
+        for p, stop in ends.items():
+            first = start.get(p, 0)
+            if stop <= first:
+                continue
+            consumer.assign([TopicPartition(topic, p, first)])
+            got = []
+            deadline = time.monotonic() + 60
+            while not got or got[-1][0] < stop - 1:
+                msg = consumer.poll(1.0)
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"reading {topic}[{p}] timed out at {len(got)}/{stop - first}")
+                if msg is None or msg.error() is not None:
+                    continue
+                got.append((msg.offset(), json.loads(msg.value())))
+            out += [e for _, e in got]
+    finally:
+        consumer.close()
+    return out
+
+
+# --- what a namespace of the serving store holds --------------------------------------------------------
+
+
+@dataclass
+class StoreState:
+    unread: dict[int, int]
+    inbox: dict[int, dict[int, bool]]
+    timeline: dict[int, set[int]]
+    status: dict[int, str]
+
+
+def read_store(r, namespace: str, timeline_length: int = 800) -> StoreState:
+    """The parts of a namespace the comparison needs (key layout: ``pipelines/speed/functions.py``).
+
+    A timeline is its first N entries: the speed layer keeps a slack of older ones beyond N.
+    """
+
+    def user_of(key: str) -> int:
+        return int(key.rsplit(":", 1)[1])
+
+    inbox = {
+        user_of(key): {int(mid): bool(json.loads(body)["read"]) for mid, body in r.hgetall(key).items()}
+        for key in r.scan_iter(f"{namespace}:msgs:*", count=1000)
+    }
+    timeline = {
+        user_of(key): {int(m) for m in r.zrevrange(key, 0, timeline_length - 1)}
+        for key in r.scan_iter(f"{namespace}:tl:*", count=1000)
+    }
+    return StoreState(
+        unread={int(u): int(n) for u, n in r.hgetall(f"{namespace}:unread").items()},
+        inbox=inbox,
+        timeline=timeline,
+        status={int(u): json.loads(v)["text"] for u, v in r.hgetall(f"{namespace}:status").items()},
+    )
+
+
+def divergences(store: StoreState, truth: Truth, only: set[int] | None = None) -> dict[str, list]:
+    """Every divergence, by metric: a user id, or a (user id, entry id) pair.
+
+    ``only``: compare these users' state alone (a namespace that also holds other users').
+    """
+    if only is not None:
+        store = StoreState(*({u: v for u, v in d.items() if u in only} for d in vars(store).values()))
+        truth = replace(
+            truth,
+            users=truth.users & only,
+            **{
+                n: {u: v for u, v in getattr(truth, n).items() if u in only}
+                for n in ("inbox", "timeline", "status")
+            },
+        )
+    users = truth.users | set(store.unread) | set(store.inbox)
+    out: dict[str, list] = {m: [] for m in METRICS}
+    for u in sorted(users):
+        unread_in_inbox = sum(1 for read in store.inbox.get(u, {}).values() if not read)
+        if store.unread.get(u, 0) != unread_in_inbox:
+            out["counter_mismatch_users"].append(u)
+    for name, got, want in (
+        ("inbox", store.inbox, truth.inbox),
+        ("timeline", store.timeline, truth.timeline),
+    ):
+        for u in sorted(set(got) | set(want)):
+            have, should = set(got.get(u, ())), set(want.get(u, ()))
+            out[f"{name}_missing"] += [(u, x) for x in sorted(should - have)]
+            out[f"{name}_extra"] += [(u, x) for x in sorted(have - should)]
+    for u in sorted(set(store.status) | set(truth.status)):
+        if store.status.get(u) != truth.status.get(u):
+            out["status_not_last"].append(u)
+    return out
+
+
+def read_journal(r, topic: str, mode: str | None = None) -> list[dict]:
+    entries = [json.loads(x) for x in r.lrange(journal_key(topic), 0, -1)]
+    return [j for j in entries if mode is None or j["mode"] == mode]
+
+
+def attribute(found: dict[str, list], journal: list[dict]) -> dict[str, dict[str, int]]:
+    """Per fault (and ``unattributed``): how many divergences of each metric it touched.
+
+    A fault touches an inbox (messages sent to, or read by, its owner), the timelines a post of
+    it reaches (by post id) or a follower's timeline (its follow), a user's status. A divergence
+    touched by two faults counts for both.
+    """
+    inbox_of, post_of, follow_of, status_of = (defaultdict(set) for _ in range(4))
+    for j in journal:
+        kind, fault = j.get("type"), j["fault"]
+        if kind == "message_sent":
+            inbox_of[j["recipient_id"]].add(fault)
+        elif kind == "message_read":
+            inbox_of[j["user_id"]].add(fault)
+        elif kind in ("post_created", "post_deleted"):
+            post_of[j["post_id"]].add(fault)
+        elif kind in ("followed", "unfollowed"):
+            follow_of[j["user_id"]].add(fault)
+        elif kind == "status_updated":
+            status_of[j["user_id"]].add(fault)
+    out = {f: dict.fromkeys(METRICS, 0) for f in (*FAULTS, "unattributed")}
+    for metric, items in found.items():
+        for item in items:
+            if metric.startswith(("counter", "inbox")):
+                u = item if isinstance(item, int) else item[0]
+                faults = inbox_of[u]
+            elif metric.startswith("timeline"):
+                u, pid = item
+                faults = post_of[pid] | follow_of[u]
+            else:
+                faults = status_of[item]
+            for f in faults or {"unattributed"}:
+                out[f][metric] += 1
+    return out
+
+
+def summarize(found: dict[str, list], journal: list[dict], examples: int = 5) -> dict:
+    return {
+        "counts": {m: len(v) for m, v in found.items()},
+        "total": sum(len(v) for v in found.values()),
+        "by_fault": attribute(found, journal),
+        "examples": {
+            m: [list(x) if isinstance(x, tuple) else x for x in v[:examples]] for m, v in found.items()
+        },
+    }
+
+
+# --- the run ----------------------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def private_settings(var_dir: Path, **overrides) -> Settings:
+    """This experiment's own stack: free ports, state under var_dir (never a `make up` stack's)."""
+    ports = {"kafka_port": _free_port(), "kafka_controller_port": _free_port(), "redis_port": _free_port()}
+    return get_settings(
+        **ports,
+        kafka_bootstrap=f"127.0.0.1:{ports['kafka_port']}",
+        redis_url=f"redis://127.0.0.1:{ports['redis_port']}/0",
+        api_port=_free_port(),
+        api_workers=2,
+        var_dir=var_dir,
+        **overrides,
+    )
+
+
+_T0 = time.monotonic()
+
+
+def say(msg: str) -> None:
+    print(f"==> [{time.monotonic() - _T0:5.0f} s] {msg}", file=sys.stderr, flush=True)
+
+
+class SpeedLayerRun:
+    """``python -m pipelines.speed_layer --topic T --namespace N --no-views`` as a child process."""
+
+    READY = b"speed layer running"
+
+    def __init__(self, settings: Settings, topic: str, namespace: str):
+        from infra.stack import settings_env
+
+        self.settings, self.topic, self.namespace = settings, topic, namespace
+        settings.log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = settings.log_dir / f"speed_layer-{namespace}.log"
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [
+                    *(sys.executable, "-m", "pipelines.speed_layer"),
+                    *("--topic", topic, "--namespace", namespace, "--no-views"),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=settings_env(settings),
+                start_new_session=True,
+            )
+
+    def _check(self) -> None:
+        if self.proc.poll() is not None:
+            tail = self.log_path.read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"speed layer ({self.namespace}) exited {self.proc.returncode}:\n{tail}")
+
+    def wait_ready(self, timeout_s: float = 240) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.READY not in self.log_path.read_bytes():
+            self._check()
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"speed layer ({self.namespace}) did not start; see {self.log_path}")
+            time.sleep(0.5)
+
+    def wait_caught_up(self, r, timeout_s: float = 240) -> None:
+        """Until the namespace's fences (the keyed state's log position) reach the topic's end."""
+        from infra.stack import end_offsets
+        from pipelines.speed.functions import fences
+
+        target = end_offsets(self.settings, self.topic)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            got = fences(r, self.namespace)
+            if all(got.get(p, 0) >= end for p, end in target.items()):
+                return
+            self._check()
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"speed layer ({self.namespace}) at {got}, log end {target}; see {self.log_path}"
+                )
+            time.sleep(0.5)
+
+    def stop(self) -> None:
+        import signal
+
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+def mode_settings(base: Settings, mode: str, rates: dict[str, int], seed: int) -> Settings:
+    return replace(
+        base,
+        events_topic=TOPIC,
+        write_mode=mode,
+        views_namespace=REPLAY if mode == "log" else "dual",  # the speed layer's, or its own
+        dual_namespace="dual",
+        fault_seed=seed,
+        **{f"fault_{f}_permille": rates[f] for f in FAULTS},
+    )
+
+
+def run_workload(settings: Settings, out_dir: Path, users: int, run_time_s: int, seed: int) -> dict:
+    """The API in this mode (2 workers) under the retrying Locust workload; returns Locust's summary."""
+    from app_sim.load import run_locust
+    from infra.stack import ApiServer
+
+    api = ApiServer(settings)
+    api.start()
+    try:
+        return run_locust(
+            f"http://127.0.0.1:{settings.api_port}",
+            out_dir,
+            users=users,
+            spawn_rate=max(users / 3, 1),
+            run_time_s=run_time_s,
+            locustfile=Path(__file__).resolve().parent.parent / "app_sim" / "locustfile_retry.py",
+            user_classes=("RetryingSocialUser",),
+            extra_env={"LOAD_SEED": str(seed), "LOAD_RUN": settings.write_mode, "LOAD_FOLLOWS": "8"},
+        )
+    finally:
+        api.stop()
+
+
+def measure(r, truth: Truth, namespace: str, journal: list[dict]) -> dict:
+    """A namespace against the truth of one mode's span of the log, for that span's users only."""
+    return summarize(divergences(read_store(r, namespace), truth, only=truth.users), journal)
+
+
+def run(
+    base: Settings, users: int, run_time_s: int, seed: int, rates: dict[str, int], report_dir: Path
+) -> dict:
+    from confluent_kafka import KafkaException
+
+    from infra.stack import BACKBONE, Stack, StackError, create_topic, end_offsets
+    from pipelines.serving import connect
+
+    started = time.monotonic()
+    stack = Stack(base, service_types=BACKBONE)
+    say(f"private stack: Kafka {base.kafka_bootstrap}, Redis {base.redis_url}, state under {base.var_dir}")
+    stack.up()
+    live: list[SpeedLayerRun] = []
+    try:
+        r = connect(base.redis_url)
+        per_mode = {m: mode_settings(base, m, rates, seed) for m in MODES}
+        create_topic(base, TOPIC, base.events_partitions)
+        for _ in range(40):  # until the new topic's metadata has reached the broker's cache
+            try:
+                end_offsets(base, TOPIC)
+                break
+            except (StackError, KafkaException):
+                time.sleep(0.25)
+        report: dict = {"modes": {}, "phases_s": {}}
+        mark = time.monotonic()
+
+        def phase(name: str) -> None:
+            nonlocal mark
+            report["phases_s"][name] = round(time.monotonic() - mark, 1)
+            mark = time.monotonic()
+
+        phase("stack")
+        spans: dict[str, tuple[dict[int, int], dict[int, int]]] = {}
+        for mode in MODES:
+            say(
+                f"{mode} mode: {users} Locust users for {run_time_s} s, faults {rates} per mille, seed {seed}"
+            )
+            first = end_offsets(base, TOPIC)
+            summary = run_workload(per_mode[mode], report_dir / f"locust_{mode}", users, run_time_s, seed)
+            spans[mode] = (first, end_offsets(base, TOPIC))
+            report["modes"][mode] = {"locust": summary, "log_span": {"from": first, "to": spans[mode][1]}}
+            phase(f"{mode}_run")
+        say(f"the speed layer: {TOPIC} -> namespace {REPLAY!r}, in one micro-batch")
+        speed_layer = SpeedLayerRun(per_mode["log"], TOPIC, REPLAY)
+        live.append(speed_layer)
+        speed_layer.wait_caught_up(r)
+        speed_layer.stop()
+        phase("speed_layer")
+        for mode in MODES:
+            truth = fold(read_log(base, TOPIC, *spans[mode]), base.timeline_length)
+            journal = read_journal(r, TOPIC, mode)
+            before = measure(r, truth, REPLAY if mode == "log" else "dual", journal)
+            report["modes"][mode].update(
+                namespace=REPLAY if mode == "log" else "dual",
+                events=truth.events,
+                duplicates=truth.duplicates,
+                no_effect=truth.no_effect,
+                users=len(truth.users),
+                faults_injected={f: sum(1 for j in journal if j["fault"] == f) for f in FAULTS},
+                faults_by_event_type={
+                    f: dict(Counter(j.get("type") for j in journal if j["fault"] == f)) for f in FAULTS
+                },
+                before_repair=before,
+                # the repair: the namespace rebuilt from the log, i.e. the replay's; for the log
+                # design that is its own namespace already
+                after_repair={**measure(r, truth, REPLAY, journal), "namespace": REPLAY},
+            )
+        phase("measure")
+    finally:
+        for sl in live:
+            sl.stop()
+        stack.down()
+    report.update(
+        seconds=round(time.monotonic() - started, 1),
+        generated_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        seed=seed,
+        fault_permille=rates,
+        fault_failure=FAILURE,
+        race_ms=base.fault_race_ms,
+        stall_ms=base.fault_stall_ms,
+        locust_users=users,
+        locust_run_time_s=run_time_s,
+        metrics=METRIC_TEXT,
+        truth=(
+            "an independent Python fold of each mode's span of the log (infra/dual_write.py: fold), "
+            "not the speed layer's code"
+        ),
+    )
+    return report
+
+
+# --- the report ------------------------------------------------------------------------------------------
+
+
+def plot(report: dict) -> bytes:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series = [
+        (f"{mode} {when.replace('_', ' ')}", report["modes"][mode][when]["counts"])
+        for mode in MODES
+        for when in ("before_repair", "after_repair")
+    ]
+    colors = ["#4c78a8", "#9ecae9", "#e45756", "#ff9d98"]
+    fig, ax = plt.subplots(figsize=(10, 4), dpi=100)
+    try:
+        width = 0.8 / len(series)
+        for i, ((label, counts), color) in enumerate(zip(series, colors, strict=True)):
+            xs = [j + i * width for j in range(len(METRICS))]
+            ax.bar(xs, [counts[m] for m in METRICS], width=width, label=label, color=color)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(METRICS))])
+        ax.set_xticklabels([m.replace("_", "\n") for m in METRICS], fontsize=8)
+        ax.set_ylabel("divergences from the log")
+        ax.set_title("the same workload and faults: dual writes vs. the log design")
+        ax.legend()
+        fig.tight_layout()
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png")
+        return buf.getvalue()
+    finally:
+        plt.close(fig)
+
+
+def render(report: dict, png: bytes) -> str:
+    e = html.escape
+    rows = []
+    for m in METRICS:
+        cells = "".join(
+            f"<td class=num>{report['modes'][mode][when]['counts'][m]}</td>"
+            for mode in MODES
+            for when in ("before_repair", "after_repair")
+        )
+        rows.append(f"<tr><td>{e(METRIC_TEXT[m])}</td>{cells}</tr>")
+    faults = []
+    for f in FAULTS:
+        dual = report["modes"]["dual"]
+        touched = sum(dual["before_repair"]["by_fault"][f].values())
+        faults.append(
+            f"<tr><td>{e(f)}</td><td>{e(FAILURE[f])}</td><td class=num>{report['fault_permille'][f]}</td>"
+            f"<td class=num>{report['modes']['log']['faults_injected'][f]}</td>"
+            f"<td class=num>{dual['faults_injected'][f]}</td><td class=num>{touched}</td>"
+            f"<td>{e(', '.join(f'{k}: {v}' for k, v in dual['before_repair']['by_fault'][f].items() if v))}</td></tr>"
+        )
+    un = report["modes"]["dual"]["before_repair"]["by_fault"]["unattributed"]
+    faults.append(
+        "<tr><td>none injected</td><td>a race of the dual writes themselves</td><td></td><td></td><td></td>"
+        f"<td class=num>{sum(un.values())}</td><td>{e(', '.join(f'{k}: {v}' for k, v in un.items() if v))}</td></tr>"
+    )
+    modes = "".join(
+        f"<tr><td>{mode}</td><td>{e(json.dumps(d['log_span']))}</td><td>{e(d['namespace'])}</td><td class=num>{d['events']}</td>"
+        f"<td class=num>{d['duplicates']}</td><td class=num>{d['locust']['requests']}</td>"
+        f"<td class=num>{d['locust']['failures']}</td></tr>"
+        for mode, d in report["modes"].items()
+    )
+    css = (
+        "body{font-family:system-ui,sans-serif;margin:2rem auto;max-width:70rem;color:#222}"
+        "table{border-collapse:collapse;margin:.5rem 0}th,td{border:1px solid #ddd;padding:.3rem .6rem}"
+        "th{background:#f5f5f5}td.num{text-align:right}.muted{color:#666}"
+    )
+    return f"""<!doctype html><html><head><meta charset='utf-8'><title>dual writes vs. the log</title>
+<style>{css}</style></head><body>
+<h1>Dual writes vs. the log as the source of truth</h1>
+<p>The same Locust workload ({report["locust_users"]} users, {report["locust_run_time_s"]} s) and the same
+seeded faults (seed {report["seed"]}) against the API in both write modes. Truth: {e(report["truth"])}.
+Repair: the namespace rebuilt from the log, by the speed layer from offset 0 into a fresh namespace
+(<code>replay</code>), which also is the log design's own store. Run took {report["seconds"]} s
+({e(", ".join(f"{k} {v} s" for k, v in report["phases_s"].items()))}),
+{e(report["generated_at"])}.</p>
+<h2>Divergences from the log</h2>
+<table><tr><th>metric</th><th>log, before repair</th><th>log, after repair</th><th>dual, before repair</th>
+<th>dual, after repair</th></tr>{"".join(rows)}</table>
+<img alt='divergences' src='data:image/png;base64,{base64.b64encode(png).decode()}'>
+<h2>Which failure each count is (dual mode, before repair)</h2>
+<p class=muted>A divergence is credited to every injected fault that touched its inbox, post, follow or
+status (one touched by two faults counts for both).</p>
+<table><tr><th>fault</th><th>failure</th><th>per mille</th><th>injected, log mode</th><th>injected, dual mode</th>
+<th>divergences it touched</th><th>by metric</th></tr>{"".join(faults)}</table>
+<h2>Runs</h2>
+<table><tr><th>mode</th><th>span of dw.events (partition: offset)</th><th>namespace</th><th>events in the log</th><th>duplicates</th>
+<th>requests</th><th>failed requests</th></tr>{modes}</table>
+<p class=muted>Machine-readable: latest.json (examples of each divergence included).</p>
+</body></html>"""
+
+
+def write_report(report: dict, out_dir: Path) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    png = plot(report)
+    (out_dir / "divergences.png").write_bytes(png)
+    (out_dir / "latest.json").write_text(json.dumps(report, indent=2, default=list) + "\n")
+    page = out_dir / "latest.html"
+    page.write_text(render(report, png))
+    return page
+
+
+def print_table(report: dict) -> None:
+    head = f"{'':52} {'log':>6} {'log*':>6} {'dual':>6} {'dual*':>6}"
+    print(head + "    (* after repair)")
+    for m in METRICS:
+        vals = [
+            report["modes"][mode][w]["counts"][m] for mode in MODES for w in ("before_repair", "after_repair")
+        ]
+        print(f"{METRIC_TEXT[m][:52]:52} " + " ".join(f"{v:>6}" for v in vals))
+
+
+def main(argv: list[str] | None = None) -> int:
+    settings = get_settings()
+    p = argparse.ArgumentParser(prog="python -m infra.dual_write", description=__doc__.splitlines()[0])
+    p.add_argument("--users", type=int, default=30, help="Locust users (30)")
+    p.add_argument("--run-time", type=int, default=25, help="seconds of Locust per mode (25)")
+    p.add_argument("--seed", type=int, default=settings.fault_seed)
+    p.add_argument(
+        "--stall-ms",
+        type=int,
+        default=8000,
+        help="how long a timed-out write stalls (8000: long enough for the client's next writes to pass it)",
+    )
+    for f in FAULTS:
+        default = int(os.environ[ENV[f]]) if os.environ.get(ENV[f]) else DEFAULT_FAULTS[f]
+        p.add_argument(f"--{f.replace('_', '-')}", type=int, default=default, help=f"per mille ({default})")
+    a = p.parse_args(argv)
+    rates = {f: getattr(a, f) for f in FAULTS}
+    var_dir = Path(settings.var_dir) / "dual_write"
+    shutil.rmtree(var_dir, ignore_errors=True)  # a fresh log and store every run
+    base = private_settings(var_dir, fault_stall_ms=a.stall_ms)
+    report = run(base, a.users, a.run_time, a.seed, rates, Path(settings.reports_dir) / "dual_write")
+    page = write_report(report, Path(settings.reports_dir) / "dual_write")
+    print_table(report)
+    print(f"-> {page} ({report['seconds']} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

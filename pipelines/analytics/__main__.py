@@ -1,0 +1,5 @@
+import sys
+
+from pipelines.analytics.runner import main
+
+sys.exit(main())

@@ -1,0 +1,285 @@
+"""Start the analytics queries: one Spark Structured Streaming query per output, one driver.
+
+``python -m pipelines.analytics [--only NAME ...] [--available-now]``; ``make up`` runs it in the
+background (log: ``var/log/analytics.log``) unless ``SOCIAL_ANALYTICS=0``.
+
+Each query reads ``social.events`` itself (its own offsets, its own checkpoint under
+``var/checkpoints/<namespace>/analytics/<query>``) and writes a Delta table under
+``var/lake/<namespace>/analytics/<query>`` (the rules: the one ``alerts`` table and the
+``social.alerts`` topic). The state of the windows, sessions, join and rules lives in Spark's
+RocksDB state store (set for every session by :mod:`pipelines.spark`).
+
+Exactly once: the window, session and join tables are Delta streaming sinks (Delta records the
+query's batch ids); the ``foreachBatch`` sinks fence every append with ``txnAppId`` =
+``analytics_<query>:<namespace>``, ``txnVersion`` = batch id. Alerts go to Kafka before Delta and
+are keyed by ``alert_id``: a batch re-run after a crash may send one again (at least once on the
+topic, exactly once in the table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
+
+from infra.settings import Settings, get_settings
+from pipelines import namespaces
+from pipelines.analytics import joins, rules, source, windows
+from pipelines.analytics.config import AnalyticsConfig
+
+log = logging.getLogger("analytics")
+
+WINDOW_QUERIES: dict[str, Callable[[DataFrame, AnalyticsConfig], DataFrame]] = {
+    "activity_per_minute": windows.activity_per_minute,
+    "active_users": windows.active_users,
+    "sessions": windows.sessions,
+    "message_reads": joins.message_reads,
+}
+QUERIES = (*WINDOW_QUERIES, "late_events", "posts_enriched", *rules.RULES)
+ALERTS_DDL = (
+    "alert_id STRING, rule STRING, user_id BIGINT, window_start TIMESTAMP, window_end TIMESTAMP, "
+    "value BIGINT, threshold BIGINT, event_ids ARRAY<STRING>, last_received_time BIGINT, "
+    "raised_at BIGINT, batch_id BIGINT"
+)
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Where one namespace's analytics keep their tables and checkpoints."""
+
+    lake: Path
+    checkpoints: Path
+
+    @classmethod
+    def for_namespace(cls, settings: Settings, namespace: str) -> Paths:
+        return cls(
+            lake=Path(settings.lake_dir) / namespace / "analytics",
+            checkpoints=Path(settings.var_dir) / "checkpoints" / namespace / "analytics",
+        )
+
+    def table(self, name: str) -> str:
+        return str(self.lake / name)
+
+    def checkpoint(self, name: str) -> str:
+        return str(self.checkpoints / name)
+
+
+def _fenced_append(df: DataFrame, path: str, app_id: str, batch_id: int) -> None:
+    df.write.format("delta").mode("append").option("txnAppId", app_id).option(
+        "txnVersion", str(batch_id)
+    ).save(path)
+
+
+def _read_or_empty(spark, path: Path, ddl: str) -> DataFrame:
+    if (path / "_delta_log").exists():
+        return spark.read.format("delta").load(str(path))
+    return spark.createDataFrame([], ddl)
+
+
+class LateEventsSink:
+    """``foreachBatch``: the batch's late events (see :mod:`pipelines.analytics.windows`)."""
+
+    def __init__(self, paths: Paths, cfg: AnalyticsConfig, app_id: str):
+        self.paths, self.cfg, self.app_id = paths, cfg, app_id
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        # Read the whole batch once, whatever is late in it: Spark takes the batch's largest event
+        # time (hence the next watermark) from the rows this plan actually produced.
+        batch = batch.localCheckpoint(eager=True)
+        chk = Path(self.paths.checkpoint("late_events"))
+        closed = windows.batch_watermark_ms(chk, batch_id - 1) if batch_id > 0 else 0
+        newest = windows.batch_watermark_ms(chk, batch_id) + self.cfg.lateness_ms
+        late = windows.late_in_batch(batch, closed, newest).withColumn("batch_id", F.lit(batch_id))
+        if closed and not late.isEmpty():
+            _fenced_append(late, self.paths.table("late_events"), self.app_id, batch_id)
+
+
+class PostsEnrichedSink:
+    """``foreachBatch``: posts joined with the speed layer's ``users`` and ``user_status`` views."""
+
+    def __init__(self, paths: Paths, views_root: Path, app_id: str):
+        self.paths, self.views_root, self.app_id = paths, views_root, app_id
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        spark = batch.sparkSession
+        users_path = self.views_root / "users"
+        users = _read_or_empty(spark, users_path, "user_id BIGINT, handle STRING")
+        status = _read_or_empty(spark, self.views_root / "user_status", "user_id BIGINT, text STRING")
+        version = _latest_version(users_path)
+        out = joins.enrich_posts(batch, users, status).withColumn(
+            "views_version", F.lit(version).cast("bigint")
+        )
+        if not out.isEmpty():
+            _fenced_append(out, self.paths.table("posts_enriched"), self.app_id, batch_id)
+
+
+def _latest_version(table: Path) -> int | None:
+    commits = [int(f.name[:-5]) for f in (table / "_delta_log").glob("*.json") if f.name[:-5].isdigit()]
+    return max(commits) if commits else None
+
+
+class AlertSink:
+    """``foreachBatch`` of a rule (update mode): alerts not raised before -> Kafka, then Delta."""
+
+    def __init__(self, paths: Paths, app_id: str, kafka: tuple[str, str] | None):
+        self.paths, self.app_id, self.kafka = paths, app_id, kafka
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        spark = batch.sparkSession
+        raised = spark.read.format("delta").load(self.paths.table("alerts")).select("alert_id")
+        new = (
+            batch.join(raised, "alert_id", "left_anti")
+            .withColumn("raised_at", F.lit(int(time.time() * 1000)).cast("bigint"))
+            .withColumn("batch_id", F.lit(batch_id).cast("bigint"))
+            .select(*[c.split()[0] for c in ALERTS_DDL.split(", ")])
+            .localCheckpoint()
+        )
+        if new.isEmpty():
+            return
+        if self.kafka is not None:
+            bootstrap, topic = self.kafka
+            value = F.to_json(F.struct(*[F.col(c) for c in new.columns]))
+            (
+                new.select(F.col("alert_id").alias("key"), value.alias("value"))
+                .write.format("kafka")
+                .option("kafka.bootstrap.servers", bootstrap)
+                .option("topic", topic)
+                .save()
+            )
+        _fenced_append(new, self.paths.table("alerts"), self.app_id, batch_id)
+
+
+def start(
+    spark,
+    records: Callable[[], DataFrame],
+    paths: Paths,
+    cfg: AnalyticsConfig,
+    *,
+    names: tuple[str, ...] = QUERIES,
+    namespace: str = "v1",
+    views_root: Path | None = None,
+    kafka: tuple[str, str] | None = None,
+    trigger: str | None = "10 seconds",
+) -> list[StreamingQuery]:
+    """Start the named queries over ``records()`` (Kafka records, or a test's file stream).
+
+    ``trigger=None``: available-now (process what is in the log, then stop).
+    """
+    unknown = sorted(set(names) - set(QUERIES))
+    if unknown:
+        raise ValueError(f"unknown analytics queries {unknown}; known: {list(QUERIES)}")
+    if any(n in rules.RULES for n in names):
+        spark.createDataFrame([], ALERTS_DDL).write.format("delta").mode("ignore").save(paths.table("alerts"))
+    started = []
+    for name in names:
+        events = source.events(records())
+        if name in WINDOW_QUERIES:
+            writer = WINDOW_QUERIES[name](events, cfg).writeStream.format("delta").outputMode("append")
+            writer = writer.option("path", paths.table(name))
+        elif name == "late_events":
+            sink = LateEventsSink(paths, cfg, f"analytics_late_events:{namespace}")
+            writer = windows.with_watermark(events, cfg).writeStream.foreachBatch(sink)
+        elif name == "posts_enriched":
+            sink = PostsEnrichedSink(
+                paths, views_root or paths.lake.parent, f"analytics_posts_enriched:{namespace}"
+            )
+            writer = events.where(F.col("type") == "post_created").writeStream.foreachBatch(sink)
+        else:
+            sink = AlertSink(paths, f"analytics_{name}:{namespace}", kafka)
+            writer = rules.RULES[name](events, cfg).writeStream.outputMode("update").foreachBatch(sink)
+        writer = writer.option("checkpointLocation", paths.checkpoint(name)).queryName(f"analytics_{name}")
+        writer = (
+            writer.trigger(availableNow=True) if trigger is None else writer.trigger(processingTime=trigger)
+        )
+        started.append(writer.start())
+    return started
+
+
+def run(
+    settings: Settings,
+    *,
+    namespace: str | None = None,
+    topic: str | None = None,
+    names: tuple[str, ...] = QUERIES,
+    available_now: bool = False,
+    max_offsets: int | None = None,
+) -> None:
+    """Run the analytics until SIGTERM/SIGINT (``available_now``: until every query caught up)."""
+    from infra.stack import create_topic
+    from pipelines.spark import build_spark
+
+    namespace = namespace or namespaces.active(settings)
+    topic = topic or settings.events_topic
+    spark = build_spark(f"analytics-{namespace}", settings)
+    create_topic(settings, settings.alerts_topic, 4)
+    paths = Paths.for_namespace(settings, namespace)
+    queries = start(
+        spark,
+        lambda: source.kafka_records(spark, settings, topic, max_offsets),
+        paths,
+        AnalyticsConfig.from_settings(settings),
+        names=names,
+        namespace=namespace,
+        views_root=Path(settings.lake_dir) / namespace,
+        kafka=(settings.kafka_bootstrap, settings.alerts_topic),
+        trigger=None if available_now else settings.analytics_trigger_interval,
+    )
+    log.info("analytics running: namespace=%s topic=%s queries=%s", namespace, topic, ",".join(names))
+    stopping = threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+        signal.signal(signal.SIGINT, lambda *_: stopping.set())
+    try:
+        while any(q.isActive for q in queries) and not stopping.is_set():
+            for q in queries:
+                if not q.isActive and q.exception() is not None:
+                    raise q.exception()
+            time.sleep(0.5)
+    finally:
+        # A batch interrupted here is re-run from the checkpoint at the next start (every sink is
+        # fenced by batch id), so stopping in the middle of one is safe.
+        for q in queries:
+            try:
+                q.stop()
+            except Exception as exc:  # noqa: BLE001 - stopping the others matters more
+                log.warning("stopping %s: %s", q.name, exc)
+    if not stopping.is_set():
+        failed = [q.exception() for q in queries if q.exception() is not None]
+        if failed:
+            raise failed[0]
+    log.info("analytics stopped")
+    spark.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m pipelines.analytics", description=__doc__.splitlines()[0])
+    p.add_argument("--namespace", help="lake namespace to write under (default: the active one)")
+    p.add_argument("--topic", help="event topic (default: SOCIAL_EVENTS_TOPIC)")
+    p.add_argument("--only", action="append", choices=QUERIES, help="run only this query (repeatable)")
+    p.add_argument("--available-now", action="store_true", help="process what is in the log, then stop")
+    p.add_argument("--max-offsets", type=int, help="records per micro-batch (default: the speed layer's)")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    run(
+        get_settings(),
+        namespace=args.namespace,
+        topic=args.topic,
+        names=tuple(args.only or QUERIES),
+        available_now=args.available_now,
+        max_offsets=args.max_offsets,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""The dual-write experiment's truth and divergence counting, on hand-made logs and stores.
+
+The stores live in a real redis-server (started here, on a free port, in a temporary folder),
+written with the serving store's key layout (pipelines/serving.py); every expected figure below
+is worked out by hand from BRIEF section 5.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+import redis
+
+from infra.dual_write import attribute, divergences, fold, read_store
+
+PAD = 19
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def r(tmp_path_factory):
+    from infra.settings import get_settings
+    from infra.stack import RedisServer
+
+    settings = get_settings(redis_port=_free_port(), var_dir=tmp_path_factory.mktemp("redis-var"))
+    server = RedisServer(settings)
+    server.start()
+    client = redis.Redis(port=settings.redis_port, decode_responses=True)
+    yield client
+    client.close()
+    server.stop()
+
+
+def ev(n: int, kind: str, user: int, **fields) -> dict:
+    return {
+        "event_id": f"e{n}",
+        "type": kind,
+        "schema_version": 1,
+        "user_id": user,
+        "device_time": fields.pop("t", 1000 + n),
+        "sent_time": 1000 + n,
+        "received_time": 1000 + n,
+        **fields,
+    }
+
+
+LOG = [
+    ev(1, "user_registered", 1, handle="a", display_name="A"),
+    ev(2, "user_registered", 2, handle="b", display_name="B"),
+    ev(3, "user_registered", 3, handle="c", display_name="C"),
+    ev(4, "followed", 1, followee_id=2),
+    ev(5, "post_created", 2, post_id=100, text="x"),
+    ev(6, "post_created", 1, post_id=101, text="y"),
+    ev(7, "message_sent", 2, recipient_id=1, message_id=500, text="hi"),
+    ev(8, "message_sent", 3, recipient_id=1, message_id=501, text="yo"),
+    ev(9, "message_read", 1, message_id=500),
+    ev(10, "status_updated", 1, text="a"),
+    ev(11, "status_updated", 1, text="b"),
+    {**ev(8, "message_sent", 3, recipient_id=1, message_id=501, text="yo"), "received_time": 2000},  # a retry
+    ev(13, "message_read", 3, message_id=999),  # not in u3's inbox: no effect
+    ev(14, "post_created", 3, post_id=102, text="z"),
+    ev(15, "post_deleted", 3, post_id=102),
+    ev(16, "post_deleted", 1, post_id=100),  # someone else's post: no effect
+]
+
+
+def test_fold_follows_the_spec():
+    t = fold(LOG)
+    assert (t.events, t.duplicates, t.no_effect) == (16, 1, 2)
+    assert t.users == {1, 2, 3}
+    # u1: own post 101 and 100 of followee 2; u2: own 100; u3: 102 deleted
+    assert t.timeline == {1: {100, 101}, 2: {100}, 3: set()}
+    assert t.inbox == {1: {500: True, 501: False}}
+    assert t.status == {1: "b"}
+
+
+def test_fold_keeps_the_latest_n_by_corrected_time():
+    log = [
+        ev(1, "user_registered", 1, handle="a", display_name="A"),
+        ev(2, "post_created", 1, post_id=7, text="old", t=10),
+        ev(3, "post_created", 1, post_id=5, text="new", t=30),
+        ev(4, "post_created", 1, post_id=6, text="new, higher id", t=30),
+    ]
+    # newest first: (30, 6), (30, 5), (10, 7); N = 2 keeps the two at t=30
+    assert fold(log, timeline_length=2).timeline[1] == {5, 6}
+
+
+def write(r, ns: str, unread: dict, msgs: dict, tl: dict, status: dict) -> None:
+    for key in r.scan_iter(f"{ns}:*"):
+        r.delete(key)
+    if unread:
+        r.hset(f"{ns}:unread", mapping=unread)
+    for u, messages in msgs.items():
+        for mid, read in messages.items():
+            body = {"message_id": mid, "sender_id": 9, "text": "t", "event_time": 1, "read": read}
+            r.hset(f"{ns}:msgs:{u}", mid, json.dumps(body))
+            r.zadd(f"{ns}:inbox:{u}", {str(mid).zfill(PAD): 1})
+    for u, posts in tl.items():
+        r.zadd(f"{ns}:tl:{u}", {str(p).zfill(PAD): 1 for p in posts})
+    for u, text in status.items():
+        r.hset(f"{ns}:status", u, json.dumps({"text": text, "event_time": 1}))
+
+
+def test_a_store_equal_to_the_log_has_no_divergence(r):
+    write(
+        r,
+        "same",
+        unread={1: 1, 2: 0},
+        msgs={1: {500: True, 501: False}},
+        tl={1: [100, 101], 2: [100]},
+        status={1: "b"},
+    )
+    found = divergences(read_store(r, "same"), fold(LOG))
+    assert {m: len(v) for m, v in found.items()} == dict.fromkeys(found, 0)
+
+
+def test_each_kind_of_divergence_is_counted(r):
+    write(
+        r,
+        "t",
+        unread={1: 2, 3: 1},  # u1 has 1 unread message in the store's inbox, u3 none
+        msgs={1: {500: True, 502: False}},  # 501 missing, 502 extra
+        tl={1: [101, 102], 2: [100]},  # u1: 100 missing, 102 (deleted) extra
+        status={1: "a", 2: "x"},  # u1's last is "b"; u2 never set one
+    )
+    # another namespace whose name starts the same must not be read
+    write(r, "t-replayed", unread={1: 5}, msgs={1: {777: False}}, tl={1: [777]}, status={1: "zz"})
+    found = divergences(read_store(r, "t"), fold(LOG))
+    assert found == {
+        "counter_mismatch_users": [1, 3],
+        "inbox_missing": [(1, 501)],
+        "inbox_extra": [(1, 502)],
+        "timeline_missing": [(1, 100)],
+        "timeline_extra": [(1, 102)],
+        "status_not_last": [1, 2],
+    }
+
+    journal = [
+        {"fault": "race", "type": "message_sent", "user_id": 2, "recipient_id": 1, "message_id": 500},
+        {"fault": "store_fail", "type": "post_created", "user_id": 3, "post_id": 102},
+        {"fault": "timeout", "type": "status_updated", "user_id": 1},
+        {"fault": "crash", "type": "followed", "user_id": 1, "followee_id": 2},
+    ]
+    by_fault = attribute(found, journal)
+    nonzero = {f: {m: n for m, n in counts.items() if n} for f, counts in by_fault.items()}
+    assert nonzero == {
+        "race": {"counter_mismatch_users": 1, "inbox_missing": 1, "inbox_extra": 1},  # u1's inbox
+        "crash": {"timeline_missing": 1, "timeline_extra": 1},  # u1's follow touches u1's timeline
+        "store_fail": {"timeline_extra": 1},  # post 102
+        "timeout": {"status_not_last": 1},  # u1's status
+        "unattributed": {"counter_mismatch_users": 1, "status_not_last": 1},  # u3's counter, u2's status
+    }
