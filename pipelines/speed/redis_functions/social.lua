@@ -30,7 +30,7 @@ are ids zero-padded to 19 digits, so ZREVRANGE order = (event_time desc, id desc
 strings here: Lua numbers are doubles and would round 64-bit ids.
 ]]
 
-local VERSION = '2'
+local VERSION = '3'
 local EVENT_ARGS = 10
 
 local function cmp_gt(s1, m1, s2, m2) -- (score, member) ordering of the timelines
@@ -70,8 +70,27 @@ function Ctx:is_celeb(a) return redis.call('SISMEMBER', self:k('celebs'), a) == 
 -- is refilled, back to N + S, so a refill's cost is shared by S removals. The view is the first
 -- N (reads never ask for more); the slack is exact too, so any prefix is the definition.
 
--- Add posts (list of {member, score, author}) to tl:u; logs the net change.
+-- One post into tl:u, the fan-out's hot path: 2-3 calls (ZADD, ZCARD, then ZPOPMIN or ZRANK).
+function Ctx:tl_add_one(u, p)
+  local key = self:k('tl', u)
+  if redis.call('ZADD', key, p[2], p[1]) == 0 then return end -- there already
+  local n = redis.call('ZCARD', key)
+  if n > self.N + self.S then
+    -- it held N + S: the minimum goes, which is this post if it ranks below all kept ones
+    local out = redis.call('ZPOPMIN', key)
+    if out[1] == p[1] then return end
+    self:tl_change('-', u, out[1])
+  elseif n - 1 >= self.N and redis.call('ZRANK', key, p[1]) == 0 then
+    -- it held N or more and this post ranks below all of them: not part of the kept prefix
+    redis.call('ZREM', key, p[1])
+    return
+  end
+  self:tl_change('+', u, p[1], p[3], p[2])
+end
+
+-- Add posts (list of {member, score, author}) to tl:u (a backfill: many at once); logs the net change.
 function Ctx:tl_add(u, posts)
+  if #posts == 1 then return self:tl_add_one(u, posts[1]) end
   local key = self:k('tl', u)
   local n = redis.call('ZCARD', key)
   local min_s, min_m
@@ -82,33 +101,24 @@ function Ctx:tl_add(u, posts)
     min_m, min_s = lo[1], tonumber(lo[2])
   end
   local added, count = {}, 0
-  if #posts == 1 then
-    local p = posts[1]
-    if (min_s == nil or cmp_gt(p[2], p[1], min_s, min_m)) and redis.call('ZADD', key, p[2], p[1]) == 1 then
+  local keep, args = {}, {}
+  for _, p in ipairs(posts) do
+    if min_s == nil or cmp_gt(p[2], p[1], min_s, min_m) then keep[#keep + 1] = p end
+  end
+  if #keep == 0 then return end
+  for _, p in ipairs(keep) do args[#args + 1] = p[1] end
+  local have = redis.call('ZMSCORE', key, unpack(args))
+  args = {}
+  for i, p in ipairs(keep) do
+    if have[i] == false and added[p[1]] == nil then
       added[p[1]] = p
-      count = 1
+      count = count + 1
+      args[#args + 1] = p[2]
+      args[#args + 1] = p[1]
     end
-  else
-    local keep, args = {}, {}
-    for _, p in ipairs(posts) do
-      if min_s == nil or cmp_gt(p[2], p[1], min_s, min_m) then keep[#keep + 1] = p end
-    end
-    if #keep == 0 then return end
-    for _, p in ipairs(keep) do args[#args + 1] = p[1] end
-    local have = redis.call('ZMSCORE', key, unpack(args))
-    args = {}
-    for i, p in ipairs(keep) do
-      if have[i] == false and added[p[1]] == nil then
-        added[p[1]] = p
-        count = count + 1
-        args[#args + 1] = p[2]
-        args[#args + 1] = p[1]
-      end
-    end
-    if count == 0 then return end
-    redis.call('ZADD', key, unpack(args))
   end
   if count == 0 then return end
+  redis.call('ZADD', key, unpack(args))
   local extra = n + count - self.N - self.S
   local popped = {}
   if extra > 0 then
