@@ -168,7 +168,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("fault", FAULTS)
+TIMEOUT_KNOWN_ISSUE = pytest.mark.xfail(
+    strict=False,
+    reason="the API's shared idempotency keys (issue 17) answer a retry of a stalled write 409 "
+    "while the original is in flight, so this scenario's retries no longer double-write; its "
+    "divergence now depends on timing (open in issue 16)",
+)
+
+
+@pytest.mark.parametrize(
+    "fault", [pytest.param(f, marks=TIMEOUT_KNOWN_ISSUE) if f == "timeout" else f for f in FAULTS]
+)
 def test_each_fault_makes_dual_writes_diverge(runs, fault):
     found, by_fault, journal = runs["dual"]
     injected = [j for j in journal if j["fault"] == fault]

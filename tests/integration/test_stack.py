@@ -147,6 +147,7 @@ def test_up_twice_with_every_service_is_fast_and_reads_no_log(kafka_stack):
         kafka_stack.settings,
         views_namespace=f"upstack-{uuid.uuid4().hex[:8]}",
         api_port=_free_port(18200, set()),
+        analytics=0,  # one JVM fewer: the analytics' own start is tested in test_analytics
     )
     stack = Stack(settings)
     speed_layer, api = SpeedLayer(settings), ApiServer(settings)
@@ -155,6 +156,7 @@ def test_up_twice_with_every_service_is_fast_and_reads_no_log(kafka_stack):
             "kafka": "already running",
             "redis": "already running",
             "speed_layer": "started",
+            "analytics": "off (SOCIAL_ANALYTICS=0)",
             "api": "started",
         }
         assert speed_layer.application() == f"speed-layer-{settings.views_namespace}"
@@ -162,7 +164,8 @@ def test_up_twice_with_every_service_is_fast_and_reads_no_log(kafka_stack):
         for service in (speed_layer, api):
             service.log_file.write_bytes(b"")  # readiness must not depend on what a log says
         started = time.monotonic()
-        assert stack.up() == {name: "already running" for name in pids}
+        running = {name: "already running" for name in pids}
+        assert stack.up() == {**running, "analytics": "off (SOCIAL_ANALYTICS=0)"}
         assert time.monotonic() - started < 10
         assert {s.name: s.pid() for s in stack.services} == pids
     finally:
