@@ -1,4 +1,4 @@
-"""``make bench``: side-by-side benchmarks, each a ratio measured in one run (BRIEF 8).
+"""``make bench``: side-by-side benchmarks, each a ratio measured in one run.
 
 Absolute rates on a shared 2-core machine are noise; a ratio against a reference measured in the
 same run, on the same broker, is not. Each section is a function ``(BenchContext) -> dict``

@@ -1,6 +1,6 @@
 """``make bench`` section ``keyed``: the keyed speed layer (Kafka -> processor -> Redis functions).
 
-One run, side by side on one broker and one Redis (BRIEF section 8):
+One run, side by side on one broker and one Redis (docs/architecture.md, "The keyed speed layer"):
 
 - read-your-write: an API write, then the same user's timeline read until its ``as_of`` covers
   the write; p50/p99 over ``ryw_writes`` writes, idle and with ``ryw_load_rate`` events/s flowing;

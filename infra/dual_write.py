@@ -20,7 +20,7 @@ cost: during the log-mode run the API's reads find its namespace empty (its clie
 messages to mark them read), while dual mode's reads see its own writes.
 
 Then, per mode, the derived state in Redis is compared with **the log's truth**: an independent
-fold of the mode's span in Python (:func:`fold`, BRIEF section 5: dedup by ``event_id``,
+fold of the mode's span in Python (:func:`fold`, the view semantics of docs/views.md: dedup by ``event_id``,
 follows, live posts, home timelines of the latest N, inbox with read flags, last status in log
 order; not the speed layer's code, so the log design's zero is a check, not a tautology), for
 the span's users only. The log design's state is ``replay``; dual mode's is ``dual``. Counted
@@ -87,7 +87,7 @@ DEFAULT_FAULTS = {"crash": 5, "race": 150, "timeout": 15, "store_fail": 20}  # p
 ENV = {f: f"SOCIAL_FAULT_{f.upper()}_PERMILLE" for f in FAULTS}
 
 
-# --- the log's truth: an independent fold of BRIEF section 5 ------------------------------------------
+# --- the log's truth: an independent fold of docs/views.md ------------------------------------------
 
 
 @dataclass
@@ -102,7 +102,7 @@ class Truth:
 
 
 def fold(events: Iterable[dict], timeline_length: int = 800) -> Truth:
-    """The views of BRIEF section 5 from events in log order (order matters within a partition only).
+    """The views of docs/views.md from events in log order (order matters within a partition only).
 
     Only what the API can append is handled (it validates every event against the contract);
     the dedup window is the whole log (a run lasts minutes, the window a day).

@@ -43,11 +43,11 @@ EVENTS_TOPIC_CONFIGS: dict[str, str] = {
     "retention.ms": "-1",
     "retention.bytes": "-1",
     "cleanup.policy": "delete",  # never compacted: every event, not the latest per key
-    "min.insync.replicas": "1",  # one local broker; 2 with replication 3 when scaled (BRIEF 3)
+    "min.insync.replicas": "1",  # one local broker; 2 with replication 3 when scaled
     "unclean.leader.election.enable": "false",  # never lose acknowledged events on failover
     # The broker stamps each record when it is appended: per partition monotonic, independent of
     # producer clocks, so offsets-for-times lookups (replay from a time) are exact. Device and
-    # server times live in the event itself (BRIEF 4).
+    # server times live in the event itself (docs/events.md).
     "message.timestamp.type": "LogAppendTime",
     "compression.type": "producer",
 }

@@ -1,7 +1,7 @@
 """The Delta Lake side of the speed layer: reading prior state and writing one batch, exactly once.
 
 Layout: ``<lake_dir>/<namespace>/<table>`` (a namespace is one version of the views, for
-blue/green rebuilds). Exactness (BRIEF section 6):
+blue/green rebuilds). Exactness (docs/architecture.md):
 
 - Prior state for batch k is every table *at the version batch k-1 recorded* in ``batches``
   (time travel), never "whatever is there now": a re-run of batch k after a crash in the middle

@@ -1,6 +1,6 @@
 """The verify report as one readable HTML page (``var/reports/verify/latest.html``).
 
-``verify`` writes its result as JSON (the contract, BRIEF section 7) and calls
+``verify`` writes its result as JSON (the report contract in the README) and calls
 :func:`write_html` with the same dict: a verdict, the log position P, one row per view (rows live,
 rows recomputed, mismatches, examples), the serving-store check, the accounting identity
 (events read = applied + duplicates + quarantined) and a freshness plot (matplotlib, embedded as

@@ -1,7 +1,7 @@
 """The derived Delta tables: names, schemas, keys and meaning, in one place.
 
 Both the speed layer and the replay write exactly these tables; `verify` compares them key by
-key. The meaning of each view is BRIEF section 5; docs/views.md is generated from this module.
+key. docs/views.md (the meaning of each view) is generated from this module.
 """
 
 from __future__ import annotations

@@ -127,7 +127,7 @@ def compare_serving(
 ) -> dict:
     """The keyed state in Redis against the Delta views, when both cover the same log position.
 
-    Two implementations of BRIEF section 5 meet here: the Redis functions (event by event) and
+    Two implementations of docs/views.md meet here: the Redis functions (event by event) and
     the set-wise fold (:mod:`pipelines.views`). Redis runs ahead of Delta while events flow; the
     comparison is made when they cover the same offsets (a caught-up stream) and skipped otherwise.
     """

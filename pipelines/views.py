@@ -1,6 +1,7 @@
-"""How every derived view is computed: one fold step, ``state@k-1 + events of batch k -> state@k``.
+"""How every derived Delta view is computed: one fold step, ``state@k-1 + events of batch k -> state@k``.
 
-This is the only place where the meaning of the views (BRIEF section 5) is implemented. The
+This is the set-wise implementation of the views (docs/views.md); the keyed speed layer's Redis
+functions are the other, event by event, and verify compares the two. The
 streaming job calls :func:`apply_batch` once per micro-batch with the prior state read from
 Delta at the versions the previous batch committed; the replay calls it once, with empty prior
 state and the whole log prefix as one batch. Same function, so stream and batch agree by

@@ -85,7 +85,7 @@ def fault_rates(settings) -> dict[str, int]:
 
 
 def corrected_time(event: dict) -> int:
-    """BRIEF section 4: device_time + (received_time - sent_time)."""
+    """The corrected event time of docs/events.md: device_time + (received_time - sent_time)."""
     return event["device_time"] + (event["received_time"] - event["sent_time"])
 
 

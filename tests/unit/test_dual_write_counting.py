@@ -2,7 +2,7 @@
 
 The stores live in a real redis-server (started here, on a free port, in a temporary folder),
 written with the serving store's key layout (pipelines/serving.py); every expected figure below
-is worked out by hand from BRIEF section 5.
+is worked out by hand from docs/views.md.
 """
 
 from __future__ import annotations

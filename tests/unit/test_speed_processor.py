@@ -1,4 +1,4 @@
-"""The keyed processor and its Redis functions, against a real redis-server: BRIEF section 5 by hand.
+"""The keyed processor and its Redis functions, against a real redis-server: docs/views.md by hand.
 
 Events go through :class:`pipelines.speed.processor.Processor` exactly as the stream sends them
 (raw record bytes, per partition, in offset order) into a redis-server started for this module;
@@ -324,7 +324,7 @@ def test_a_rerun_after_a_crash_changes_nothing(redis_url, ns):
 
 
 # ---------------------------------------------------------------------------------------------
-# The definition, computed from the log alone (BRIEF section 5), and interleaving independence.
+# The definition, computed from the log alone (docs/views.md), and interleaving independence.
 # ---------------------------------------------------------------------------------------------
 def definition(records, n, threshold, window):
     """Every view straight from its definition over the log (no incremental maintenance)."""

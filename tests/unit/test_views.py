@@ -1,4 +1,4 @@
-"""The fold step on small in-memory batches: hand-worked cases of BRIEF section 5.
+"""The fold step on small in-memory batches: hand-worked cases of docs/views.md.
 
 Events go in as Kafka-shaped records through the real parse, so each case is exactly what the
 speed layer would see. Offsets follow list order per partition; partition = key % PARTITIONS.

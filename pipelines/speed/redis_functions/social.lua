@@ -16,7 +16,7 @@ EVENT_ARGS arguments: offset, type, event_id, user_id, received_time, event_time
 Per event, atomically (a function runs alone in Redis):
   1. the per-partition fence: an offset below `fence[p]` was applied already and is skipped, so a
      re-run of any batch after a crash changes nothing;
-  2. dedup (BRIEF section 5): a duplicate is an event_id seen before in this partition with a
+  2. dedup (docs/views.md): a duplicate is an event_id seen before in this partition with a
      received_time at most the window before this one;
   3. stateful validity and the effects on the views, maintaining exactly, after every event:
      tl:<u> begins with the latest N posts by u or by the non-celebrity authors u follows. Because that
