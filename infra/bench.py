@@ -317,12 +317,11 @@ def serving(ctx: BenchContext) -> dict:
 
 
 def _drop_namespace(settings: Settings, namespace: str) -> None:
-    from pipelines.serving import connect
+    import redis
 
-    r = connect(settings.redis_url)
-    keys = list(r.scan_iter(match=f"{namespace}:*", count=5000))
-    for i in range(0, len(keys), 5000):
-        r.delete(*keys[i : i + 5000])
+    from pipelines.speed.functions import drop_namespace
+
+    drop_namespace(redis.Redis.from_url(settings.redis_url), namespace)
 
 
 # --- the speed layer, the replay, scaling (issue 3) -----------------------------------------------------
@@ -444,7 +443,7 @@ def _stream_parse_floor(ctx: BenchContext, spark, batch_events: int) -> dict:
     import tempfile
 
     from pipelines.parse import parse_records
-    from pipelines.speed_layer import kafka_source
+    from pipelines.speed.stream import kafka_stream as kafka_source
 
     topic, _ = _fill(ctx, "floor", batch_events * ctx.floor_batches, users=2_000, mean_followers=30)
 
@@ -538,7 +537,7 @@ def stream_section(ctx: BenchContext) -> dict:
     import tempfile
 
     from pipelines.lake import Lake
-    from pipelines.speed_layer import kafka_source
+    from pipelines.speed.stream import kafka_stream as kafka_source
     from pipelines.speed_layer import run as run_speed_layer
     from pipelines.verify import freshness
 

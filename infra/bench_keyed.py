@@ -149,7 +149,7 @@ def _fanout_ceiling(r: redis.Redis, namespace: str, seconds: float = 5.0, follow
         posts += len(batch)
     elapsed = time.perf_counter() - t0
     zadds = _commandstats(r).get("zadd", 0) - before
-    from pipelines.speed.compare import drop_namespace
+    from pipelines.speed.functions import drop_namespace
 
     drop_namespace(r, namespace)
     return {
@@ -293,7 +293,7 @@ def keyed_section(ctx: BenchContext) -> dict:
         out.get(f"timeline_writes_per_s_{top}", 0) / max(ceiling["ceiling_timeline_writes_per_s"], 1), 3
     )
     out.update(_replay_vs_bare_read(ctx, settings, topic, namespace))
-    from pipelines.speed.compare import drop_namespace
+    from pipelines.speed.functions import drop_namespace
 
     drop_namespace(r, namespace)
     return out
@@ -303,7 +303,7 @@ def _replay_vs_bare_read(ctx: BenchContext, settings: Settings, topic: str, name
     from infra.stack import end_offsets
     from pipelines.replay import read_log, replay_keyed
     from pipelines.spark import build_spark
-    from pipelines.speed.compare import drop_namespace
+    from pipelines.speed.functions import drop_namespace
 
     spark = build_spark("bench-keyed-replay", settings)
     ends = end_offsets(settings, topic)

@@ -141,16 +141,9 @@ def drop_namespace(settings: Settings, namespace: str) -> dict:
     removed_keys = 0
     try:
         from pipelines.serving import connect
+        from pipelines.speed.functions import drop_namespace as drop_keys
 
-        client = connect(settings.redis_url)
-        batch = []
-        for key in client.scan_iter(match=f"{namespace}:*", count=1000):
-            batch.append(key)
-            if len(batch) == 1000:
-                removed_keys += client.unlink(*batch)
-                batch = []
-        if batch:
-            removed_keys += client.unlink(*batch)
+        removed_keys = drop_keys(connect(settings.redis_url), namespace)
     except Exception as exc:  # noqa: BLE001 - Redis down: the files are gone; keys go next time
         log.warning("redis keys of %s not removed: %s", namespace, exc)
     return {"redis_keys": removed_keys}

@@ -38,7 +38,7 @@ from pipelines.lake import Lake
 from pipelines.parse import parse_records
 from pipelines.spark import build_spark
 from pipelines.speed import stream as keyed
-from pipelines.speed.stream import kafka_options
+from pipelines.speed.stream import kafka_stream
 from pipelines.views import ViewConfig, apply_batch, materialize
 
 log = logging.getLogger("speed_layer")
@@ -54,18 +54,6 @@ def view_config(settings: Settings) -> ViewConfig:
 
 def checkpoint_dir(settings: Settings, namespace: str) -> Path:
     return Path(settings.var_dir) / "checkpoints" / namespace / "speed_layer"
-
-
-def kafka_source(spark, settings: Settings, topic: str, max_offsets: int | None = None):
-    """The event stream as the views query reads it (the bench reads it the same way)."""
-    return (
-        spark.readStream.format("kafka")
-        .options(**kafka_options(settings))
-        .option("subscribe", topic)
-        .option("startingOffsets", "earliest")
-        .option("maxOffsetsPerTrigger", max_offsets or settings.max_offsets_per_trigger)
-        .load()
-    )
 
 
 def _read_extent(records: DataFrame, previous: dict[int, int]) -> tuple[int, dict[int, int]]:
@@ -163,7 +151,7 @@ def run(
         lake.ensure_tables()
         processor = BatchProcessor(spark, lake, view_config(settings))
         writer = (
-            kafka_source(spark, settings, topic)
+            kafka_stream(spark, settings, topic)
             .writeStream.foreachBatch(processor)
             .option("checkpointLocation", str(checkpoint_dir(settings, namespace)))
             .queryName(f"speed_layer_{namespace}")

@@ -172,7 +172,8 @@ def verify_keyed(spark, settings: Settings, namespace: str, topic: str) -> dict:
 
     from pipelines.replay import replay_keyed
     from pipelines.speed import functions
-    from pipelines.speed.compare import compare_namespaces, drop_namespace
+    from pipelines.speed.compare import compare_namespaces
+    from pipelines.speed.functions import drop_namespace
     from pipelines.speed.stream import topic_partitions
 
     client = redis.Redis.from_url(settings.redis_url)

@@ -1,7 +1,7 @@
 """The analytics' input: ``social.events`` as a stream of contract-valid events in event time.
 
-The Kafka reader takes the options every reader of the log uses
-(:func:`pipelines.speed.stream.kafka_options`: the latency knobs live in one place).
+The Kafka reader is the one every streaming reader of the log uses
+(:func:`pipelines.speed.stream.kafka_stream`: the latency knobs live in one place).
 Decoding is the project's one contract parse (:func:`pipelines.parse.parse_records`), without its
 local checkpoint (a stream cannot be checkpointed); invalid records are the speed layer's
 business (its quarantine), the analytics see only the valid ones.
@@ -14,19 +14,12 @@ from pyspark.sql import functions as F
 
 from infra.settings import Settings
 from pipelines.parse import parse_records
-from pipelines.speed.stream import kafka_options
+from pipelines.speed.stream import kafka_stream
 
 
 def kafka_records(spark, settings: Settings, topic: str, max_offsets: int | None = None) -> DataFrame:
-    """The event log as a stream of Kafka records, read as the speed layer reads it."""
-    return (
-        spark.readStream.format("kafka")
-        .options(**kafka_options(settings))
-        .option("subscribe", topic)
-        .option("startingOffsets", "earliest")
-        .option("maxOffsetsPerTrigger", max_offsets or settings.max_offsets_per_trigger)
-        .load()
-    )
+    """The event log as a stream of Kafka records, read as the speed layer's views query reads it."""
+    return kafka_stream(spark, settings, topic, max_offsets)
 
 
 def events(records: DataFrame) -> DataFrame:

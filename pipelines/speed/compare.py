@@ -95,17 +95,3 @@ def compare_namespaces(r: redis.Redis, live: str, replayed: str, timeline_length
 def _short(v) -> str:
     text = repr(v)
     return text if len(text) <= 300 else text[:300] + "..."
-
-
-def drop_namespace(r: redis.Redis, namespace: str) -> int:
-    """Remove every key of a namespace (a scratch replay); returns how many."""
-    n = 0
-    batch = []
-    for k in r.scan_iter(match=f"{namespace}:*", count=2000):
-        batch.append(k)
-        if len(batch) >= 1000:
-            n += r.unlink(*batch)
-            batch = []
-    if batch:
-        n += r.unlink(*batch)
-    return n

@@ -88,3 +88,17 @@ def accounting(client: redis.Redis, namespace: str, partitions: list[int]) -> di
             name = name.decode() if isinstance(name, bytes) else name
             totals[name] = totals.get(name, 0) + int(n)
     return totals
+
+
+def drop_namespace(r: redis.Redis, namespace: str) -> int:
+    """Remove every key of a namespace (a scratch replay); returns how many."""
+    n = 0
+    batch = []
+    for k in r.scan_iter(match=f"{namespace}:*", count=2000):
+        batch.append(k)
+        if len(batch) >= 1000:
+            n += r.unlink(*batch)
+            batch = []
+    if batch:
+        n += r.unlink(*batch)
+    return n

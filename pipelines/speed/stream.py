@@ -150,6 +150,19 @@ def kafka_options(settings: Settings) -> dict[str, str]:
     }
 
 
+def kafka_stream(spark, settings: Settings, topic: str, max_offsets: int | None = None):
+    """The event log as a stream of Kafka records from the earliest offset (the views query, the
+    analytics and the bench read it so; the keyed query starts from its fences instead)."""
+    return (
+        spark.readStream.format("kafka")
+        .options(**kafka_options(settings))
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", max_offsets or settings.max_offsets_per_trigger)
+        .load()
+    )
+
+
 def fresh_checkpoint(settings: Settings, namespace: str) -> Path:
     """A new checkpoint for this start (the fences in Redis say where to start, not Spark)."""
     root = Path(settings.var_dir) / "checkpoints" / namespace / "keyed"
