@@ -23,14 +23,20 @@ Per event, atomically (a function runs alone in Redis):
      holds after every event whatever the partition it came from, the state is a function of the
      set of applied events, not of how partitions interleave;
   4. accounting (stats:<p>) and one changelog entry (stream changelog:<p>, id "<offset>-1", so an
-     entry exists once per offset by construction) with the disposition and the view changes.
+     entry exists once per offset by construction) with the disposition, the view changes and a
+     global sequence number `s` (INCR seq): the order in which Redis applied events of all
+     partitions, so the last change per key in `s` order is the key's value (the compaction's rule).
+
+`FCALL_RO social_cut 0 <ns>` returns {seq, partition, next offset, ...} read in one atomic step: a
+consistent cut. The events below those offsets are exactly the changelog entries with s <= seq, and
+the state at that moment is the views at that log position (the archiver archives only such cuts).
 
 Scores are corrected event times (ms, exact as doubles below 2^53); timeline and inbox members
 are ids zero-padded to 19 digits, so ZREVRANGE order = (event_time desc, id desc). Ids stay
 strings here: Lua numbers are doubles and would round 64-bit ids.
 ]]
 
-local VERSION = '3'
+local VERSION = '5'
 local EVENT_ARGS = 10
 
 local function cmp_gt(s1, m1, s2, m2) -- (score, member) ordering of the timelines
@@ -61,6 +67,22 @@ function Ctx:tl_change(sign, u, m, author, score)
   else
     t[#t + 1] = '-' .. u .. ':' .. m
   end
+end
+
+-- The JSON values of the state, written the same way by the events and by a restore.
+local function user_json(handle, display_name)
+  return '{"handle":' .. cjson.encode(handle) .. ',"display_name":' .. cjson.encode(display_name) .. '}'
+end
+local function status_json(text, et)
+  return '{"text":' .. cjson.encode(text) .. ',"event_time":' .. string.format('%d', et) .. '}'
+end
+local function post_json(pid, a, text, et)
+  return '{"post_id":' .. pid .. ',"author_id":' .. a .. ',"text":' .. cjson.encode(text) ..
+    ',"event_time":' .. string.format('%d', et) .. '}'
+end
+local function msg_json(mid, sender, text, et, read)
+  return '{"message_id":' .. mid .. ',"sender_id":' .. sender .. ',"text":' .. cjson.encode(text) ..
+    ',"event_time":' .. string.format('%d', et) .. ',"read":' .. (read and 'true' or 'false') .. '}'
 end
 
 function Ctx:is_celeb(a) return redis.call('SISMEMBER', self:k('celebs'), a) == 1 end
@@ -226,14 +248,12 @@ end
 local apply = {}
 
 function apply.user_registered(c, e)
-  redis.call('HSET', c:k('users'), e.user, '{"handle":' .. cjson.encode(e.s1) ..
-    ',"display_name":' .. cjson.encode(e.s2) .. '}')
+  redis.call('HSET', c:k('users'), e.user, user_json(e.s1, e.s2))
   c:change('U', e.user, e.s1, e.s2, e.et)
 end
 
 function apply.status_updated(c, e)
-  redis.call('HSET', c:k('status'), e.user, '{"text":' .. cjson.encode(e.s1) ..
-    ',"event_time":' .. string.format('%d', e.et) .. '}')
+  redis.call('HSET', c:k('status'), e.user, status_json(e.s1, e.et))
   c:change('S', e.user, e.s1, e.et)
 end
 
@@ -276,8 +296,7 @@ function apply.post_created(c, e)
   local m = pad(pid)
   redis.call('HSET', c:k('pids', a), pid, 1)
   redis.call('ZADD', c:k('posts', a), e.et, m)
-  redis.call('SET', c:k('p', pid), '{"post_id":' .. pid .. ',"author_id":' .. a .. ',"text":' ..
-    cjson.encode(e.s1) .. ',"event_time":' .. string.format('%d', e.et) .. '}')
+  redis.call('SET', c:k('p', pid), post_json(pid, a, e.s1, e.et))
   c:change('P', a, pid, e.et, e.s1, 0, nil)
   local post = {{m, e.et, a}}
   c:tl_add(a, post)
@@ -309,10 +328,9 @@ function apply.message_sent(c, e)
   local m = pad(mid)
   if redis.call('ZSCORE', c:k('inbox', r), m) ~= false then return 'reused_id' end
   redis.call('ZADD', c:k('inbox', r), e.et, m)
-  redis.call('HSET', c:k('msgs', r), mid, '{"message_id":' .. mid .. ',"sender_id":' .. e.id2 ..
-    ',"text":' .. cjson.encode(e.s1) .. ',"event_time":' .. string.format('%d', e.et) .. ',"read":false}')
+  redis.call('HSET', c:k('msgs', r), mid, msg_json(mid, e.id2, e.s1, e.et, false))
   local n = redis.call('HINCRBY', c:k('unread'), r, 1)
-  c:change('I', r, mid, e.id2, e.s1, e.et)
+  c:change('I', r, mid, e.id2, e.s1, e.et, 0)
   c:change('N', r, n)
 end
 
@@ -324,7 +342,9 @@ function apply.message_read(c, e)
   if body:sub(-#unread_suffix) ~= unread_suffix then return end -- read before: no change
   redis.call('HSET', c:k('msgs', r), mid, body:sub(1, -#unread_suffix - 1) .. '"read":true}')
   local n = redis.call('HINCRBY', c:k('unread'), r, -1)
-  c:change('R', r, mid)
+  -- the whole row again (the changelog holds absolute values); ids as written, never via doubles
+  c:change('I', r, mid, body:match('"sender_id":(%d+)'), cjson.decode(body).text,
+    body:match('"event_time":(%-?%d+)'), 1)
   c:change('N', r, n)
 end
 
@@ -344,8 +364,9 @@ local function dedup(c, p, eid, rt)
     hwm = rt
     redis.call('HSET', c:k('hwm'), p, string.format('%d', rt))
   end
-  local old = redis.call('ZRANGEBYSCORE', q, '-inf', '(' .. string.format('%d', hwm - c.window - c.grace),
-    'LIMIT', 0, 16)
+  -- all of them (not a bounded number per event): the memory is then exactly a function of the
+  -- log prefix, which a restore from the archive rebuilds (about one id leaves per id that comes)
+  local old = redis.call('ZRANGEBYSCORE', q, '-inf', '(' .. string.format('%d', hwm - c.window - c.grace))
   if #old > 0 then
     redis.call('HDEL', seen, unpack(old))
     redis.call('ZREM', q, unpack(old))
@@ -390,7 +411,7 @@ local function social_apply(keys, args)
       end
       counts[disp] = counts[disp] + 1
       redis.call('HINCRBY', stats, DISPOSITION[disp], 1)
-      local entry = {'d', disp}
+      local entry = {'d', disp, 's', redis.call('INCR', c:k('seq'))}
       if reason then entry[#entry + 1] = 'r'; entry[#entry + 1] = reason end
       if #c.changes > 0 then entry[#entry + 1] = 'c'; entry[#entry + 1] = cjson.encode(c.changes) end
       if #c.tl > 0 then entry[#entry + 1] = 't'; entry[#entry + 1] = table.concat(c.tl, ',') end
@@ -405,6 +426,67 @@ end
 
 local function social_version() return VERSION end
 
+-- Restore (pipelines/restore.py): state rows from the Delta archive written as the events write
+-- them. `FCALL social_restore 0 <ns> <kind> <n fields> <row>...`; kinds and fields:
+--   U user handle display_name | S user text event_time | F user followee | C author |
+--   P author post event_time text deleted(0/1) | T user post event_time |
+--   I recipient message sender text event_time read(0/1) | N user unread |
+--   D partition event_id received_time | H partition hwm | X partition field count |
+--   Z partition next_offset | Q seq
+local RESTORE = {
+  U = function(ns, r) redis.call('HSET', ns .. ':users', r[1], user_json(r[2], r[3])) end,
+  S = function(ns, r) redis.call('HSET', ns .. ':status', r[1], status_json(r[2], tonumber(r[3]))) end,
+  F = function(ns, r)
+    redis.call('SADD', ns .. ':following:' .. r[1], r[2])
+    redis.call('SADD', ns .. ':followers:' .. r[2], r[1])
+  end,
+  C = function(ns, r) redis.call('SADD', ns .. ':celebs', r[1]) end,
+  P = function(ns, r)
+    local a, pid = r[1], r[2]
+    if r[5] == '1' then
+      redis.call('HSET', ns .. ':pids:' .. a, pid, 0)
+    else
+      redis.call('HSET', ns .. ':pids:' .. a, pid, 1)
+      redis.call('ZADD', ns .. ':posts:' .. a, r[3], pad(pid))
+      redis.call('SET', ns .. ':p:' .. pid, post_json(pid, a, r[4], tonumber(r[3])))
+    end
+  end,
+  T = function(ns, r) redis.call('ZADD', ns .. ':tl:' .. r[1], r[3], pad(r[2])) end,
+  I = function(ns, r)
+    redis.call('ZADD', ns .. ':inbox:' .. r[1], r[5], pad(r[2]))
+    redis.call('HSET', ns .. ':msgs:' .. r[1], r[2], msg_json(r[2], r[3], r[4], tonumber(r[5]), r[6] == '1'))
+  end,
+  N = function(ns, r) redis.call('HSET', ns .. ':unread', r[1], r[2]) end,
+  D = function(ns, r)
+    redis.call('HSET', ns .. ':seen:' .. r[1], r[2], r[3])
+    redis.call('ZADD', ns .. ':seenq:' .. r[1], r[3], r[2])
+  end,
+  H = function(ns, r) redis.call('HSET', ns .. ':hwm', r[1], r[2]) end,
+  X = function(ns, r) redis.call('HSET', ns .. ':stats:' .. r[1], r[2], r[3]) end,
+  Z = function(ns, r) redis.call('HSET', ns .. ':fence', r[1], r[2]) end,
+  Q = function(ns, r) redis.call('SET', ns .. ':seq', r[1]) end,
+}
+
+local function social_restore(keys, args)
+  local ns, write, width = args[1], RESTORE[args[2]], tonumber(args[3])
+  local n = 0
+  for i = 4, #args, width do
+    write(ns, {unpack(args, i, i + width - 1)})
+    n = n + 1
+  end
+  return n
+end
+
+local function social_cut(keys, args)
+  local ns = args[1]
+  local out = {tonumber(redis.call('GET', ns .. ':seq') or '0')}
+  local f = redis.call('HGETALL', ns .. ':fence')
+  for i = 1, #f do out[#out + 1] = f[i] end
+  return out
+end
+
 redis.register_function('social_apply', social_apply)
+redis.register_function('social_restore', social_restore)
 redis.register_function{function_name = 'social_version', callback = social_version,
   flags = {'no-writes'}}
+redis.register_function{function_name = 'social_cut', callback = social_cut, flags = {'no-writes'}}
