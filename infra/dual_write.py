@@ -13,7 +13,7 @@ client retries, a store write failing after the log append):
 Both runs append to one topic, ``dw.events``, one after the other (each mode's events are its
 *span* of the log: the end offsets before and after its run; the two runs' users never meet).
 Once both runs are over, the real speed layer (``python -m pipelines.speed_layer --topic
-dw.events --namespace replay --no-views``, its keyed serving path alone) folds the whole log into namespace ``replay``, in one
+dw.events --namespace replay``, its keyed serving path) folds the whole log into namespace ``replay``, in one
 micro-batch: on a busy 2-core machine its micro-batches cost minutes each, so a live one would
 only add batches, and the views are a function of the log, not of when they are computed. The
 cost: during the log-mode run the API's reads find its namespace empty (its clients read no
@@ -346,7 +346,7 @@ def say(msg: str) -> None:
 
 
 class SpeedLayerRun:
-    """``python -m pipelines.speed_layer --topic T --namespace N --no-views`` as a child process."""
+    """``python -m pipelines.speed_layer --topic T --namespace N`` as a child process."""
 
     READY = b"speed layer running"
 
@@ -360,7 +360,7 @@ class SpeedLayerRun:
             self.proc = subprocess.Popen(
                 [
                     *(sys.executable, "-m", "pipelines.speed_layer"),
-                    *("--topic", topic, "--namespace", namespace, "--no-views"),
+                    *("--topic", topic, "--namespace", namespace),
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,

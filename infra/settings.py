@@ -114,10 +114,20 @@ class Settings:
         3600 * 1000,
         "event ids are forgotten once received more than window + grace before a partition's newest",
     )
-    views_trigger_interval: str = _setting(
-        "SOCIAL_VIEWS_TRIGGER_INTERVAL",
-        "2 seconds",
-        "trigger of the Delta views query (off the serving path; see docs/architecture.md)",
+    archive_interval_s: float = _setting(
+        "SOCIAL_ARCHIVE_INTERVAL_S",
+        5.0,
+        "the archiver appends the changelog and the raw log to Delta this often (off the serving path)",
+    )
+    archive_durability_s: float = _setting(
+        "SOCIAL_ARCHIVE_DURABILITY_S",
+        2.0,
+        "the archiver archives a cut of Redis only once it is this old (Redis fsyncs its AOF every second)",
+    )
+    compaction_interval_s: float = _setting(
+        "SOCIAL_COMPACTION_INTERVAL_S",
+        120.0,
+        "the archiver compacts the archived changelog into the Delta views this often (a MERGE per view)",
     )
     max_offsets_per_trigger: int = _setting(
         "SOCIAL_MAX_OFFSETS_PER_TRIGGER", 200_000, "upper bound of events per micro-batch"
@@ -222,6 +232,8 @@ def _coerce(type_name, raw: str, env: str):
     try:
         if kind == "int":
             return int(raw)
+        if kind == "float":
+            return float(raw)
         if kind == "Path":
             return Path(raw)
         return raw

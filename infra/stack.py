@@ -533,7 +533,7 @@ class SpeedLayer(Service):
                 return
             if time.monotonic() > deadline:
                 raise StackError(
-                    "the speed layer runs but its Spark driver did not answer on the Spark UI REST API "
+                    f"{self.name} runs but its Spark driver did not answer on the Spark UI REST API "
                     f"(port {self.ui_port()}) in time; see {self.log_file}"
                 )
             time.sleep(0.5)
@@ -542,6 +542,23 @@ class SpeedLayer(Service):
         name, state, pid, _ports, log = super().status_row()
         ui = self.ui_port() if state == "running" else None
         return name, state, pid, f"ui {ui}" if ui else "", log
+
+
+class Archiver(SpeedLayer):
+    """The archiver (``python -m pipelines.archiver``): the speed layer's changelog and the raw log
+    appended to Delta every few seconds, compacted into the Delta views every few minutes.
+
+    Off the serving path, so it runs at a lower CPU priority (``nice 10``): when both want the
+    cores, the speed layer gets them. Ready the same way as the speed layer (its Spark driver
+    answers on the UI REST API).
+    """
+
+    name = "archiver"
+    marker = "pipelines.archiver"
+    APP_PREFIX = "archiver-"
+
+    def command(self) -> list[str]:
+        return ["nice", "-n", "10", sys.executable, "-m", "pipelines.archiver"]
 
 
 class Analytics(Service):
@@ -639,7 +656,7 @@ class ApiServer(Service):
 # The registry. `up` starts these in order, `down` stops them in reverse order.
 # Extension point: the speed layer (pipelines/) and the app API (app_sim/) become Service
 # subclasses (ports, command, wait_ready) and are appended here, after the stores they need.
-SERVICES: list[type[Service]] = [KafkaBroker, RedisServer, SpeedLayer, Analytics, ApiServer]
+SERVICES: list[type[Service]] = [KafkaBroker, RedisServer, SpeedLayer, Archiver, Analytics, ApiServer]
 BACKBONE: tuple[type[Service], ...] = (KafkaBroker, RedisServer)  # what the other parts need first
 
 

@@ -20,6 +20,7 @@ import json
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,21 +45,30 @@ class BatchRecord:
     row: dict
 
 
-def committed_position(lake_dir: Path, namespace: str) -> tuple[int, dict[int, int]] | None:
-    """(batch id, end offsets) of the latest committed micro-batch, read from the Delta log alone.
-
-    Every ``batches`` commit carries them in its ``userMetadata``; no Spark needed (for waiting
-    in tests, the demo and health checks).
-    """
-    log_dir = Path(lake_dir) / namespace / "batches" / "_delta_log"
+def latest_metadata(table_dir: Path, field: str) -> dict | None:
+    """The ``userMetadata`` of the table's latest commit that has ``field``, from the Delta log alone."""
+    log_dir = Path(table_dir) / "_delta_log"
     commits = sorted(log_dir.glob("*.json")) if log_dir.exists() else []
     for commit in reversed(commits):
         for line in commit.read_text().splitlines():
             info = json.loads(line).get("commitInfo")
             if info and info.get("userMetadata"):
                 meta = json.loads(info["userMetadata"])
-                return int(meta["batch_id"]), {int(p): int(o) for p, o in meta["end_offsets"].items()}
+                if field in meta:
+                    return meta
     return None
+
+
+def committed_position(lake_dir: Path, namespace: str) -> tuple[int, dict[int, int]] | None:
+    """(batch id, end offsets) of the latest committed ``batches`` row, read from the Delta log alone.
+
+    Every ``batches`` commit carries them in its ``userMetadata``; no Spark needed (for waiting
+    in tests, the demo and health checks).
+    """
+    meta = latest_metadata(Path(lake_dir) / namespace / "batches", "batch_id")
+    if meta is None:
+        return None
+    return int(meta["batch_id"]), {int(p): int(o) for p, o in meta["end_offsets"].items()}
 
 
 class Lake:
@@ -130,34 +140,51 @@ class Lake:
         return max(versions)
 
     # -- writing ----------------------------------------------------------------------------------
-    def write_batch(
-        self, batch_id: int, out: BatchOutput, quarantine: DataFrame, meta: dict
-    ) -> dict[str, int]:
-        """Write every table for batch ``batch_id``; returns the table versions after it."""
+    @contextmanager
+    def fenced(self, version: int, metadata: dict):
+        """Writes inside are Delta idempotent writes of (this writer, ``version``) with ``metadata``.
+
+        MERGE takes the fence from the session conf; appends get it as writer options: an append
+        from a worker thread does not see the session conf (found by the kill -9 test).
+        """
         conf = self.spark.conf
-        user_metadata = json.dumps({"batch_id": batch_id, "end_offsets": meta["end_offsets"]})
-        # MERGE takes the fence from the session conf; appends get it as writer options (below):
-        # an append from a worker thread does not see the session conf (found by the kill -9 test).
-        self._fence = {"txnAppId": self.app_id, "txnVersion": str(batch_id), "userMetadata": user_metadata}
+        user_metadata = json.dumps(metadata)
+        self._fence = {"txnAppId": self.app_id, "txnVersion": str(version), "userMetadata": user_metadata}
         conf.set(TXN_APP_ID, self.app_id)
-        conf.set(TXN_VERSION, str(batch_id))
+        conf.set(TXN_VERSION, str(version))
         conf.set(USER_METADATA, user_metadata)
+        try:
+            yield
+        finally:
+            self._fence = {}
+            for k in (TXN_APP_ID, TXN_VERSION, USER_METADATA):
+                conf.unset(k)
+
+    def write_batch(
+        self, batch_id: int, out: BatchOutput, quarantine: DataFrame, meta: dict, extra=()
+    ) -> dict[str, int]:
+        """Write every table for batch ``batch_id``; returns the table versions after it.
+
+        ``extra``: more writes (callables) of the same batch, fenced the same way, run first.
+        """
         rejected_q = out.rejected.select(
             "partition", "offset", "key", "raw", "reason", "event_id", "type", "kafka_timestamp"
         )
         writes = [
-            lambda: self._append("events_bronze", out.bronze),
-            lambda: self._append("quarantine", quarantine.unionByName(rejected_q)),
-            lambda: self._upsert("users", out.users),
-            lambda: self._upsert("follows", out.follows_upserts, deletes=out.follows_deletes),
-            lambda: self._upsert("posts", out.posts),
-            lambda: self._upsert("home_timeline", out.timeline_inserts, deletes=out.timeline_deletes),
-            lambda: self._upsert("inbox", out.inbox),
-            lambda: self._upsert("unread_counts", out.unread_counts),
-            lambda: self._upsert("user_status", out.user_status),
+            lambda: self.append("events_bronze", out.bronze),
+            lambda: self.append("quarantine", quarantine.unionByName(rejected_q)),
+            lambda: self.upsert("users", out.users),
+            lambda: self.upsert("follows", out.follows_upserts, deletes=out.follows_deletes),
+            lambda: self.upsert("posts", out.posts),
+            lambda: self.upsert("home_timeline", out.timeline_inserts, deletes=out.timeline_deletes),
+            lambda: self.upsert("inbox", out.inbox),
+            lambda: self.upsert("unread_counts", out.unread_counts),
+            lambda: self.upsert("user_status", out.user_status),
         ]
         started = time.time()
-        try:
+        with self.fenced(batch_id, {"batch_id": batch_id, "end_offsets": meta["end_offsets"]}):
+            for w in extra:
+                w()
             # Different tables commit independently; run them side by side to hide commit latency.
             with ThreadPoolExecutor(max_workers=4) as pool:
                 for f in [pool.submit(w) for w in writes]:
@@ -172,14 +199,11 @@ class Lake:
                 "committed_at": int(time.time() * 1000),
             }
             row["end_offsets"] = json.dumps(meta["end_offsets"])
-            self._append("batches", self.spark.createDataFrame([row], TABLES["batches"].ddl))
-        finally:
-            for key in (TXN_APP_ID, TXN_VERSION, USER_METADATA):
-                conf.unset(key)
+            self.append("batches", self.spark.createDataFrame([row], TABLES["batches"].ddl))
         return versions
 
-    def _append(self, table: str, df: DataFrame) -> None:
-        if table != "batches" and df.isEmpty():
+    def append(self, table: str, df: DataFrame) -> None:
+        if table not in ("batches", "archives") and df.isEmpty():
             return  # nothing to fence: a re-run finds nothing to write either
         t = TABLES[table]
         writer = df.select(*t.columns).write.format("delta").mode("append").options(**self._fence)
@@ -187,7 +211,7 @@ class Lake:
             writer = writer.partitionBy(*t.partition_by)
         writer.save(self.path(table))
 
-    def _upsert(self, table: str, rows: DataFrame, deletes: DataFrame | None = None) -> None:
+    def upsert(self, table: str, rows: DataFrame, deletes: DataFrame | None = None) -> None:
         """MERGE absolute rows for the touched keys (and delete the given keys)."""
         from delta.tables import DeltaTable
 

@@ -132,12 +132,10 @@ def _retired_at(settings: Settings, namespace: str) -> float | None:
 
 def drop_namespace(settings: Settings, namespace: str) -> dict:
     """Remove a namespace everywhere: Delta tables, Spark checkpoint, Redis keys."""
-    from pipelines.speed_layer import checkpoint_dir
-
     if namespace == namespaces.active(settings):
         raise ValueError(f"{namespace!r} is live")
     shutil.rmtree(Path(settings.lake_dir) / namespace, ignore_errors=True)
-    shutil.rmtree(checkpoint_dir(settings, namespace).parent, ignore_errors=True)
+    shutil.rmtree(Path(settings.var_dir) / "checkpoints" / namespace, ignore_errors=True)
     removed_keys = 0
     try:
         from pipelines.serving import connect

@@ -4,9 +4,10 @@ Where it sits: beside the speed layer, driven by the ``rebuild_views`` DAG or by
 are the same code the rest of the system runs, so a rebuild is nothing but a second speed layer
 that starts from offset 0:
 
-1. ``build``: ``python -m pipelines.speed_layer --namespace NEW --available-now`` with its own
-   checkpoint (``var/checkpoints/NEW``) and its own Delta tables and Redis keys (``NEW:*``);
-   it stops once it has caught up with the log.
+1. ``build``: ``python -m pipelines.speed_layer --namespace NEW --available-now`` into its own
+   Redis keys (``NEW:*``), stopping once it has caught up with the log; then
+   ``python -m pipelines.archiver --namespace NEW --once`` archives and compacts its changelog
+   into its own Delta tables.
 2. ``verify``: ``python -m pipelines.verify --namespace NEW`` (a replay of the log up to the new
    views' position must equal them, and Redis must equal Delta); a mismatch stops the rebuild.
 3. ``switch``: the pointer moves atomically (``var/lake/ACTIVE`` + Redis ``active_namespace``,
@@ -119,6 +120,9 @@ def build(settings: Settings, namespace: str, topic: str | None = None) -> None:
     args = ["--namespace", namespace, "--available-now", *(["--topic", topic] if topic else [])]
     if _python_module("pipelines.speed_layer", args, settings) != 0:
         raise RebuildError(f"building namespace {namespace!r} failed (see the output above)")
+    # its Delta archive and views: everything the new keyed state's changelog holds, compacted
+    if _python_module("pipelines.archiver", [*args[:2], "--once", *args[3:]], settings) != 0:
+        raise RebuildError(f"archiving namespace {namespace!r} failed (see the output above)")
 
 
 def verify(settings: Settings, namespace: str, topic: str | None = None) -> None:
@@ -131,18 +135,20 @@ def verify(settings: Settings, namespace: str, topic: str | None = None) -> None
 
 
 def restart_speed_layer(settings: Settings) -> str:
-    """Restart the stack's speed-layer service (if it runs) so that it follows the active namespace."""
+    """Restart the stack's speed layer and archiver (those running) so they follow the active namespace."""
     from infra import stack
 
+    outcome = []
     for cls in stack.SERVICES:
-        if cls.name == "speed_layer":
+        if cls.name in ("speed_layer", "archiver"):
             service = cls(settings)
-            if not service.is_running():
-                return "not running"
-            service.stop()
-            service.start()
-            return "restarted"
-    return "no speed-layer service in the stack"
+            if service.is_running():
+                service.stop()
+                service.start()
+                outcome.append(f"{cls.name} restarted")
+            else:
+                outcome.append(f"{cls.name} not running")
+    return ", ".join(outcome) or "no speed-layer service in the stack"
 
 
 def switch(

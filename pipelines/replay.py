@@ -100,7 +100,7 @@ def recompute(
 
 def main(argv: list[str] | None = None) -> int:
     from pipelines.spark import build_spark
-    from pipelines.speed_layer import view_config
+    from pipelines.views import view_config
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--topic")

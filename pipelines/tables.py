@@ -101,6 +101,37 @@ TABLES: dict[str, Table] = {
             "status(u): text of u's last status_updated in log order.",
         ),
         Table(
+            "changelog",
+            "partition INT, offset BIGINT, seq BIGINT, disposition STRING, reason STRING, changes STRING, "
+            "timeline STRING, archive_id BIGINT",
+            ("partition", "offset"),
+            "The speed layer's changelog, archived: one row per record with its disposition "
+            "(`a`pplied, `d`uplicate, `r`ejected, `q`uarantined), reason, the global sequence number "
+            "Redis applied it at, and its view changes (format in `pipelines/speed/changelog.py`). "
+            "Appended by the archiver; the views are compacted from it.",
+            verified=False,
+        ),
+        Table(
+            "timelines",
+            "user_id BIGINT, post_id BIGINT, author_id BIGINT, event_time BIGINT",
+            ("user_id", "post_id"),
+            "Every entry of the keyed timelines (the latest N and the slack kept beyond it), "
+            "compacted from the changelog: `home_timeline` is its first N per user, and a restore "
+            "of Redis loads it back.",
+            verified=False,
+        ),
+        Table(
+            "archives",
+            "archive_id BIGINT, start_offsets STRING, end_offsets STRING, seq BIGINT, records BIGINT, "
+            "applied BIGINT, duplicates BIGINT, rejected BIGINT, quarantined BIGINT, "
+            "min_received BIGINT, max_received BIGINT, received_hist STRING, archived_at BIGINT",
+            ("archive_id",),
+            "One row per archiver append, written last: the log range it covers (a consistent cut "
+            "of the keyed state: every record below `end_offsets` and no other, changelog sequence "
+            "numbers up to `seq`) and its accounting.",
+            verified=False,
+        ),
+        Table(
             "batches",
             "batch_id BIGINT, end_offsets STRING, events_read BIGINT, applied BIGINT, "
             "duplicates BIGINT, quarantined BIGINT, versions STRING, committed_at BIGINT, "

@@ -61,7 +61,7 @@ def compare(live: DataFrame, recomputed: DataFrame, columns: list[str]) -> dict:
 
 
 def freshness(lake: Lake, up_to_batch: int) -> dict:
-    """p50/p99 of (visible in Redis - received by the server) over all events, from ``batches``."""
+    """p50/p99 of (visible in the Delta views - received by the server) over all events, from ``batches``."""
     rows = (
         lake.read("batches")
         .where(F.col("batch_id") <= up_to_batch)
@@ -241,7 +241,7 @@ def verify(
     serving: bool = True,
     report_dir: Path | None = None,
 ) -> dict:
-    from pipelines.speed_layer import view_config
+    from pipelines.views import view_config
 
     namespace = namespace or namespaces.active(settings)
     topic = topic or settings.events_topic

@@ -36,6 +36,15 @@ class ViewConfig:
     dedup_window_ms: int = 24 * 3600 * 1000
 
 
+def view_config(settings) -> ViewConfig:
+    """The view parameters from the project's settings (infra/settings.py)."""
+    return ViewConfig(
+        timeline_length=settings.timeline_length,
+        fanout_threshold=settings.fanout_threshold,
+        dedup_window_ms=settings.dedup_window_ms,
+    )
+
+
 @dataclass
 class State:
     """Prior state: one DataFrame per table (the tables' current rows, or empty)."""

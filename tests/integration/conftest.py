@@ -1,8 +1,10 @@
-"""Integration fixtures on top of the session stack: the speed layer as a real subprocess.
+"""Integration fixtures on top of the session stack: the speed layer as real subprocesses.
 
-`speed_layer_factory(topic=..., namespace=..., **settings)` starts `python -m pipelines.speed_layer`
-against the session's Kafka and Redis with its own namespace (Delta tables, checkpoint, Redis
-keys), exactly as `make up` runs it; every one started is stopped at teardown.
+`speed_layer_factory(topic=..., namespace=..., archive=True, **settings)` starts
+`python -m pipelines.speed_layer` and (with ``archive``) `python -m pipelines.archiver` against the
+session's Kafka and Redis with their own namespace (Delta tables, checkpoint, Redis keys), exactly
+as `make up` runs them, the archiver compacting every few seconds instead of every few minutes;
+every one started is stopped at teardown.
 """
 
 from __future__ import annotations
@@ -28,32 +30,39 @@ class SpeedLayerProcess:
     namespace: str
     log_path: Path
     args: tuple[str, ...] = ()
+    archive: bool = True
     proc: subprocess.Popen | None = None
+    archiver: subprocess.Popen | None = None
     restarts: int = field(default=0)
 
-    def start(self) -> SpeedLayerProcess:
+    def _spawn(self, module: str, log_path: Path, *args: str) -> subprocess.Popen:
         from infra.stack import settings_env
 
-        env = settings_env(self.settings)
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "pipelines.speed_layer",
-                    "--topic",
-                    self.topic,
-                    "--namespace",
-                    self.namespace,
-                    *self.args,
-                ],
+        with log_path.open("ab") as log:
+            return subprocess.Popen(
+                [sys.executable, "-m", module, "--topic", self.topic, "--namespace", self.namespace, *args],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env=env,
+                env=settings_env(self.settings),
                 start_new_session=True,
             )
+
+    @property
+    def archiver_log(self) -> Path:
+        return self.log_path.with_name(self.log_path.stem + "-archiver.log")
+
+    def start(self) -> SpeedLayerProcess:
+        self.proc = self._spawn("pipelines.speed_layer", self.log_path, *self.args)
+        if self.archive and (self.archiver is None or self.archiver.poll() is not None):
+            self.start_archiver()
         return self
+
+    def start_archiver(self) -> None:
+        self.archiver = self._spawn("pipelines.archiver", self.archiver_log)
+
+    def kill9_archiver(self) -> None:
+        _kill9(self.archiver)
 
     def store(self):
         from pipelines.serving import ServingStore, connect
@@ -73,7 +82,7 @@ class SpeedLayerProcess:
 
     def position(self) -> dict[int, int]:
         """Where both the keyed state and the Delta views are (the smaller offset per partition)."""
-        if "--no-views" in self.args:
+        if not self.archive:
             return self.redis_position()
         lake, keyed = self.lake_position(), self.redis_position()
         return {p: min(lake.get(p, 0), keyed.get(p, 0)) for p in set(lake) | set(keyed)}
@@ -85,6 +94,11 @@ class SpeedLayerProcess:
             if self.proc is not None and self.proc.poll() is not None:
                 raise AssertionError(
                     f"speed layer exited with {self.proc.returncode}; see {self.log_path}:\n{self.tail()}"
+                )
+            if self.archiver is not None and self.archiver.poll() is not None:
+                raise AssertionError(
+                    f"archiver exited with {self.archiver.returncode}; see {self.archiver_log}:\n"
+                    + self.tail(path=self.archiver_log)
                 )
             got = self.position()
             if all(got.get(int(p), 0) >= o for p, o in offsets.items()):
@@ -113,36 +127,53 @@ class SpeedLayerProcess:
         self.start()
 
     def kill9(self) -> None:
-        """Crash it: SIGKILL to the whole process group (the Python driver and its JVM)."""
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        """Crash the speed layer: SIGKILL to its whole process group (the Python driver and its JVM)."""
+        _kill9(self.proc)
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.kill9()
+        for proc in (self.proc, self.archiver):
+            if proc is None or proc.poll() is not None:
+                continue
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                _kill9(proc)
 
-    def tail(self, lines: int = 40) -> str:
+    def tail(self, lines: int = 40, path: Path | None = None) -> str:
         try:
-            text = self.log_path.read_text(errors="replace").splitlines()
+            text = (path or self.log_path).read_text(errors="replace").splitlines()
         except OSError:
             return ""
         return "\n".join(line for line in text if "WARN" not in line)[-4000:] if text else ""
+
+
+def _kill9(proc: subprocess.Popen | None) -> None:
+    if proc is not None and proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+# The archiver as the tests run it: archives every second, compacts every few seconds.
+ARCHIVER_TEST_SETTINGS = {
+    "archive_interval_s": 1.0,
+    "archive_durability_s": 1.0,
+    "compaction_interval_s": 3.0,
+}
 
 
 @pytest.fixture
 def speed_layer_factory(kafka_stack, tmp_path: Path) -> Iterator[Callable[..., SpeedLayerProcess]]:
     started: list[SpeedLayerProcess] = []
 
-    def make(topic: str, namespace: str, *, args: tuple[str, ...] = (), **overrides) -> SpeedLayerProcess:
-        settings = replace(kafka_stack.settings, **overrides) if overrides else kafka_stack.settings
+    def make(
+        topic: str, namespace: str, *, args: tuple[str, ...] = (), archive: bool = True, **overrides
+    ) -> SpeedLayerProcess:
+        settings = replace(kafka_stack.settings, **{**ARCHIVER_TEST_SETTINGS, **overrides})
         log_path = tmp_path / f"speed_layer-{namespace}.log"
-        sl = SpeedLayerProcess(settings, topic, namespace, log_path, args=tuple(args)).start()
+        sl = SpeedLayerProcess(
+            settings, topic, namespace, log_path, args=tuple(args), archive=archive
+        ).start()
         started.append(sl)
         return sl
 

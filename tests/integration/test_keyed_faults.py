@@ -4,8 +4,13 @@
   with its state (at most the last second of writes is lost), the speed layer starts from those
   fences and re-applies the log from there; the keyed state then equals its replay and the
   accounting is exact.
-- The speed layer killed with SIGKILL at random moments, many times: the fences make every
-  re-run of a micro-batch change nothing.
+- Redis emptied entirely (FLUSHALL): restored from the Delta views and archive at the position
+  the last compaction covers (``python -m pipelines.restore``), then the speed layer reads only
+  the log after it; the keyed state then equals a replay of the whole log.
+- The broker restarted mid-run: the speed layer and the archiver ride it out.
+
+(The speed layer and the archiver killed with SIGKILL at random moments, ten times each, is in
+test_speed_layer.py, with the Delta side verified too.)
 
 `verify --keyed-only` runs as a separate process, as the DAG runs it.
 """
@@ -15,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -65,17 +69,7 @@ def assert_keyed_ok(k: dict, summary) -> None:
 
 
 def test_redis_kill9_and_restart_from_its_aof(kafka_stack, topic_factory, speed_layer_factory, tmp_path):
-    from infra.stack import RedisServer
-    from tests.conftest import _free_port
-
-    port = _free_port(16479, {kafka_stack.settings.redis_port})
-    settings = dataclasses.replace(
-        kafka_stack.settings,
-        redis_port=port,
-        redis_url=f"redis://127.0.0.1:{port}/0",
-        var_dir=tmp_path / "var",
-    )
-    store = RedisServer(settings)
+    settings, store = _private_redis(kafka_stack, tmp_path)
     store.start()
     try:
         topic = topic_factory(4)
@@ -84,7 +78,7 @@ def test_redis_kill9_and_restart_from_its_aof(kafka_stack, topic_factory, speed_
         sl = speed_layer_factory(
             topic=topic,
             namespace="redis_crash",
-            args=("--no-views",),
+            archive=False,
             max_offsets_per_trigger=2_000,
             **{k: getattr(settings, k) for k in ("redis_port", "redis_url", "var_dir")},
         )
@@ -110,20 +104,87 @@ def test_redis_kill9_and_restart_from_its_aof(kafka_stack, topic_factory, speed_
         store.stop()
 
 
-@pytest.mark.slow
-def test_keyed_layer_kill9_ten_times(kafka_stack, topic_factory, speed_layer_factory):
-    topic = topic_factory(4)
-    cfg = GeneratorConfig(users=400, seed=5, mean_followers=12, invalid_share=0.02, duplicate_share=0.02)
-    summary = produce(40_000, cfg, topic=topic, bootstrap=kafka_stack.bootstrap, progress=False)
-    sl = speed_layer_factory(
-        topic=topic, namespace="keyed_crashy", args=("--no-views",), max_offsets_per_trigger=1_500
+def _private_redis(kafka_stack, tmp_path):
+    from infra.stack import RedisServer
+    from tests.conftest import _free_port
+
+    port = _free_port(16479, {kafka_stack.settings.redis_port})
+    settings = dataclasses.replace(
+        kafka_stack.settings,
+        redis_port=port,
+        redis_url=f"redis://127.0.0.1:{port}/0",
+        var_dir=tmp_path / "var",
     )
-    rng = random.Random(7)
-    for _ in range(10):
-        sl.wait_running()
-        time.sleep(rng.uniform(0, 6))
-        sl.kill9()
+    return settings, RedisServer(settings)
+
+
+def test_flushall_then_restore_from_delta(kafka_stack, topic_factory, speed_layer_factory, tmp_path):
+    import redis
+
+    from infra.stack import settings_env
+
+    settings, store = _private_redis(kafka_stack, tmp_path)
+    store.start()
+    try:
+        topic = topic_factory(4)
+        cfg = GeneratorConfig(users=300, seed=9, mean_followers=10, invalid_share=0.02, duplicate_share=0.02)
+        first = produce(12_000, cfg, topic=topic, bootstrap=kafka_stack.bootstrap, progress=False)
+        private = {k: getattr(settings, k) for k in ("redis_port", "redis_url", "var_dir")}
+        sl = speed_layer_factory(topic=topic, namespace="restored", **private)
+        covered = sl.wait_caught_up(timeout=600)  # Redis and the compacted Delta views
+        sl.stop()
+        client = redis.Redis.from_url(settings.redis_url)
+        client.flushall()
+        assert client.dbsize() == 0
+        done = subprocess.run(
+            [sys.executable, "-m", "pipelines.restore", "--namespace", "restored"],
+            env=settings_env(sl.settings),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+        assert sl.redis_position() == covered  # the fences: the position the views covered
+        # more events after the restore; the speed layer reads only the log after that position
+        cfg2 = dataclasses.replace(cfg, seed=10, users=300)
+        second = produce(3_000, cfg2, topic=topic, bootstrap=kafka_stack.bootstrap, progress=False)
         sl.restart()
+        sl.wait_caught_up(timeout=600)
+        sl.stop()
+        since_restart = sl.log_path.read_text().split("speed layer running")[-1]
+        read_after_restore = sum(
+            int(line.split("'records': ")[1].split(",")[0])
+            for line in since_restart.splitlines()
+            if "keyed batch" in line
+        )
+        assert read_after_restore == second.events  # not the whole log again
+        k = verify_keyed(sl.settings, topic, "restored")
+
+        class Both:
+            events = first.events + second.events
+            duplicates = first.duplicates + second.duplicates
+            invalid = {"all": sum(first.invalid.values()) + sum(second.invalid.values())}
+
+        assert_keyed_ok(k, Both)
+    finally:
+        store.stop()
+
+
+def test_broker_restart_mid_run(kafka_stack, topic_factory, speed_layer_factory):
+    from infra.stack import KafkaBroker
+
+    topic = topic_factory(4)
+    cfg = GeneratorConfig(users=300, seed=12, mean_followers=10, invalid_share=0.02, duplicate_share=0.02)
+    summary = produce(20_000, cfg, topic=topic, bootstrap=kafka_stack.bootstrap, progress=False)
+    sl = speed_layer_factory(topic=topic, namespace="broker_restart", max_offsets_per_trigger=1_000)
+    deadline = time.monotonic() + 300
+    while sum(sl.redis_position().values()) < 4_000:  # mid-run
+        assert time.monotonic() < deadline, sl.tail()
+        time.sleep(0.1)
+    broker = KafkaBroker(kafka_stack.settings)
+    assert broker.stop() == "stopped"
+    time.sleep(3)
+    assert broker.start() == "started"
     sl.wait_caught_up(timeout=600)
     sl.stop()
-    assert_keyed_ok(verify_keyed(kafka_stack.settings, topic, "keyed_crashy"), summary)
+    assert_keyed_ok(verify_keyed(kafka_stack.settings, topic, "broker_restart"), summary)

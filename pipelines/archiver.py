@@ -1,0 +1,330 @@
+"""The archiver: the keyed speed layer's changelog and the raw log into Delta, off the serving path.
+
+A process of its own beside the speed layer (``make up`` starts it at a lower CPU priority, so
+the serving path keeps the cores when both want them). Every ``SOCIAL_ARCHIVE_INTERVAL_S`` it
+archives one consistent cut of the keyed state (:func:`pipelines.speed.changelog.cut`, read
+atomically from Redis), with one fenced Delta append per table (docs/architecture.md, "Where
+state lives"):
+
+- ``changelog``: every record's disposition, reason, sequence number and view changes;
+- ``events_bronze``: every contract-valid record with the disposition the speed layer gave it,
+  parsed from the raw Kafka records of the same offsets (the archive the batch layer and the
+  analysts read);
+- ``quarantine``: every record the speed layer quarantined or rejected, with its reason and raw
+  value;
+- ``archives``: one row, written last, with the range the append covers and its accounting.
+
+Exactly once: each append is Delta's idempotent write (``txnAppId`` = ``archiver:<ns>``,
+``txnVersion`` = the archive id) carrying the range in its commit metadata. After a crash the
+archiver finds the range of an unfinished archive in the commits it left and re-runs exactly that
+range; the tables that committed it skip the write. Only then are the Redis changelog streams
+trimmed up to what Delta holds, so Redis keeps the tail alone.
+
+Durability: Redis persists with ``appendfsync everysec`` and may lose its last ~2 s in a crash
+(then its fences and state roll back together and the speed layer re-applies). The archiver only
+archives a cut at least ``SOCIAL_ARCHIVE_DURABILITY_S`` old, so what Delta holds is never ahead
+of what Redis can come back with.
+
+Every ``SOCIAL_COMPACTION_INTERVAL_S``, and at once when the log goes quiet, it also compacts
+the archive into the Delta views (:mod:`pipelines.compaction`). Run: ``python -m pipelines.archiver [--once]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from tenacity import Retrying, before_sleep_log, stop_after_attempt, wait_exponential
+
+from infra.settings import Settings, get_settings
+from pipelines import namespaces
+from pipelines.lake import Lake, latest_metadata
+from pipelines.parse import parse_records
+from pipelines.speed import changelog, functions
+from pipelines.speed.stream import kafka_options
+from pipelines.tables import TABLES
+
+log = logging.getLogger("archiver")
+
+DATA_TABLES = ("changelog", "events_bronze", "quarantine")
+ARCHIVER_ATTEMPTS = 8  # ~2 min of backoff before a step that keeps failing stops the archiver
+BRONZE_DISPOSITION = {"a": "applied", "d": "duplicate", "r": "rejected"}
+CHANGELOG_DDL = (
+    "partition INT, offset BIGINT, seq BIGINT, disposition STRING, reason STRING, changes STRING, "
+    "timeline STRING"
+)
+
+
+@dataclass(frozen=True)
+class Archive:
+    archive_id: int
+    start_offsets: dict[int, int]
+    end_offsets: dict[int, int]
+    seq: int
+
+    def metadata(self) -> dict:
+        return {
+            "archive_id": self.archive_id,
+            "start_offsets": {str(p): o for p, o in self.start_offsets.items()},
+            "end_offsets": {str(p): o for p, o in self.end_offsets.items()},
+            "seq": self.seq,
+        }
+
+    @classmethod
+    def from_metadata(cls, m: dict) -> Archive:
+        return cls(
+            archive_id=int(m["archive_id"]),
+            start_offsets={int(p): int(o) for p, o in m["start_offsets"].items()},
+            end_offsets={int(p): int(o) for p, o in m["end_offsets"].items()},
+            seq=int(m["seq"]),
+        )
+
+
+def archived(lake_dir: Path, namespace: str) -> Archive | None:
+    """The last complete archive (its ``archives`` row committed), from the Delta log alone."""
+    m = latest_metadata(Path(lake_dir) / namespace / "archives", "archive_id")
+    return Archive.from_metadata(m) if m else None
+
+
+def unfinished(lake_dir: Path, namespace: str, after: Archive | None) -> Archive | None:
+    """An archive some data table committed but ``archives`` did not: a crash in the middle."""
+    want = 0 if after is None else after.archive_id + 1
+    for table in DATA_TABLES:
+        m = latest_metadata(Path(lake_dir) / namespace / table, "archive_id")
+        if m and int(m["archive_id"]) == want:
+            return Archive.from_metadata(m)
+    return None
+
+
+def next_range(
+    client: redis.Redis, namespace: str, done: Archive | None, cut: changelog.Cut
+) -> Archive | None:
+    """The records from the last archive up to ``cut``; None when there is nothing new."""
+    start = {}
+    for p in cut.fences:
+        if done is not None and p in done.end_offsets:
+            start[p] = done.end_offsets[p]
+        else:  # a partition new to the archive: from its oldest changelog entry
+            first = changelog.first_offset(client, namespace, p)
+            start[p] = cut.fences[p] if first is None else first
+    behind = {p: (cut.fences[p], start[p]) for p in cut.fences if cut.fences[p] < start[p]}
+    if behind:
+        # Redis came back from an older state than Delta holds (it lost more than the
+        # durability lag): wait until the speed layer has re-applied up to the archive.
+        log.warning("Redis fences behind the archive (fence, archived): %s; waiting", behind)
+        return None
+    if all(cut.fences[p] == start[p] for p in cut.fences):
+        return None
+    return Archive(
+        archive_id=0 if done is None else done.archive_id + 1,
+        start_offsets=start,
+        end_offsets=dict(cut.fences),
+        seq=cut.seq,
+    )
+
+
+def raw_records(spark, settings: Settings, topic: str, a: Archive) -> DataFrame:
+    """The Kafka records of the archive's range (one Spark task per partition)."""
+    parts = [p for p in a.end_offsets if a.end_offsets[p] > a.start_offsets[p]]
+    return (
+        spark.read.format("kafka")
+        .options(**kafka_options(settings))
+        .option("assign", json.dumps({topic: parts}))
+        .option("startingOffsets", json.dumps({topic: {str(p): a.start_offsets[p] for p in parts}}))
+        .option("endingOffsets", json.dumps({topic: {str(p): a.end_offsets[p] for p in parts}}))
+        .load()
+    )
+
+
+def _arrow(rows: list[dict]):
+    """Changelog rows as an Arrow table (to the JVM in columns, not row by row)."""
+    import pyarrow as pa
+
+    schema = pa.schema(
+        [("partition", pa.int32()), ("offset", pa.int64()), ("seq", pa.int64())]
+        + [(c, pa.string()) for c in ("disposition", "reason", "changes", "timeline")]
+    )
+    return pa.Table.from_pylist(rows, schema=schema)
+
+
+class ArchiveGap(RuntimeError):
+    """The changelog or the log lacks records of a range: the archive cannot be complete."""
+
+
+def archive_once(
+    spark, lake: Lake, client: redis.Redis, settings: Settings, topic: str, target
+) -> Archive | None:
+    """Archive up to the cut ``target`` (or re-run an unfinished archive); returns what it wrote."""
+    done = archived(settings.lake_dir, lake.namespace)
+    a = unfinished(settings.lake_dir, lake.namespace, done) or next_range(
+        client, lake.namespace, done, target
+    )
+    if a is None:
+        return None
+    t0 = time.time()
+    rows = []
+    for p, end in a.end_offsets.items():
+        got = changelog.read(client, lake.namespace, p, a.start_offsets[p], end)
+        if len(got) != end - a.start_offsets[p]:
+            raise ArchiveGap(
+                f"partition {p}: {len(got)} changelog entries for offsets "
+                f"[{a.start_offsets[p]}, {end}) in Redis; expected {end - a.start_offsets[p]}"
+            )
+        rows += got
+    cl = spark.createDataFrame(_arrow(rows)).withColumn("archive_id", F.lit(a.archive_id).cast("bigint"))
+    cl = cl.localCheckpoint()
+    events, parse_quarantine = parse_records(raw_records(spark, settings, topic, a))
+    verdict = cl.select("partition", "offset", F.col("disposition").alias("_d"), F.col("reason").alias("_r"))
+    bronze_map = F.create_map(*[F.lit(x) for kv in BRONZE_DISPOSITION.items() for x in kv])
+    bronze = (
+        events.join(verdict.where(F.col("_d").isin(*BRONZE_DISPOSITION)), ["partition", "offset"])
+        .withColumn("disposition", bronze_map[F.col("_d")])
+        .withColumn("reason", F.col("_r"))
+        .withColumn("received_date", F.date_format(F.timestamp_millis("received_time"), "yyyy-MM-dd"))
+        .select(*TABLES["events_bronze"].columns)
+        .localCheckpoint()
+    )
+    # Quarantine: what the speed layer quarantined or rejected (its reason), and anything the
+    # Spark parser refuses that the speed layer's parser accepted (kept, never dropped, labelled).
+    q_cols = TABLES["quarantine"].columns
+    fields = [c for c in q_cols if c != "reason"]
+    base = events.select(*fields, F.lit(None).cast("string").alias("_parse")).unionByName(
+        parse_quarantine.select(*fields, F.col("reason").alias("_parse"))
+    )
+    quarantine = (
+        base.join(verdict, ["partition", "offset"])
+        .where(F.col("_d").isin("q", "r") | F.col("_parse").isNotNull())
+        .withColumn(
+            "reason",
+            F.when(F.col("_d").isin("q", "r"), F.col("_r")).otherwise(
+                F.concat(F.lit("archive_parse_mismatch:"), F.col("_parse"))
+            ),
+        )
+        .select(*q_cols)
+        .localCheckpoint()
+    )
+    counts = {r["disposition"]: r["count"] for r in cl.groupBy("disposition").count().collect()}
+    n_bronze = bronze.count()
+    n_quarantine = quarantine.count()
+    if n_bronze + n_quarantine - counts.get("r", 0) != len(rows):
+        raise ArchiveGap(
+            f"archive {a.archive_id}: {len(rows)} changelog entries but {n_bronze} bronze + "
+            f"{n_quarantine} quarantine rows ({counts.get('r', 0)} rejected in both): records missing from "
+            "the log or parsed differently"
+        )
+    hist = {
+        str(r["b"]): r["count"]
+        for r in bronze.groupBy((F.col("received_time") / 100).cast("long").alias("b")).count().collect()
+    }
+    row = {
+        "archive_id": a.archive_id,
+        "start_offsets": json.dumps(a.metadata()["start_offsets"]),
+        "end_offsets": json.dumps(a.metadata()["end_offsets"]),
+        "seq": a.seq,
+        "records": len(rows),
+        "applied": counts.get("a", 0),
+        "duplicates": counts.get("d", 0),
+        "rejected": counts.get("r", 0),
+        "quarantined": counts.get("q", 0),
+        "min_received": min((int(b) * 100 for b in hist), default=None),
+        "max_received": max((int(b) * 100 for b in hist), default=None),
+        "received_hist": json.dumps(hist),
+        "archived_at": int(time.time() * 1000),
+    }
+    with lake.fenced(a.archive_id, a.metadata()):
+        lake.append("changelog", cl)
+        lake.append("events_bronze", bronze)
+        lake.append("quarantine", quarantine)
+        lake.append("archives", spark.createDataFrame([row], TABLES["archives"].ddl))
+    changelog.trim(client, lake.namespace, a.end_offsets)
+    log.info(
+        "archive %d: %d records (%s) up to %s in %.2fs",
+        a.archive_id,
+        len(rows),
+        counts,
+        a.end_offsets,
+        time.time() - t0,
+    )
+    return a
+
+
+def run(
+    settings: Settings, *, namespace: str | None = None, topic: str | None = None, once: bool = False
+) -> None:
+    """Archive and compact until stopped (``once``: archive what Redis holds now, compact, stop)."""
+    from pipelines.compaction import compact_once
+    from pipelines.spark import build_spark
+
+    namespace = namespace or namespaces.active(settings)
+    topic = topic or settings.events_topic
+    client = redis.Redis.from_url(settings.redis_url)
+    functions.ensure_loaded(client)
+    spark = build_spark(f"archiver-{namespace}", settings)
+    lake = Lake(spark, settings.lake_dir, namespace, writer="archiver")
+    lake.ensure_tables()
+    compactor = Lake(spark, settings.lake_dir, namespace, writer="compaction")
+
+    stopping = threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+        signal.signal(signal.SIGINT, lambda *_: stopping.set())
+    log.info("archiver running: namespace=%s topic=%s", namespace, topic)
+    if once:
+        archive_once(spark, lake, client, settings, topic, changelog.cut(client, namespace))
+        compact_once(spark, compactor, settings)
+        return
+    # A failed step (the broker or Redis away for a moment, a Delta commit conflict) is retried
+    # with backoff; one that keeps failing stops the archiver loudly. The fences make a retry safe.
+    retry = Retrying(
+        wait=wait_exponential(multiplier=1, max=30),
+        stop=stop_after_attempt(ARCHIVER_ATTEMPTS),
+        before_sleep=before_sleep_log(log, logging.WARNING, exc_info=True),
+        reraise=True,
+    )
+    pending: tuple[float, changelog.Cut] | None = None
+    last_compaction = time.monotonic()
+    behind = True  # archives not compacted yet (a previous run may have left some)
+    while not stopping.is_set():
+        now = time.monotonic()
+        quiet = False
+        if pending is not None and now - pending[0] >= settings.archive_durability_s:
+            wrote = retry(archive_once, spark, lake, client, settings, topic, pending[1])
+            behind = behind or wrote is not None
+            quiet = wrote is None
+            pending = None
+        if pending is None:
+            pending = (time.monotonic(), retry(changelog.cut, client, namespace))
+        # every few minutes under load, and at once when the log goes quiet (nothing new to
+        # archive): the views are never older than the interval, and current when nothing moves
+        if behind and (quiet or time.monotonic() - last_compaction >= settings.compaction_interval_s):
+            retry(compact_once, spark, compactor, settings)
+            last_compaction, behind = time.monotonic(), False
+        stopping.wait(
+            max(settings.archive_interval_s, settings.archive_durability_s) - (time.monotonic() - now)
+        )
+    log.info("stopping")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--namespace", help="views version to archive (default: the active one)")
+    p.add_argument("--topic", help="event topic (default: SOCIAL_EVENTS_TOPIC)")
+    p.add_argument("--once", action="store_true", help="archive what Redis holds now, compact, and stop")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    run(get_settings(), namespace=args.namespace, topic=args.topic, once=args.once)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,202 @@
+"""Compaction: the archived changelog folded into the analysts' Delta views, a MERGE every few minutes.
+
+The changelog holds absolute values (:mod:`pipelines.speed.changelog`), so a view's row after the
+events of an archive (a consistent cut, :mod:`pipelines.archiver`) is the last change of its key
+in ``(seq, position)`` order: no prior state is read and nothing is recomputed. Each compaction
+takes the archives not compacted yet, up to the newest one, and writes
+
+- one MERGE per view of the last change per touched key (``users``, ``follows``, ``posts``,
+  ``inbox``, ``unread_counts``, ``user_status``, and ``timelines``: every entry of the keyed
+  timelines, the slack beyond N included);
+- ``home_timeline`` as the first N entries of ``timelines`` for the users whose timeline changed;
+- a ``batches`` row, last, with the log position the views now cover and the table versions.
+
+Every write is a Delta idempotent write (``txnAppId`` = ``compaction:<ns>``, ``txnVersion`` = the
+archive id it reaches), so a compaction killed half-way re-runs and changes nothing twice. The
+live state at a position P the archive covers is the views at the last compaction below P plus
+the changelog tail up to P (:func:`views_at`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+from pyspark.sql import DataFrame, Window
+from pyspark.sql import functions as F
+
+from infra.settings import Settings
+from pipelines.lake import Lake, committed_position
+from pipelines.tables import TABLES
+from pipelines.views import BatchOutput, empty_table
+
+log = logging.getLogger("compaction")
+
+
+def _last(df: DataFrame, keys: list[str], order: list[str]) -> DataFrame:
+    w = Window.partitionBy(*keys).orderBy(*[F.col(c).desc() for c in order])
+    return df.withColumn("_rn", F.row_number().over(w)).where("_rn = 1").drop("_rn")
+
+
+def _g(i: int, typ: str = "bigint"):
+    return F.get(F.col("ch"), i).cast(typ)
+
+
+class Changes:
+    """The view changes of a set of changelog rows, as upserts and deletes per table."""
+
+    def __init__(self, changelog: DataFrame):
+        ch = changelog.where(F.col("changes").isNotNull()).select(
+            "seq", F.posexplode(F.from_json("changes", "array<array<string>>")).alias("idx", "ch")
+        )
+        self.ch = ch.withColumn("kind", F.get(F.col("ch"), 0))
+        tl = changelog.where(F.col("timeline").isNotNull()).select(
+            "seq", F.posexplode(F.split("timeline", ",")).alias("idx", "e")
+        )
+        parts = F.split(F.substring("e", 2, 1 << 20), ":")
+        self.tl = tl.select(
+            "seq",
+            "idx",
+            F.substring("e", 1, 1).alias("sign"),
+            F.get(parts, 0).cast("bigint").alias("user_id"),
+            F.get(parts, 1).cast("bigint").alias("post_id"),
+            F.get(parts, 2).cast("bigint").alias("author_id"),
+            F.get(parts, 3).cast("bigint").alias("event_time"),
+        )
+
+    def _of(self, *kinds: str) -> DataFrame:
+        return self.ch.where(F.col("kind").isin(*kinds))
+
+    def users(self) -> DataFrame:
+        rows = self._of("U").select(
+            "seq", "idx", _g(1).alias("user_id"), _g(2, "string").alias("handle"),
+            _g(3, "string").alias("display_name"), _g(4).alias("registered_time"),
+        )  # fmt: skip
+        return _last(rows, ["user_id"], ["seq", "idx"]).drop("seq", "idx")
+
+    def user_status(self) -> DataFrame:
+        rows = self._of("S").select(
+            "seq", "idx", _g(1).alias("user_id"), _g(2, "string").alias("text"), _g(3).alias("event_time")
+        )
+        return _last(rows, ["user_id"], ["seq", "idx"]).drop("seq", "idx")
+
+    def follows(self) -> tuple[DataFrame, DataFrame]:
+        rows = self._of("F+", "F-").select(
+            "seq",
+            "idx",
+            "kind",
+            _g(1).alias("user_id"),
+            _g(2).alias("followee_id"),
+            _g(3).alias("since_time"),
+        )
+        last = _last(rows, ["user_id", "followee_id"], ["seq", "idx"])
+        upserts = last.where("kind = 'F+'").select("user_id", "followee_id", "since_time")
+        return upserts, last.where("kind = 'F-'").select("user_id", "followee_id")
+
+    def posts(self) -> DataFrame:
+        rows = self._of("P").select(
+            "seq", "idx", _g(1).alias("author_id"), _g(2).alias("post_id"), _g(3).alias("event_time"),
+            _g(4, "string").alias("text"), (_g(5, "int") == 1).alias("deleted"), _g(6).alias("deleted_time"),
+        )  # fmt: skip
+        return _last(rows, ["author_id", "post_id"], ["seq", "idx"]).drop("seq", "idx")
+
+    def inbox(self) -> DataFrame:
+        rows = self._of("I").select(
+            "seq", "idx", _g(1).alias("recipient_id"), _g(2).alias("message_id"), _g(3).alias("sender_id"),
+            _g(4, "string").alias("text"), _g(5).alias("event_time"), (_g(6, "int") == 1).alias("read"),
+        )  # fmt: skip
+        return _last(rows, ["recipient_id", "message_id"], ["seq", "idx"]).drop("seq", "idx")
+
+    def unread_counts(self) -> DataFrame:
+        rows = self._of("N").select("seq", "idx", _g(1).alias("user_id"), _g(2).alias("unread"))
+        return _last(rows, ["user_id"], ["seq", "idx"]).drop("seq", "idx")
+
+    def timelines(self) -> tuple[DataFrame, DataFrame]:
+        last = _last(self.tl, ["user_id", "post_id"], ["seq", "idx"])
+        upserts = last.where("sign = '+'").select("user_id", "post_id", "author_id", "event_time")
+        return upserts, last.where("sign = '-'").select("user_id", "post_id")
+
+    def timeline_users(self) -> DataFrame:
+        return self.tl.select("user_id").distinct()
+
+
+def first_n(timelines: DataFrame, users: DataFrame, n: int) -> DataFrame:
+    """``home_timeline`` rows of ``users``: the first N entries of their timelines."""
+    w = Window.partitionBy("user_id").orderBy(F.col("event_time").desc(), F.col("post_id").desc())
+    return (
+        timelines.join(F.broadcast(users), "user_id", "left_semi")
+        .withColumn("_rn", F.row_number().over(w))
+        .where(F.col("_rn") <= n)
+        .select(*TABLES["home_timeline"].columns)
+    )
+
+
+def _merge_hist(rows) -> dict[str, int]:
+    hist: dict[str, int] = {}
+    for r in rows:
+        for b, n in json.loads(r["received_hist"] or "{}").items():
+            hist[b] = hist.get(b, 0) + n
+    return hist
+
+
+def compact_once(spark, lake: Lake, settings: Settings) -> int | None:
+    """Fold the archives not compacted yet into the views; returns the archive id reached (or None)."""
+    from pipelines.archiver import archived
+
+    target = archived(settings.lake_dir, lake.namespace)
+    done = committed_position(settings.lake_dir, lake.namespace)
+    lo = done[0] if done else -1
+    if target is None or target.archive_id <= lo:
+        return None
+    t0 = time.time()
+    a_id = target.archive_id
+    in_range = (F.col("archive_id") > lo) & (F.col("archive_id") <= a_id)
+    changes = Changes(lake.read("changelog").where(in_range).select("seq", "changes", "timeline"))
+    archives = lake.read("archives").where(in_range).collect()
+    end_offsets = {str(p): o for p, o in target.end_offsets.items()}
+
+    tl_upserts, tl_deletes = changes.timelines()
+    with lake.fenced(a_id, {"batch_id": a_id, "end_offsets": end_offsets}):
+        lake.upsert("timelines", tl_upserts.localCheckpoint(), deletes=tl_deletes.localCheckpoint())
+    touched = changes.timeline_users().localCheckpoint()
+    home = first_n(lake.read("timelines"), touched, settings.timeline_length).localCheckpoint()
+    gone = (
+        lake.read("home_timeline")
+        .join(F.broadcast(touched), "user_id", "left_semi")
+        .select("user_id", "post_id")
+        .join(home.select("user_id", "post_id"), ["user_id", "post_id"], "left_anti")
+        .localCheckpoint()
+    )
+    follows_upserts, follows_deletes = changes.follows()
+    empty_q = empty_table(spark, "quarantine")
+    out = BatchOutput(
+        bronze=empty_table(spark, "events_bronze"),
+        rejected=empty_q,
+        users=changes.users(),
+        follows_upserts=follows_upserts,
+        follows_deletes=follows_deletes,
+        posts=changes.posts(),
+        timeline_inserts=home,
+        timeline_deletes=gone,
+        inbox=changes.inbox(),
+        unread_counts=changes.unread_counts(),
+        user_status=changes.user_status(),
+        celebrities=empty_table(spark, "users"),
+    )
+    hist = _merge_hist(archives)
+    meta = {
+        "end_offsets": end_offsets,
+        "events_read": sum(r["records"] for r in archives),
+        "applied": sum(r["applied"] for r in archives),
+        "duplicates": sum(r["duplicates"] for r in archives),
+        "quarantined": sum(r["quarantined"] + r["rejected"] for r in archives),
+        "min_received": min((int(b) * 100 for b in hist), default=None),
+        "max_received": max((int(b) * 100 for b in hist), default=None),
+        "received_hist": json.dumps(hist),
+        "visible_at": int(time.time() * 1000),
+        "phases": {"archives": len(archives)},
+    }
+    lake.write_batch(a_id, out, empty_q, meta)
+    log.info("compaction up to archive %d (%d archives) in %.1fs", a_id, len(archives), time.time() - t0)
+    return a_id

@@ -1,0 +1,100 @@
+"""Compaction's rule on a changelog the real Redis functions wrote: the last change per key in
+sequence order is the view (docs/architecture.md, "Where state lives").
+
+Events go through the keyed processor into a real redis-server; the changelog it leaves is read
+back as the archiver reads it and folded by :class:`pipelines.compaction.Changes`. Expected rows
+are worked out by hand from the view definitions (docs/views.md). The batches are cut so that
+changes to one key come from different partitions in an order that offsets alone cannot tell
+(a post in partition 1, then an unfollow in partition 0 removing it from a timeline).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pipelines.archiver import CHANGELOG_DDL
+from pipelines.compaction import Changes, first_n
+from pipelines.speed import changelog
+from tests.unit.events import T0, ev
+from tests.unit.test_speed_processor import PARTITIONS, apply, ns, redis_url  # noqa: F401 - fixtures
+
+pytestmark = pytest.mark.usefixtures("spark")
+
+
+def rows(df, *cols):
+    return sorted(tuple(r[c] for c in cols) for r in df.collect())
+
+
+@pytest.fixture
+def changes(spark, redis_url, ns):  # noqa: F811 - pytest fixtures
+    # users 1 and 3 are in partition 1, user 2 in partition 0 (key % 2)
+    r = apply(
+        redis_url,
+        ns,
+        [
+            [
+                ev("user_registered", 1, 0, handle="ann", display_name="Ann"),
+                ev("user_registered", 2, 0, handle="bob", display_name="Bob"),
+                ev("user_registered", 2, 0.5, handle="bobby", display_name="Bob B"),  # the last one counts
+                ev("followed", 2, 1, followee_id=1),
+            ],
+            [ev("post_created", 1, 2, post_id=10, text="hi")],  # fanned out to tl:2
+            [ev("unfollowed", 2, 3, followee_id=1)],  # ...and out of it again
+            [
+                ev("post_created", 1, 4, post_id=11, text="second"),
+                ev("message_sent", 1, 5, message_id=5, recipient_id=2, text="yo"),
+                ev("message_sent", 3, 5.5, message_id=6, recipient_id=2, text="hey"),
+            ],
+            [
+                ev("message_read", 2, 6, message_id=5),
+                ev("status_updated", 1, 7, text="busy"),
+                ev("post_deleted", 1, 8, post_id=10),
+                ev("followed", 2, 9, followee_id=1),  # back in: backfill of 11 (10 is deleted)
+                ev("followed", 3, 9.5, followee_id=1),
+                ev("unfollowed", 3, 9.7, followee_id=1),
+            ],
+        ],
+    )
+    entries = [e for p in range(PARTITIONS) for e in changelog.read(r, ns, p, 0, 100)]
+    assert sorted(e["seq"] for e in entries) == list(range(1, len(entries) + 1))  # one per record
+    return Changes(spark.createDataFrame(entries, CHANGELOG_DDL))
+
+
+def t(s):
+    return T0 + int(s * 1000)
+
+
+def test_users_status_follows(changes):
+    assert rows(changes.users(), "user_id", "handle", "display_name", "registered_time") == [
+        (1, "ann", "Ann", t(0)),
+        (2, "bobby", "Bob B", t(0.5)),
+    ]
+    assert rows(changes.user_status(), "user_id", "text", "event_time") == [(1, "busy", t(7))]
+    upserts, deletes = changes.follows()
+    assert rows(upserts, "user_id", "followee_id", "since_time") == [(2, 1, t(9))]
+    assert rows(deletes, "user_id", "followee_id") == [(3, 1)]
+
+
+def test_posts_inbox_unread(changes):
+    assert rows(changes.posts(), "author_id", "post_id", "event_time", "text", "deleted", "deleted_time") == [
+        (1, 10, t(2), "hi", True, t(8)),
+        (1, 11, t(4), "second", False, None),
+    ]
+    assert rows(changes.inbox(), "recipient_id", "message_id", "sender_id", "text", "event_time", "read") == [
+        (2, 5, 1, "yo", t(5), True),
+        (2, 6, 3, "hey", t(5.5), False),
+    ]
+    assert rows(changes.unread_counts(), "user_id", "unread") == [(2, 1)]
+
+
+def test_timelines_follow_the_sequence_not_the_offsets(changes):
+    upserts, deletes = changes.timelines()
+    # tl:1 = its own live post 11; tl:2 = 11 by the re-follow's backfill; post 10 left both
+    # (tl:2 by the unfollow in partition 0, after its fan-out from partition 1; tl:1 by the delete);
+    # user 3's follow backfilled 11 and its unfollow took it out again
+    assert rows(upserts, "user_id", "post_id", "author_id", "event_time") == [
+        (1, 11, 1, t(4)),
+        (2, 11, 1, t(4)),
+    ]
+    assert rows(deletes, "user_id", "post_id") == [(1, 10), (2, 10), (3, 11)]
+    assert rows(first_n(upserts, changes.timeline_users(), 1), "user_id", "post_id") == [(1, 11), (2, 11)]
