@@ -57,7 +57,7 @@ def _redis_cpu(r: redis.Redis) -> float:
 
 
 class _SpeedLayer:
-    """The keyed query alone (``--no-views``) as a subprocess, the way ``make up`` runs it."""
+    """The keyed speed layer as a subprocess, the way ``make up`` runs it."""
 
     def __init__(self, settings: Settings, topic: str, namespace: str, log_path: Path):
         from infra.stack import settings_env
@@ -66,7 +66,7 @@ class _SpeedLayer:
         self.log = log_path.open("ab")
         cmd = [sys.executable, "-m", "pipelines.speed_layer", "--topic", topic, "--namespace", namespace]
         self.proc = subprocess.Popen(
-            [*cmd, "--no-views"],
+            cmd,
             stdout=self.log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -325,3 +325,87 @@ def _replay_vs_bare_read(ctx: BenchContext, settings: Settings, topic: str, name
         "replay_vs_bare_read_ratio": round(bare / replay, 3),
         "replay_target_met": n / replay >= 20_000,
     }
+
+
+@section("scaling")
+def scaling_section(ctx: BenchContext) -> dict:
+    """Redis commands per event and the processing time of the same micro-batch on 1x and 10x state.
+
+    The processor (the code the executors run, :class:`pipelines.speed.processor.Processor`) folds
+    a generated log of ``scaling_state_events`` (1x) or ten times that (10x, ten times the users:
+    the same per-user activity and follower distribution) into a fresh namespace; then the next
+    ``scaling_probe_events`` of the same run, as one micro-batch per partition, are the probe.
+    Keyed access only means the probe's cost stays flat (target: within 1.2x).
+    """
+    import orjson
+
+    from app_sim.generator import GeneratorConfig, generate
+    from pipelines.speed import functions
+    from pipelines.speed.processor import Processor, ProcessorConfig
+
+    r = redis.Redis.from_url(ctx.settings.redis_url)
+    functions.ensure_loaded(r)
+    parts = ctx.settings.events_partitions
+    base, probe = ctx.scaling_state_events, ctx.scaling_probe_events
+    out: dict = {"probe_events": probe, "partitions": parts}
+
+    def batches(records):
+        per_p: dict[int, list] = {}
+        offsets: dict[int, int] = {}
+        for key, value, _ in records:
+            p = int(key) % parts
+            o = offsets.get(p, 0)
+            offsets[p] = o + 1
+            per_p.setdefault(p, []).append((o, value if isinstance(value, bytes) else orjson.dumps(value)))
+        return per_p, offsets
+
+    for label, k in (("1x", 1), ("10x", 10)):
+        namespace = f"bench_scale_{label}_{ctx.run_id}".lower()
+        cfg = GeneratorConfig(users=max(200, base * k // 40), seed=31, mean_followers=20)
+        records = list(generate(base * k + probe, cfg))
+        proc = Processor(
+            ProcessorConfig(
+                redis_url=ctx.settings.redis_url,
+                namespace=namespace,
+                timeline_length=ctx.settings.timeline_length,
+                fanout_threshold=ctx.settings.fanout_threshold,
+                dedup_window_ms=ctx.settings.dedup_window_ms,
+                dedup_grace_ms=ctx.settings.dedup_grace_ms,
+                group_size=ctx.settings.processor_group_size,
+                record_freshness=False,
+            )
+        )
+        state, ends = batches(records[: base * k])
+        for p, recs in state.items():
+            proc.process(p, recs)
+        # the probe continues each partition's offsets where the state left them
+        per_p: dict[int, list] = {}
+        for key, value, _ in records[base * k :]:
+            p = int(key) % parts
+            o = ends.get(p, 0)
+            ends[p] = o + 1
+            per_p.setdefault(p, []).append((o, value if isinstance(value, bytes) else orjson.dumps(value)))
+        calls0, cpu0 = _commandstats(r), _redis_cpu(r)
+        t = time.perf_counter()
+        for p, recs in per_p.items():
+            proc.process(p, recs)
+        seconds = time.perf_counter() - t
+        calls1, cpu1 = _commandstats(r), _redis_cpu(r)
+        commands = sum(n - calls0.get(c, 0) for c, n in calls1.items() if c != "info")
+        out[f"users_{label}"] = cfg.users
+        out[f"state_events_{label}"] = base * k
+        out[f"timeline_entries_{label}"] = sum(
+            r.zcard(key) for key in r.scan_iter(match=f"{namespace}:tl:*", count=5000)
+        )
+        out[f"probe_seconds_{label}"] = round(seconds, 3)
+        out[f"redis_commands_per_event_{label}"] = round(commands / probe, 1)
+        out[f"redis_cpu_us_per_event_{label}"] = round((cpu1 - cpu0) / probe * 1e6, 1)
+        functions.drop_namespace(r, namespace)
+    out["probe_seconds_ratio_10x_over_1x"] = round(out["probe_seconds_10x"] / out["probe_seconds_1x"], 2)
+    out["commands_per_event_ratio_10x_over_1x"] = round(
+        out["redis_commands_per_event_10x"] / out["redis_commands_per_event_1x"], 2
+    )
+    out["flat_within_1_2x"] = (
+        out["probe_seconds_ratio_10x_over_1x"] <= 1.2 and out["commands_per_event_ratio_10x_over_1x"] <= 1.2
+    )
+    return out
