@@ -1,7 +1,7 @@
 """The derived Delta tables: names, schemas, keys and meaning, in one place.
 
-Both the speed layer and the replay write exactly these tables; `verify` compares them key by
-key. docs/views.md (the meaning of each view) is generated from this module.
+The archiver and the compaction (from the speed layer's changelog) and the set-wise replay
+(`pipelines/views.py`) write exactly these tables; `verify` compares them key by key. docs/views.md (the meaning of each view) is generated from this module.
 """
 
 from __future__ import annotations
@@ -138,10 +138,10 @@ TABLES: dict[str, Table] = {
             "min_received BIGINT, max_received BIGINT, received_hist STRING, visible_at BIGINT, "
             "phases STRING",
             ("batch_id",),
-            "One row per micro-batch, written last: the log position it covers (per-partition end "
-            "offsets, exclusive), the accounting, the version of every table after it, freshness, and "
-            "where the batch's time went (JSON seconds per phase: read, parse, state, fold, redis, "
-            "accounting, delta).",
+            "One row per compaction, written last: the log position the views now cover (per-partition "
+            "end offsets, exclusive; `batch_id` is the archive id it reaches), the accounting of the "
+            "records it folded in, the version of every table after it, freshness (received -> "
+            "visible in the views), and `phases` (JSON).",
             verified=False,
         ),
     ]
