@@ -1,7 +1,8 @@
 """The derived Delta tables: names, schemas, keys and meaning, in one place.
 
 The archiver and the compaction (from the speed layer's changelog) and the set-wise replay
-(`pipelines/views.py`) write exactly these tables; `verify` compares them key by key. docs/views.md (the meaning of each view) is generated from this module.
+(`pipelines/views.py`) write exactly these tables; `verify` compares them key by key.
+docs/views.md (the meaning of each view) is generated from this module.
 """
 
 from __future__ import annotations
