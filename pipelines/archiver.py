@@ -25,7 +25,9 @@ Durability: Redis persists with ``appendfsync everysec`` and may lose its last ~
 archives a cut at least ``SOCIAL_ARCHIVE_DURABILITY_S`` old, so what Delta holds is never ahead
 of what Redis can come back with.
 
-Every ``SOCIAL_COMPACTION_INTERVAL_S``, and at once when the log goes quiet, it also compacts
+Each cycle it also commits the speed layer's fences and its own position as Kafka consumer-group
+offsets (``social.speed-layer.<ns>``, ``social.archiver.<ns>``), so ``kafka-consumer-groups``
+shows both lags. Every ``SOCIAL_COMPACTION_INTERVAL_S``, and at once when the log goes quiet, it also compacts
 the archive into the Delta views (:mod:`pipelines.compaction`). Run: ``python -m pipelines.archiver [--once]``.
 """
 
@@ -51,7 +53,7 @@ from pipelines import namespaces
 from pipelines.lake import Lake, latest_metadata
 from pipelines.parse import parse_records
 from pipelines.speed import changelog, functions
-from pipelines.speed.stream import kafka_options
+from pipelines.speed.stream import commit_positions, kafka_options
 from pipelines.tables import TABLES
 
 log = logging.getLogger("archiver")
@@ -304,6 +306,16 @@ def run(
             pending = None
         if pending is None:
             pending = (time.monotonic(), retry(changelog.cut, client, namespace))
+            done = archived(settings.lake_dir, namespace)
+            try:
+                commit_positions(
+                    settings,
+                    topic,
+                    namespace,
+                    {"speed-layer": pending[1].fences, "archiver": done.end_offsets if done else {}},
+                )
+            except Exception:  # a monitoring aid only: never stops the archiver
+                log.warning("committing the positions to Kafka consumer groups failed", exc_info=True)
         # every few minutes under load, and at once when the log goes quiet (nothing new to
         # archive): the views are never older than the interval, and current when nothing moves
         if behind and (quiet or time.monotonic() - last_compaction >= settings.compaction_interval_s):

@@ -209,3 +209,36 @@ def start(spark, settings: Settings, namespace: str, topic: str, *, available_no
     finally:
         spark.sparkContext.setLocalProperty("spark.scheduler.pool", None)
     return query
+
+
+def consumer_group(namespace: str, role: str) -> str:
+    """The Kafka consumer group a role's position is committed under (for ``kafka-consumer-groups``)."""
+    return f"social.{role}.{namespace}"
+
+
+def commit_positions(
+    settings: Settings, topic: str, namespace: str, positions: dict[str, dict[int, int]]
+) -> None:
+    """Commit positions (role -> partition -> next offset) as consumer-group offsets.
+
+    Spark's Kafka source keeps its offsets in its checkpoint, not in Kafka; committing them here
+    makes the speed layer's fences and the archive's position visible to the tools Kafka users
+    reach for (``kafka-consumer-groups.sh --describe --group social.speed-layer.<ns>`` shows the
+    lag). Nothing reads them back: the fences in Redis and the Delta commits stay the truth.
+    """
+    from confluent_kafka import Consumer, TopicPartition
+
+    for role, offsets in positions.items():
+        if not offsets:
+            continue
+        c = Consumer(
+            {
+                "bootstrap.servers": settings.kafka_bootstrap,
+                "group.id": consumer_group(namespace, role),
+                "enable.auto.commit": False,
+            }
+        )
+        try:
+            c.commit(offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()], asynchronous=False)
+        finally:
+            c.close()
