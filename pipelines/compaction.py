@@ -50,7 +50,8 @@ class Changes:
         ch = changelog.where(F.col("changes").isNotNull()).select(
             "seq", F.posexplode(F.from_json("changes", "array<array<string>>")).alias("idx", "ch")
         )
-        self.ch = ch.withColumn("kind", F.get(F.col("ch"), 0))
+        # computed once (every view filters it): the changelog is read and exploded one time
+        self.ch = ch.withColumn("kind", F.get(F.col("ch"), 0)).localCheckpoint()
         tl = changelog.where(F.col("timeline").isNotNull()).select(
             "seq", F.posexplode(F.split("timeline", ",")).alias("idx", "e")
         )
@@ -63,7 +64,7 @@ class Changes:
             F.get(parts, 1).cast("bigint").alias("post_id"),
             F.get(parts, 2).cast("bigint").alias("author_id"),
             F.get(parts, 3).cast("bigint").alias("event_time"),
-        )
+        ).localCheckpoint()
 
     def _of(self, *kinds: str) -> DataFrame:
         return self.ch.where(F.col("kind").isin(*kinds))
