@@ -40,7 +40,7 @@ from pipelines import namespaces
 log = logging.getLogger("maintenance")
 
 STEPS = ("optimize", "vacuum", "namespaces", "reports", "checkpoints")
-APPEND_ONLY = ("events_bronze", "quarantine", "batches")
+APPEND_ONLY = ("events_bronze", "quarantine", "changelog", "archives", "batches")
 SAFE_RETENTION_HOURS = 168
 DAY_S = 24 * 3600
 
