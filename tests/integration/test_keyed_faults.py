@@ -127,7 +127,9 @@ def test_flushall_then_restore_from_delta(kafka_stack, topic_factory, speed_laye
     store.start()
     try:
         topic = topic_factory(4)
-        cfg = GeneratorConfig(users=300, seed=9, mean_followers=10, invalid_share=0.02, duplicate_share=0.02)
+        cfg = GeneratorConfig(
+            users=300, seed=9, graph_seed=9, mean_followers=10, invalid_share=0.02, duplicate_share=0.02
+        )
         first = produce(12_000, cfg, topic=topic, bootstrap=kafka_stack.bootstrap, progress=False)
         private = {k: getattr(settings, k) for k in ("redis_port", "redis_url", "var_dir")}
         sl = speed_layer_factory(topic=topic, namespace="restored", **private)
@@ -146,7 +148,7 @@ def test_flushall_then_restore_from_delta(kafka_stack, topic_factory, speed_laye
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
         assert sl.redis_position() == covered  # the fences: the position the views covered
         # more events after the restore; the speed layer reads only the log after that position
-        cfg2 = dataclasses.replace(cfg, seed=10, users=300)
+        cfg2 = dataclasses.replace(cfg, seed=10, emit_bootstrap=False)  # the same users and graph
         second = produce(3_000, cfg2, topic=topic, bootstrap=kafka_stack.bootstrap, progress=False)
         sl.restart()
         sl.wait_caught_up(timeout=600)
