@@ -44,7 +44,7 @@ Everything runs on a private stack (Kafka, Redis on free ports, state under
 ``var/reports/dual_write/latest.json``, ``latest.html`` (with the plots), ``divergences.png``,
 ``sweep.json``, ``sweep.png``.
 
-``python -m infra.dual_write [--users 30] [--run-time 20] [--seed 7] [--crash 5] [--race 150]
+``python -m infra.dual_write [--users 30] [--run-time 15] [--seed 7] [--crash 5] [--race 150]
 [--timeout 15] [--store-fail 20] [--sweep 0,3]`` (rates per mille; ``SOCIAL_FAULT_*`` variables,
 when set, replace these defaults).
 """
@@ -867,7 +867,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = get_settings()
     p = argparse.ArgumentParser(prog="python -m infra.dual_write", description=__doc__.splitlines()[0])
     p.add_argument("--users", type=int, default=30, help="Locust users (30)")
-    p.add_argument("--run-time", type=int, default=20, help="seconds of Locust per run (20)")
+    p.add_argument("--run-time", type=int, default=15, help="seconds of Locust per run (15)")
     p.add_argument("--seed", type=int, default=settings.fault_seed)
     p.add_argument(
         "--stall-ms",
