@@ -14,7 +14,11 @@ Measured:
 
 - the speed layer's freshness (server receive -> applied in Redis) p50/p99 in each phase, from
   the processor's own histogram ``<namespace>:freshness`` (:func:`pipelines.verify.keyed_freshness`,
-  reset once the bootstrap is applied), and the ratio with/without (target: <= 1.5);
+  reset once the bootstrap is applied), and the ratio with/without (target: <= 1.5). The
+  histogram stops at 120 s (``FRESHNESS_CAP_MS``): when the speed layer falls behind the rate,
+  p99 sits at the cap in both phases and the ratio says nothing, so each phase also gives how
+  long after the load it caught up with the log's end and the rate it applied (events over the
+  load's time plus that lag), with their ratio;
 - the analytics' own end-to-end latency: an alert's record time on the alerts topic - the
   receive time of the newest event that fired it; a tumbling window's Delta commit time - its
   window end (the newest event of a window is received just before its end, and the row cannot
@@ -42,11 +46,13 @@ import redis
 from infra.bench import BenchContext, section
 from infra.bench_keyed import _pct, _SpeedLayer, _wait_fences
 from infra.settings import Settings
+from pipelines.speed.processor import FRESHNESS_CAP_MS
 
 ANALYTICS_LATENESS_S = 10  # so windows close within the run (the default, 120 s, would not)
 BOOT_USERS, BOOT_FOLLOWERS, GRAPH_SEED = 2_000, 20, 13
 PATTERN_USER = 10_000_000  # a user the generated traffic never uses
 SAMPLE_S = 5
+CATCH_UP_S = 600  # longest wait, after the load, for the speed layer to cover the log's end
 
 
 def _generator(seed: int, bootstrap: bool):
@@ -235,7 +241,8 @@ def _phase(
             progress=False,
         )
         sent_s = time.perf_counter() - t0
-        caught_up = _wait_fences(r, ns, end_offsets(settings, topic), 300)
+        caught_up = _wait_fences(r, ns, end_offsets(settings, topic), CATCH_UP_S)
+        behind_s = time.perf_counter() - t0 - sent_s
         fresh = keyed_freshness(r, ns)
     finally:
         sl.stop()
@@ -244,8 +251,13 @@ def _phase(
     return {
         "events": n,
         "achieved_events_per_s": round(n / sent_s),
-        "caught_up_within_300_s": caught_up,
+        "caught_up": caught_up,
+        # after the last event was sent, until the keyed state covered the log's end: a lag the
+        # histogram's cap does not hide
+        "caught_up_after_s": round(behind_s, 1) if caught_up else None,
+        "applied_events_per_s": round(n / (sent_s + behind_s)) if caught_up else None,
         **{f"freshness_{k}": v for k, v in fresh.items() if k != "events"},
+        "freshness_p99_at_cap": bool(fresh["p99_ms"] and fresh["p99_ms"] > FRESHNESS_CAP_MS),
     }
 
 
@@ -274,7 +286,10 @@ def plot_curves(samples: list[dict], batches: list[dict], seconds: int) -> bytes
         b.set_ylabel("micro-batch duration, s")
         b.set_title("micro-batch duration, per query")
         b.legend(fontsize=6, ncol=2)
-        fig.suptitle(f"the analytics over a {seconds} s run beside the keyed speed layer", fontsize=10)
+        fig.suptitle(
+            f"the analytics beside the keyed speed layer: {seconds} s of load, sampled until it caught up",
+            fontsize=10,
+        )
         fig.tight_layout()
         buf = io.BytesIO()
         fig.savefig(buf, format="png")
@@ -323,8 +338,13 @@ def analytics_section(ctx: BenchContext) -> dict:
         out.update({f"{label}_{k}": v for label, p in phases.items() for k, v in p.items()})
         p0, p1 = phases["alone"]["freshness_p99_ms"], phases["with_analytics"]["freshness_p99_ms"]
         out["freshness_p99_ratio_with_over_without"] = round(p1 / p0, 2) if p0 and p1 else None
-        if out["freshness_p99_ratio_with_over_without"] is not None:
+        capped = any(p["freshness_p99_at_cap"] for p in phases.values())
+        if out["freshness_p99_ratio_with_over_without"] is not None and not capped:
             out["freshness_within_1_5x"] = out["freshness_p99_ratio_with_over_without"] <= 1.5
+        # a p99 at the histogram's cap (the speed layer fell behind the rate) says nothing about
+        # the ratio: then the lag after the load and the rate applied are the comparison
+        a0, a1 = phases["alone"]["applied_events_per_s"], phases["with_analytics"]["applied_events_per_s"]
+        out["applied_rate_ratio_with_over_without"] = round(a1 / a0, 2) if a0 and a1 else None
         alerts, windows = analytics.alert_latencies_ms(), analytics.window_latencies_ms()
         batches = sorted(analytics.batches.values(), key=lambda x: x["t_s"])
         batches = [x for x in batches if x["t_s"] >= 0]  # the measured run only
