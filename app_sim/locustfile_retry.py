@@ -6,7 +6,9 @@ Used by ``make dual-write`` (``infra/dual_write.py``), against both write modes 
 - every write carries an ``Idempotency-Key`` (drawn from the user's seeded generator) and is
   retried with the same key, up to ``LOAD_RETRIES`` times (default 3), when it gets no answer
   within ``LOAD_TIMEOUT_S`` (default 1.5 s), a connection error, or a 502/503/504: what a mobile
-  client does, and what turns a stalled or crashed request into a duplicate in the log;
+  client does. A retry of a write still in flight (a stalled one) is answered 409 by the API
+  (its idempotency record is shared by the workers) and not retried: the client moves on to its
+  next write, which may then reach the stores before the stalled one;
 - it also replaces its status now and then (``PUT /v1/status``), which ``SocialUser`` never does.
 
 The user's generator is seeded from ``LOAD_SEED``, ``LOAD_RUN`` (a name for the run: two runs

@@ -12,11 +12,10 @@ answers on the configured port, else starts one (``infra.stack``) and stops it a
 Sections, in order: ``ingest`` (the generator vs Kafka's own ``ProducerPerformance``);
 ``serving`` (the API's reads/s and p99 under Locust over a pre-populated serving store, writes/s
 too); ``replay`` (full recompute vs a bare read and vs the parse step alone, 1x and 10x log);
-``stream`` (catch-up vs a ``noop`` sink, the parse step's floor at the target's batch size, the
-Delta commits' floor of a one-row batch, freshness at a fixed rate with each phase's share);
-``scaling`` (one micro-batch on 1x and 10x state); ``analytics`` (the speed layer's freshness
-with and without the analytics beside it, their own latency, state size and batch duration). The
-README says how to read each figure.
+``keyed`` and ``scaling`` (``infra/bench_keyed.py``: the keyed speed layer; the processor's
+cost per micro-batch on 1x and 10x state); ``analytics`` (``infra/bench_analytics.py``: the keyed speed layer's
+freshness with and without the analytics beside it, their own latency, state size and batch
+duration curves). The README says how to read each figure.
 """
 
 from __future__ import annotations
@@ -64,6 +63,8 @@ class BenchContext:
     keyed_seconds: int = 120
     scaling_state_events: int = 20_000
     scaling_probe_events: int = 5_000
+    analytics_rate: int = 2_000  # the issue's target rate for the analytics beside the speed layer
+    analytics_seconds: int = 120  # per phase; the curves cover the second one
 
     def topic(self, purpose: str, partitions: int | None = None) -> str:
         """A fresh topic for this run (deleted at the end), with the event topic's partition count."""
@@ -379,223 +380,6 @@ def replay_section(ctx: BenchContext) -> dict:
     return out
 
 
-ANALYTICS_RATE = 2_000  # events/s of the default mix, the issue's target rate
-ANALYTICS_SECONDS = 60  # per phase: the speed layer alone, then with the analytics beside it
-ANALYTICS_LATENESS_S = 10  # so windows close within the run (the default, 120 s, would not)
-
-
-def _pct(values: list[float], q: float) -> float | None:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))] if values else None
-
-
-def _wait_covered(settings: Settings, timeout_s: float) -> None:
-    """Until the speed layer's Delta views cover the topic's end (or ``timeout_s`` passed): a
-    stop in the middle of its first batch would leave no ``batches`` row to measure."""
-    from infra.stack import end_offsets
-    from pipelines.lake import committed_position
-
-    target = end_offsets(settings, settings.events_topic)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        pos = committed_position(settings.lake_dir, settings.views_namespace)
-        if pos and all(pos[1].get(p, 0) >= o for p, o in target.items()):
-            return
-        time.sleep(2)
-
-
-def _speed_layer_freshness(ctx: BenchContext, spark, settings: Settings, during=None) -> dict:
-    """Freshness p50/p99 of the speed layer, started as ``make up`` starts it, at ANALYTICS_RATE.
-
-    ``during(settings)`` runs beside it (started after the speed layer is up, stopped at the end).
-    """
-    from app_sim.generator import GeneratorConfig, produce
-    from infra.stack import SpeedLayer
-    from pipelines.lake import Lake
-    from pipelines.verify import freshness
-
-    service = SpeedLayer(settings)
-    service.start()
-    stop_beside = None
-    try:
-        if during is not None:
-            stop_beside = during(settings)
-        time.sleep(15)  # the query's first (empty) batches
-        produce(
-            ANALYTICS_RATE * ANALYTICS_SECONDS,
-            GeneratorConfig(users=2_000, seed=13, mean_followers=20, realtime=True),
-            topic=settings.events_topic,
-            bootstrap=settings.kafka_bootstrap,
-            rate=ANALYTICS_RATE,
-            progress=False,
-        )
-        _wait_covered(settings, timeout_s=300)
-    finally:
-        service.stop()
-        if stop_beside is not None:
-            stop_beside()
-    lake = Lake(spark, settings.lake_dir, settings.views_namespace)
-    last = lake.last_batch() if lake.exists() else None
-    fresh = freshness(lake, last.batch_id) if last else {}
-    return {"p50_ms": fresh.get("p50_ms"), "p99_ms": fresh.get("p99_ms"), "events": fresh.get("events", 0)}
-
-
-@section("analytics")
-def analytics_section(ctx: BenchContext) -> dict:
-    """The speed layer's freshness with and without the analytics beside it; the analytics' own
-    end-to-end latency, state size and micro-batch duration over the run (curves in the JSON).
-
-    Phase 1: the speed layer alone (the ``make up`` service) at ANALYTICS_RATE events/s of the
-    default mix, freshness p50/p99. Phase 2: the same on a new topic with every analytics query
-    running in this process beside it (alert patterns injected every 15 s), sampled every 5 s.
-    Latencies: an alert's Kafka record timestamp - the receive time of the latest event it
-    carries; a window row's Delta commit time - its window end (includes the lateness).
-    """
-    import dataclasses
-    import shutil
-    import threading
-
-    from confluent_kafka import Consumer
-
-    from app_sim.generator import inject
-    from pipelines.analytics import source
-    from pipelines.analytics.config import AnalyticsConfig
-    from pipelines.analytics.runner import QUERIES, Paths, start
-
-    var = Path(tempfile.mkdtemp(prefix="bench-analytics-"))
-    base = dataclasses.replace(ctx.settings, var_dir=var, analytics_lateness_s=ANALYTICS_LATENESS_S)
-    spark = _spark(ctx)
-    ns0, ns1 = f"bench_an0_{ctx.run_id}".lower(), f"bench_an1_{ctx.run_id}".lower()
-    alone = dataclasses.replace(base, events_topic=ctx.topic("analytics0"), views_namespace=ns0)
-    out: dict = {"rate_events_per_s": ANALYTICS_RATE, "seconds_per_phase": ANALYTICS_SECONDS}
-    f0 = _speed_layer_freshness(ctx, spark, alone)
-
-    beside = dataclasses.replace(
-        base,
-        events_topic=ctx.topic("analytics1"),
-        views_namespace=ns1,
-        alerts_topic=ctx.topic("alerts", partitions=1),
-    )
-    samples: list[dict] = []
-    paths = Paths.for_namespace(beside, ns1)
-
-    def run_analytics(settings: Settings):
-        queries = start(
-            spark,
-            lambda: source.kafka_records(spark, settings, settings.events_topic),
-            paths,
-            AnalyticsConfig.from_settings(settings),
-            names=QUERIES,
-            namespace=ns1,
-            views_root=Path(settings.lake_dir) / ns1,
-            kafka=(settings.kafka_bootstrap, settings.alerts_topic),
-            trigger=settings.analytics_trigger_interval,
-        )
-        done = threading.Event()
-        t0 = time.monotonic()
-
-        def sample():
-            while not done.wait(5):
-                row = {
-                    "t_s": round(time.monotonic() - t0, 1),
-                    "state_rows": 0,
-                    "state_bytes": 0,
-                    "batch_ms": {},
-                }
-                for q in queries:
-                    p = q.lastProgress or {}
-                    for op in p.get("stateOperators", []):
-                        row["state_rows"] += op.get("numRowsTotal", 0)
-                        row["state_bytes"] += op.get("memoryUsedBytes", 0)
-                    if p:
-                        row["batch_ms"][q.name] = p["durationMs"].get("triggerExecution")
-                samples.append(row)
-                if int(row["t_s"]) % 15 < 5:
-                    inject(
-                        ["burst", "follow_churn", "message_flood"],
-                        topic=settings.events_topic,
-                        bootstrap=settings.kafka_bootstrap,
-                        user=10_000_000,
-                        settings=settings,
-                    )
-
-        sampler = threading.Thread(target=sample, daemon=True)
-        sampler.start()
-
-        def stop():
-            done.set()
-            sampler.join(timeout=60)
-            for q in queries:
-                q.stop()
-
-        return stop
-
-    f1 = _speed_layer_freshness(ctx, spark, beside, during=run_analytics)
-    consumer = Consumer(
-        {
-            "bootstrap.servers": beside.kafka_bootstrap,
-            "group.id": "bench-alerts",
-            "auto.offset.reset": "earliest",
-        }
-    )
-    consumer.subscribe([beside.alerts_topic])
-    alert_ms, idle = [], 0
-    while idle < 5:
-        msg = consumer.poll(1.0)
-        if msg is None or msg.error() is not None:
-            idle += 1
-            continue
-        alert_ms.append(msg.timestamp()[1] - json.loads(msg.value())["last_received_time"])
-    consumer.close()
-    window_ms = []
-    table = paths.table("activity_per_minute")
-    for commit in sorted(Path(table).glob("_delta_log/*.json")):
-        actions = [json.loads(line) for line in commit.read_text().splitlines()]
-        committed = next((a["commitInfo"].get("timestamp") for a in actions if "commitInfo" in a), None)
-        version = int(commit.stem)
-        if committed is None or version == 0 or not any("add" in a for a in actions):
-            continue
-        read = spark.read.format("delta")
-        added = (
-            read.option("versionAsOf", version)
-            .load(table)
-            .exceptAll(read.option("versionAsOf", version - 1).load(table))
-        )
-        window_ms += [
-            committed - int(r["window_end"].replace(tzinfo=UTC).timestamp() * 1000) for r in added.collect()
-        ]
-    half = len(samples) // 2
-    rows = [s["state_rows"] for s in samples]
-    batch = [max(s["batch_ms"].values(), default=0) for s in samples]
-    out.update(
-        {
-            "speed_layer_freshness_p50_ms_alone": f0["p50_ms"],
-            "speed_layer_freshness_p99_ms_alone": f0["p99_ms"],
-            "speed_layer_freshness_p50_ms_with_analytics": f1["p50_ms"],
-            "speed_layer_freshness_p99_ms_with_analytics": f1["p99_ms"],
-            "freshness_p99_ratio_with_over_without": (
-                round(f1["p99_ms"] / f0["p99_ms"], 2) if f0["p99_ms"] and f1["p99_ms"] else None
-            ),
-            "alerts": len(alert_ms),
-            "alert_latency_p50_ms": _pct(alert_ms, 0.5),
-            "alert_latency_p99_ms": _pct(alert_ms, 0.99),
-            "window_end_to_visible_p99_ms": _pct(window_ms, 0.99),
-            "state_rows_median_first_half": _pct(rows[:half], 0.5),
-            "state_rows_median_second_half": _pct(rows[half:], 0.5),
-            "slowest_query_batch_ms_median_first_half": _pct(batch[:half], 0.5),
-            "slowest_query_batch_ms_median_second_half": _pct(batch[half:], 0.5),
-            "curves": samples,
-        }
-    )
-    if out["freshness_p99_ratio_with_over_without"] is not None:
-        out["freshness_within_1_5x"] = out["freshness_p99_ratio_with_over_without"] <= 1.5
-    spark.stop()
-    for ns in (ns0, ns1):
-        _drop_namespace(ctx.settings, ns)
-    shutil.rmtree(var, ignore_errors=True)
-    return out
-
-
 # --- running and reporting ----------------------------------------------------------------------------
 
 
@@ -680,13 +464,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--keyed-rates", default="1000,5000,10000", help="keyed: comma-separated fixed rates, events/s"
     )
+    p.add_argument(
+        "--analytics-seconds",
+        type=int,
+        default=120,
+        help="analytics: seconds of load per phase (alone, with the analytics); the curves span the second",
+    )
+    p.add_argument("--analytics-rate", type=int, default=2_000, help="analytics: events/s (2000)")
     a = p.parse_args(argv)
     rates = tuple(int(x) for x in a.keyed_rates.split(","))
-    results = run(a.only, a.events, keyed_seconds=a.keyed_seconds, keyed_rates=rates)
+    results = run(
+        a.only,
+        a.events,
+        keyed_seconds=a.keyed_seconds,
+        keyed_rates=rates,
+        analytics_seconds=a.analytics_seconds,
+        analytics_rate=a.analytics_rate,
+    )
     return 1 if any("error" in r for r in results.values()) else 0
 
 
-# the keyed speed layer's section lives in its own module; importing it registers it
+# the keyed speed layer's and the analytics' sections live in their own modules; importing them
+# registers them
+import infra.bench_analytics  # noqa: E402,F401
 import infra.bench_keyed  # noqa: E402,F401
 
 if __name__ == "__main__":

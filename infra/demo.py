@@ -86,6 +86,15 @@ def has_speed_layer_service() -> bool:
     return any(cls.name == "speed_layer" for cls in stack.SERVICES)
 
 
+def analytics_rows(reports: Path) -> str:
+    """Rows in each analytics table, from the page's summary.json (None: not written yet)."""
+    try:
+        tables = json.loads((reports / "analytics" / "summary.json").read_text())["tables"]
+    except (OSError, ValueError, KeyError):
+        return "-"
+    return ", ".join(f"{name} {'-' if n is None else f'{n:,}'}" for name, n in tables.items())
+
+
 def analytics_alerts(settings: Settings, user: int, timeout_s: float) -> dict[str, int]:
     """Alerts of ``user`` on the alerts topic per rule, waiting up to ``timeout_s`` for all three."""
     from confluent_kafka import Consumer
@@ -255,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
             else "analytics off (SOCIAL_ANALYTICS=0)",
         ),
         ("analytics page", page or "-"),
+        ("analytics rows", analytics_rows(Path(settings.reports_dir)) if page else "-"),
         ("verify report", f"{verify_json} (+ latest.html)"),
         ("quality Data Docs", str(reports / "quality" / "index.html")),
         ("total", f"{time.monotonic() - t0:.0f}s"),

@@ -34,13 +34,19 @@ Repair: the namespace rebuilt from the log by a replay (the speed layer from off
 fresh namespace, blue/green as ``rebuild`` does): that is ``replay``, counted again per mode. For
 the log design, repair changes nothing: its store already is that replay.
 
+The fault-rate sweep: more runs on the same log, each with fresh users, at multiples of the
+rates (``--sweep``, default 0 and 3; 1 is the two runs above; ``crash`` no higher than 1x, see
+:func:`scaled`): dual mode at each, the log design at each nonzero one. Per fault, the divergences it touched in dual mode against its rate, and
+every divergence of the log design at the same rates (:func:`sweep_by_fault`).
+
 Everything runs on a private stack (Kafka, Redis on free ports, state under
 ``var/dual_write/``), so a ``make up`` stack is never touched. Report:
-``var/reports/dual_write/latest.json``, ``latest.html`` (with a plot), ``divergences.png``.
+``var/reports/dual_write/latest.json``, ``latest.html`` (with the plots), ``divergences.png``,
+``sweep.json``, ``sweep.png``.
 
-``python -m infra.dual_write [--users 30] [--run-time 25] [--seed 7] [--crash 5] [--race 150]
-[--timeout 15] [--store-fail 20]`` (rates per mille; ``SOCIAL_FAULT_*`` variables, when set,
-replace these defaults).
+``python -m infra.dual_write [--users 30] [--run-time 15] [--seed 7] [--crash 5] [--race 150]
+[--timeout 15] [--store-fail 20] [--sweep 0,3]`` (rates per mille; ``SOCIAL_FAULT_*`` variables,
+when set, replace these defaults).
 """
 
 from __future__ import annotations
@@ -263,9 +269,18 @@ def divergences(store: StoreState, truth: Truth, only: set[int] | None = None) -
     return out
 
 
-def read_journal(r, topic: str, mode: str | None = None) -> list[dict]:
+def read_journal(
+    r, topic: str, mode: str | None = None, window_ms: tuple[int, int] | None = None
+) -> list[dict]:
+    """The faults journaled for ``topic``: of this mode, journaled within this wall-clock window
+    (one run's: the runs are one after the other, each starting and stopping its own API)."""
     entries = [json.loads(x) for x in r.lrange(journal_key(topic), 0, -1)]
-    return [j for j in entries if mode is None or j["mode"] == mode]
+    return [
+        j
+        for j in entries
+        if (mode is None or j["mode"] == mode)
+        and (window_ms is None or window_ms[0] <= j["at"] <= window_ms[1])
+    ]
 
 
 def attribute(found: dict[str, list], journal: list[dict]) -> dict[str, dict[str, int]]:
@@ -412,6 +427,27 @@ class SpeedLayerRun:
                 self.proc.wait()
 
 
+@dataclass(frozen=True)
+class RunSpec:
+    """One Locust run against the API in one mode: its own users, its own span of the log."""
+
+    label: str  # the Locust users' key space (LOAD_RUN), the report's name for it
+    mode: str
+    rates: dict[str, int]
+    run_time_s: int
+    scale: float | None = None  # a sweep point: the default rates times this
+
+
+SWEEP_CAPPED = {"crash": 1.0}  # a fault swept no higher than this multiple (see scaled)
+
+
+def scaled(rates: dict[str, int], scale: float) -> dict[str, int]:
+    """The rates times ``scale``, but ``crash`` no higher than its own rate: each crash restarts
+    an API worker, seconds on a busy 2-core machine, and at 3x the restarts starve the workload
+    (a fifth of the writes), which would hide every other fault's proportion."""
+    return {f: min(1000, round(rate * min(scale, SWEEP_CAPPED.get(f, scale)))) for f, rate in rates.items()}
+
+
 def mode_settings(base: Settings, mode: str, rates: dict[str, int], seed: int) -> Settings:
     return replace(
         base,
@@ -424,7 +460,9 @@ def mode_settings(base: Settings, mode: str, rates: dict[str, int], seed: int) -
     )
 
 
-def run_workload(settings: Settings, out_dir: Path, users: int, run_time_s: int, seed: int) -> dict:
+def run_workload(
+    settings: Settings, out_dir: Path, users: int, run_time_s: int, seed: int, label: str
+) -> dict:
     """The API in this mode (2 workers) under the retrying Locust workload; returns Locust's summary."""
     from app_sim.load import run_locust
     from infra.stack import ApiServer
@@ -440,7 +478,7 @@ def run_workload(settings: Settings, out_dir: Path, users: int, run_time_s: int,
             run_time_s=run_time_s,
             locustfile=Path(__file__).resolve().parent.parent / "app_sim" / "locustfile_retry.py",
             user_classes=("RetryingSocialUser",),
-            extra_env={"LOAD_SEED": str(seed), "LOAD_RUN": settings.write_mode, "LOAD_FOLLOWS": "8"},
+            extra_env={"LOAD_SEED": str(seed), "LOAD_RUN": label, "LOAD_FOLLOWS": "8"},
         )
     finally:
         api.stop()
@@ -452,13 +490,30 @@ def measure(r, truth: Truth, namespace: str, journal: list[dict]) -> dict:
 
 
 def run(
-    base: Settings, users: int, run_time_s: int, seed: int, rates: dict[str, int], report_dir: Path
+    base: Settings,
+    users: int,
+    run_time_s: int,
+    seed: int,
+    rates: dict[str, int],
+    report_dir: Path,
+    sweep: tuple[float, ...] = (),
 ) -> dict:
+    """The main runs (both modes at ``rates``: the sweep's point 1), then the sweep's other points,
+    as long each: dual mode at each multiple of ``rates``, the log design at each nonzero one (at
+    0 nothing is injected into it)."""
     from confluent_kafka import KafkaException
 
+    from app_sim.ids import wall_clock_ms
     from infra.stack import BACKBONE, Stack, StackError, create_topic, end_offsets
     from pipelines.serving import connect
 
+    sweep = tuple(x for x in sweep if x != 1)  # 1: the main runs
+    specs = [RunSpec(m, m, rates, run_time_s, 1.0 if sweep else None) for m in MODES] + [
+        RunSpec(f"{m}@{x:g}", m, scaled(rates, x), run_time_s, x)
+        for x in sweep
+        for m in MODES
+        if m == "dual" or x > 0
+    ]
     started = time.monotonic()
     stack = Stack(base, service_types=BACKBONE)
     say(f"private stack: Kafka {base.kafka_bootstrap}, Redis {base.redis_url}, state under {base.var_dir}")
@@ -466,7 +521,6 @@ def run(
     live: list[SpeedLayerRun] = []
     try:
         r = connect(base.redis_url)
-        per_mode = {m: mode_settings(base, m, rates, seed) for m in MODES}
         create_topic(base, TOPIC, base.events_partitions)
         for _ in range(40):  # until the new topic's metadata has reached the broker's cache
             try:
@@ -475,7 +529,7 @@ def run(
             except (StackError, KafkaException):
                 time.sleep(0.25)
         report: dict = {"modes": {}, "phases_s": {}}
-        mark = time.monotonic()
+        mark = started  # the "stack" phase includes its start
 
         def phase(name: str) -> None:
             nonlocal mark
@@ -484,40 +538,82 @@ def run(
 
         phase("stack")
         spans: dict[str, tuple[dict[int, int], dict[int, int]]] = {}
-        for mode in MODES:
+        windows: dict[str, tuple[int, int]] = {}
+        summaries: dict[str, dict] = {}
+        for spec in specs:
             say(
-                f"{mode} mode: {users} Locust users for {run_time_s} s, faults {rates} per mille, seed {seed}"
+                f"{spec.label}: {spec.mode} mode, {users} Locust users for {spec.run_time_s} s, "
+                f"faults {spec.rates} per mille, seed {seed}"
             )
-            first = end_offsets(base, TOPIC)
-            summary = run_workload(per_mode[mode], report_dir / f"locust_{mode}", users, run_time_s, seed)
-            spans[mode] = (first, end_offsets(base, TOPIC))
-            report["modes"][mode] = {"locust": summary, "log_span": {"from": first, "to": spans[mode][1]}}
-            phase(f"{mode}_run")
+            first, since = end_offsets(base, TOPIC), wall_clock_ms()
+            summaries[spec.label] = run_workload(
+                mode_settings(base, spec.mode, spec.rates, seed),
+                report_dir / f"locust_{spec.label}",
+                users,
+                spec.run_time_s,
+                seed,
+                spec.label,
+            )
+            spans[spec.label] = (first, end_offsets(base, TOPIC))
+            windows[spec.label] = (since, wall_clock_ms())
+            if spec.label in MODES:
+                phase(f"{spec.mode}_run")
+        if sweep:
+            phase("sweep_runs")
         say(f"the speed layer: {TOPIC} -> namespace {REPLAY!r}, in one micro-batch")
-        speed_layer = SpeedLayerRun(per_mode["log"], TOPIC, REPLAY)
+        speed_layer = SpeedLayerRun(mode_settings(base, "log", rates, seed), TOPIC, REPLAY)
         live.append(speed_layer)
         speed_layer.wait_caught_up(r)
         speed_layer.stop()
         phase("speed_layer")
-        for mode in MODES:
-            truth = fold(read_log(base, TOPIC, *spans[mode]), base.timeline_length)
-            journal = read_journal(r, TOPIC, mode)
-            before = measure(r, truth, REPLAY if mode == "log" else "dual", journal)
-            report["modes"][mode].update(
-                namespace=REPLAY if mode == "log" else "dual",
-                events=truth.events,
-                duplicates=truth.duplicates,
-                no_effect=truth.no_effect,
-                users=len(truth.users),
-                faults_injected={f: sum(1 for j in journal if j["fault"] == f) for f in FAULTS},
-                faults_by_event_type={
+        points = []
+        for spec in specs:
+            truth = fold(read_log(base, TOPIC, *spans[spec.label]), base.timeline_length)
+            journal = read_journal(r, TOPIC, spec.mode, windows[spec.label])
+            namespace = REPLAY if spec.mode == "log" else "dual"
+            before = measure(r, truth, namespace, journal)
+            injected = {f: sum(1 for j in journal if j["fault"] == f) for f in FAULTS}
+            if spec.scale is not None:
+                writes = summaries[spec.label]["writes"]["requests"]
+                points.append(
+                    {
+                        "scale": spec.scale,
+                        "mode": spec.mode,
+                        "permille": spec.rates,
+                        "writes": writes,
+                        "events": truth.events,
+                        "faults_injected": injected,
+                        "total": before["total"],
+                        "counts": before["counts"],
+                        "by_fault": {f: sum(v.values()) for f, v in before["by_fault"].items()},
+                    }
+                )
+            if spec.label not in MODES:
+                continue
+            report["modes"][spec.mode] = {
+                "locust": summaries[spec.label],
+                "log_span": {"from": spans[spec.label][0], "to": spans[spec.label][1]},
+                "namespace": namespace,
+                "events": truth.events,
+                "duplicates": truth.duplicates,
+                "no_effect": truth.no_effect,
+                "users": len(truth.users),
+                "faults_injected": injected,
+                "faults_by_event_type": {
                     f: dict(Counter(j.get("type") for j in journal if j["fault"] == f)) for f in FAULTS
                 },
-                before_repair=before,
+                "before_repair": before,
                 # the repair: the namespace rebuilt from the log, i.e. the replay's; for the log
                 # design that is its own namespace already
-                after_repair={**measure(r, truth, REPLAY, journal), "namespace": REPLAY},
-            )
+                "after_repair": {**measure(r, truth, REPLAY, journal), "namespace": REPLAY},
+            }
+        if sweep:
+            report["sweep"] = {
+                "scales": sorted({1.0, *sweep}),
+                "run_time_s": run_time_s,
+                "base_permille": rates,
+                "points": points,
+            }
         phase("measure")
     finally:
         for sl in live:
@@ -576,7 +672,102 @@ def plot(report: dict) -> bytes:
         plt.close(fig)
 
 
-def render(report: dict, png: bytes) -> str:
+def sweep_by_fault(report: dict) -> dict[str, list[dict]]:
+    """Per fault, per sweep point: its rate, and the divergences it touched in dual mode next to
+    every divergence of the log design at the same rates."""
+    points = report["sweep"]["points"]
+    log_at = {p["scale"]: p for p in points if p["mode"] == "log"}
+    return {
+        f: [
+            {
+                "scale": p["scale"],
+                "permille": p["permille"][f],
+                "injected": p["faults_injected"][f],
+                "dual_writes": p["writes"],
+                "dual": p["by_fault"][f],
+                "dual_per_1000_writes": round(1000 * p["by_fault"][f] / max(p["writes"], 1), 2),
+                "log_total": log_at[p["scale"]]["total"] if p["scale"] in log_at else None,
+                "log_writes": log_at[p["scale"]]["writes"] if p["scale"] in log_at else None,
+            }
+            for p in sorted(points, key=lambda p: p["scale"])
+            if p["mode"] == "dual"
+        ]
+        for f in FAULTS
+    }
+
+
+def plot_sweep(report: dict) -> bytes:
+    """One panel per fault: divergences it touched (dual mode) and the log design's, vs. its rate."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves = sweep_by_fault(report)
+    fig, axes = plt.subplots(1, len(FAULTS), figsize=(12, 3.2), dpi=100)
+    try:
+        for ax, f in zip(axes, FAULTS, strict=True):
+            xs = [c["permille"] for c in curves[f]]
+            ax.plot(
+                xs, [c["dual_per_1000_writes"] for c in curves[f]], "o-", color="#e45756", label="dual writes"
+            )
+            logged = [c for c in curves[f] if c["log_total"] is not None]
+            ax.plot(
+                [c["permille"] for c in logged],
+                [1000 * c["log_total"] / max(c["log_writes"], 1) for c in logged],
+                "s--",
+                color="#4c78a8",
+                label="the log (all)",
+            )
+            ax.set_title(f"{f}: {FAILURE[f]}", fontsize=9)
+            ax.set_xlabel("fault rate (per mille of writes)", fontsize=8)
+            ax.tick_params(labelsize=8)
+            ax.set_ylim(bottom=0)
+        axes[0].set_ylabel("divergences per 1,000 writes")
+        axes[0].legend(fontsize=8)
+        fig.suptitle(f"fault-rate sweep ({report['sweep']['run_time_s']} s of Locust per run)", fontsize=10)
+        fig.tight_layout()
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png")
+        return buf.getvalue()
+    finally:
+        plt.close(fig)
+
+
+def render_sweep(report: dict, png: bytes) -> str:
+    if "sweep" not in report:
+        return ""
+    e = html.escape
+    curves = sweep_by_fault(report)
+    rows = []
+    for f in FAULTS:
+        for c in curves[f]:
+            rows.append(
+                f"<tr><td>{e(f)}</td><td>{e(FAILURE[f])}</td><td class=num>{c['scale']:g}</td>"
+                f"<td class=num>{c['permille']}</td><td class=num>{c['injected']}</td>"
+                f"<td class=num>{c['dual_writes']}</td><td class=num>{c['dual']}</td>"
+                f"<td class=num>{c['dual_per_1000_writes']}</td><td class=num>{c['log_total']}</td></tr>"
+            )
+    un = [
+        f"{p['scale']:g}x: {p['by_fault']['unattributed']}"
+        for p in report["sweep"]["points"]
+        if p["mode"] == "dual"
+    ]
+    return f"""<h2>Fault-rate sweep</h2>
+<p>Dual mode at each multiple ({e(", ".join(f"{x:g}" for x in report["sweep"]["scales"]))}) of
+the rates above (1: the runs above; crash no higher than 1x: each crash restarts an API worker, and
+more of them starve the workload), the log design at each nonzero one, all four faults on together,
+{report["sweep"]["run_time_s"]} s of Locust per run (fresh users each time). Dual writes diverge in proportion to the fault rate; the log design
+shows zero at every rate. A divergence touched by two faults counts for both; divergences no fault
+touched (the dual writes' own races), per scale: {e(", ".join(un))}.</p>
+<img alt='sweep' src='data:image/png;base64,{base64.b64encode(png).decode()}'>
+<table><tr><th>fault</th><th>failure</th><th>scale</th><th>per mille</th><th>injected (dual)</th>
+<th>writes (dual)</th><th>divergences it touched (dual)</th><th>per 1,000 writes</th>
+<th>divergences, the log (all)</th></tr>{"".join(rows)}</table>
+<p class=muted>Machine-readable: sweep.json.</p>"""
+
+
+def render(report: dict, png: bytes, sweep_png: bytes = b"") -> str:
     e = html.escape
     rows = []
     for m in METRICS:
@@ -633,6 +824,7 @@ status (one touched by two faults counts for both).</p>
 <h2>Runs</h2>
 <table><tr><th>mode</th><th>span of dw.events (partition: offset)</th><th>namespace</th><th>events in the log</th><th>duplicates</th>
 <th>requests</th><th>failed requests</th></tr>{modes}</table>
+{render_sweep(report, sweep_png)}
 <p class=muted>Machine-readable: latest.json (examples of each divergence included).</p>
 </body></html>"""
 
@@ -642,8 +834,14 @@ def write_report(report: dict, out_dir: Path) -> Path:
     png = plot(report)
     (out_dir / "divergences.png").write_bytes(png)
     (out_dir / "latest.json").write_text(json.dumps(report, indent=2, default=list) + "\n")
+    sweep_png = b""
+    if "sweep" in report:
+        sweep_png = plot_sweep(report)
+        (out_dir / "sweep.png").write_bytes(sweep_png)
+        sweep = {**report["sweep"], "by_fault": sweep_by_fault(report), "failure": FAILURE}
+        (out_dir / "sweep.json").write_text(json.dumps(sweep, indent=2) + "\n")
     page = out_dir / "latest.html"
-    page.write_text(render(report, png))
+    page.write_text(render(report, png, sweep_png))
     return page
 
 
@@ -655,13 +853,21 @@ def print_table(report: dict) -> None:
             report["modes"][mode][w]["counts"][m] for mode in MODES for w in ("before_repair", "after_repair")
         ]
         print(f"{METRIC_TEXT[m][:52]:52} " + " ".join(f"{v:>6}" for v in vals))
+    if "sweep" in report:
+        print(
+            f"sweep ({report['sweep']['run_time_s']} s per point): per fault, rate -> divergences it "
+            "touched in dual mode / every divergence of the log design"
+        )
+        for f, curve in sweep_by_fault(report).items():
+            cells = "  ".join(f"{c['permille']}: {c['dual']}/{c['log_total']}" for c in curve)
+            print(f"  {f:11} {cells}")
 
 
 def main(argv: list[str] | None = None) -> int:
     settings = get_settings()
     p = argparse.ArgumentParser(prog="python -m infra.dual_write", description=__doc__.splitlines()[0])
     p.add_argument("--users", type=int, default=30, help="Locust users (30)")
-    p.add_argument("--run-time", type=int, default=25, help="seconds of Locust per mode (25)")
+    p.add_argument("--run-time", type=int, default=15, help="seconds of Locust per run (15)")
     p.add_argument("--seed", type=int, default=settings.fault_seed)
     p.add_argument(
         "--stall-ms",
@@ -672,12 +878,32 @@ def main(argv: list[str] | None = None) -> int:
     for f in FAULTS:
         default = int(os.environ[ENV[f]]) if os.environ.get(ENV[f]) else DEFAULT_FAULTS[f]
         p.add_argument(f"--{f.replace('_', '-')}", type=int, default=default, help=f"per mille ({default})")
+    p.add_argument(
+        "--sweep",
+        default="0,3",
+        help="fault-rate sweep: multiples of the rates besides 1 (the main runs), each a run of "
+        "dual mode and, if nonzero, of log mode ('0,3'; '' for none)",
+    )
     a = p.parse_args(argv)
+    try:
+        sweep = tuple(float(x) for x in a.sweep.split(",") if x.strip())
+    except ValueError:
+        p.error(f"--sweep {a.sweep!r}: expected numbers separated by commas, e.g. 0,1,3")
+    if any(x < 0 for x in sweep):
+        p.error(f"--sweep {a.sweep!r}: multiples must be >= 0")
     rates = {f: getattr(a, f) for f in FAULTS}
     var_dir = Path(settings.var_dir) / "dual_write"
     shutil.rmtree(var_dir, ignore_errors=True)  # a fresh log and store every run
     base = private_settings(var_dir, fault_stall_ms=a.stall_ms)
-    report = run(base, a.users, a.run_time, a.seed, rates, Path(settings.reports_dir) / "dual_write")
+    report = run(
+        base,
+        a.users,
+        a.run_time,
+        a.seed,
+        rates,
+        Path(settings.reports_dir) / "dual_write",
+        sweep,
+    )
     page = write_report(report, Path(settings.reports_dir) / "dual_write")
     print_table(report)
     print(f"-> {page} ({report['seconds']} s)")

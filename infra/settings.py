@@ -69,7 +69,7 @@ class Settings:
     fault_timeout_permille: int = _setting(
         "SOCIAL_FAULT_TIMEOUT_PERMILLE",
         0,
-        "writes stalled SOCIAL_FAULT_STALL_MS before any write (the client times out and retries)",
+        "writes stalled SOCIAL_FAULT_STALL_MS just before their log append (dual: after the store write)",
     )
     fault_stall_ms: int = _setting("SOCIAL_FAULT_STALL_MS", 3000, "how long a timed-out write stalls")
     fault_store_fail_permille: int = _setting(

@@ -457,21 +457,17 @@ def settings_env(settings: Settings) -> dict[str, str]:
     return env
 
 
-class SpeedLayer(Service):
-    """The Spark Structured Streaming speed layer (``python -m pipelines.speed_layer``).
+class SparkDriverService(Service):
+    """A Spark Structured Streaming driver run as a service: ready means healthy, never a line in
+    its log. The process is ours and alive, and its Spark driver answers on the Spark UI's REST
+    API (``/api/v1/applications`` lists an application named ``<APP_PREFIX><namespace>``). The UI
+    port is chosen free at each start and passed to Spark (``spark.ui.port``); it is kept in
+    ``run/<name>.ui-port`` (Spark takes one of the next ports if that one is taken meanwhile, so
+    the check looks there too)."""
 
-    Ready means healthy, never a line in its log: the process is ours and alive, and its Spark
-    driver answers on the Spark UI's REST API (``/api/v1/applications`` lists an application
-    named ``speed-layer-<namespace>``). The UI port is chosen free at each start and passed to
-    Spark (``spark.ui.port``); it is kept in ``run/speed_layer.ui-port`` (Spark takes one of the
-    next ports if that one is taken meanwhile, so the check looks there too).
-    """
-
-    name = "speed_layer"
-    marker = "pipelines.speed_layer"
     stop_timeout_s = 60.0
     ready_timeout_s = 180.0
-    APP_PREFIX = "speed-layer-"
+    APP_PREFIX = ""
     PORT_RETRIES = 16  # spark.port.maxRetries' default
 
     def ports(self) -> list[int]:
@@ -493,9 +489,6 @@ class SpeedLayer(Service):
             port = s.getsockname()[1]
         self.ui_port_file.write_text(f"{port}\n")
 
-    def command(self) -> list[str]:
-        return [sys.executable, "-m", "pipelines.speed_layer"]
-
     def env(self) -> Mapping[str, str]:
         env = settings_env(self.settings)
         port = self.ui_port()
@@ -504,7 +497,7 @@ class SpeedLayer(Service):
         return env
 
     def application(self) -> str | None:
-        """The speed layer's Spark application name, if its driver answers on the UI REST API."""
+        """This service's Spark application name, if its driver answers on the UI REST API."""
         import json
         import urllib.error
         import urllib.request
@@ -544,13 +537,23 @@ class SpeedLayer(Service):
         return name, state, pid, f"ui {ui}" if ui else "", log
 
 
-class Archiver(SpeedLayer):
+class SpeedLayer(SparkDriverService):
+    """The Spark Structured Streaming speed layer (``python -m pipelines.speed_layer``)."""
+
+    name = "speed_layer"
+    marker = "pipelines.speed_layer"
+    APP_PREFIX = "speed-layer-"
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "pipelines.speed_layer"]
+
+
+class Archiver(SparkDriverService):
     """The archiver (``python -m pipelines.archiver``): the speed layer's changelog and the raw log
     appended to Delta every few seconds, compacted into the Delta views every few minutes.
 
     Off the serving path, so it runs at a lower CPU priority (``nice 10``): when both want the
-    cores, the speed layer gets them. Ready the same way as the speed layer (its Spark driver
-    answers on the UI REST API).
+    cores, the speed layer gets them.
     """
 
     name = "archiver"
@@ -561,44 +564,25 @@ class Archiver(SpeedLayer):
         return ["nice", "-n", "10", sys.executable, "-m", "pipelines.archiver"]
 
 
-class Analytics(Service):
+class Analytics(SparkDriverService):
     """The stream analytics (``python -m pipelines.analytics``): windows, joins, alert rules.
 
     Started by ``up`` unless ``SOCIAL_ANALYTICS=0`` (they cost about a core on a 2-core machine).
+    Ready as the speed layer is: its driver (application ``analytics-<namespace>``) answers on
+    the Spark UI REST API.
     """
 
     name = "analytics"
     marker = "pipelines.analytics"
-    stop_timeout_s = 60.0
-    ready_timeout_s = 180.0
-    READY_LINE = b"analytics running"
-
-    def ports(self) -> list[int]:
-        return []
+    APP_PREFIX = "analytics-"
 
     def command(self) -> list[str]:
         return [sys.executable, "-m", "pipelines.analytics"]
-
-    def env(self) -> Mapping[str, str]:
-        return settings_env(self.settings)
 
     def start(self) -> str:
         if not self.settings.analytics and not self.is_running():
             return "off (SOCIAL_ANALYTICS=0)"
         return super().start()
-
-    def wait_ready(self, deadline: float) -> None:
-        start = max(0, (self.log_file.stat().st_size if self.log_file.exists() else 0) - 4096)
-        while True:
-            if not self.is_running():
-                raise self._died()
-            with self.log_file.open("rb") as f:
-                f.seek(start)
-                if self.READY_LINE in f.read():
-                    return
-            if time.monotonic() > deadline:
-                raise StackError(f"the analytics did not start in time; see {self.log_file}")
-            time.sleep(0.5)
 
 
 class ApiServer(Service):

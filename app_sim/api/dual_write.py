@@ -32,15 +32,19 @@ fault          what happens                                                    f
 ``race``       the unread counter's read-modify-write is held open up to       lost update
                ``SOCIAL_FAULT_RACE_MS`` between its read and its write, so
                two workers writing one inbox overwrite each other
-``timeout``    the request stalls ``SOCIAL_FAULT_STALL_MS`` before any write;  out-of-order write
-               the client times out and retries (same ``Idempotency-Key``);
-               the stalled original then lands after its retry (and after
-               the client's next writes)
+``timeout``    the request stalls ``SOCIAL_FAULT_STALL_MS`` just before its    out-of-order write
+               log append (dual: after its store write; a slow producer, a
+               GC pause); the client times out, its retry (same
+               ``Idempotency-Key``) is answered 409 while the original is
+               in flight, and the client's next write of the same record
+               (a status) lands in the store and the log meanwhile; the
+               stalled original then reaches the log last: the store and
+               the log saw the two writes in opposite orders
 ``store_fail`` step 3 fails after the log append succeeded                     partial write
 =============  ==============================================================  ===================
 
 Log mode with faults draws the same faults at the same points of a request (a crash after the
-append, a stall before it, the race's hold where dual mode holds its counter); they delay or kill
+append, the stall just before it, the race's hold where dual mode holds its counter); they delay or kill
 requests but cannot make the derived store disagree with the log. ``store_fail`` has no store
 write to fail in log mode.
 
@@ -145,13 +149,13 @@ class FaultyWrites:
         reason = contract.validate(event)
         if reason is not None:
             raise InvalidEvent(reason)
-        if self._draw("timeout"):
-            await self._journal("timeout", event, stall_ms=self.settings.fault_stall_ms)
-            await asyncio.sleep(self.settings.fault_stall_ms / 1000)
         crash = self._draw("crash")
         state = await self._primary(event) if self.dual else None  # 1. the store
         if crash and self.dual:
             await self._crash(event, "after the store write, before the log append")
+        if self._draw("timeout"):  # a slow producer, a GC pause: between the two writes
+            await self._journal("timeout", event, stall_ms=self.settings.fault_stall_ms)
+            await asyncio.sleep(self.settings.fault_stall_ms / 1000)
         at = await self.log.append(event)  # 2. the log
         if crash:
             await self._crash(event, "after the log append")

@@ -1,6 +1,7 @@
 """The analytics through the real stack: Kafka -> ``python -m pipelines.analytics`` -> Delta + Kafka.
 
-One bounded run: generated traffic (server clock = wall clock, no offline devices so nothing is
+One bounded run of the stack's Analytics service (started, and found ready by its Spark UI REST
+API, as ``make up`` does): generated traffic (server clock = wall clock, no offline devices so nothing is
 late by design) plus the three alert patterns injected by a user the traffic never uses; the
 alerts reach ``social.alerts`` and the ``alerts`` table; the report page is written. Then the
 replay: the same queries over the retained log with ``--available-now`` and a fresh checkpoint
@@ -30,10 +31,10 @@ LIVE = (*WINDOWED, "burst", "follow_churn", "message_flood")
 
 
 def analytics(settings, topic: str, namespace: str, log_path, *args: str) -> subprocess.Popen:
+    """``python -m pipelines.analytics`` in the foreground, with this test's topic and namespace."""
     from infra.stack import settings_env
 
-    only = [a for q in LIVE for a in ("--only", q)] if not args else list(args)
-    cmd = [sys.executable, "-m", "pipelines.analytics", "--topic", topic, "--namespace", namespace, *only]
+    cmd = [sys.executable, "-m", "pipelines.analytics", "--topic", topic, "--namespace", namespace, *args]
     return subprocess.Popen(
         cmd,
         env=settings_env(settings),
@@ -44,11 +45,35 @@ def analytics(settings, topic: str, namespace: str, log_path, *args: str) -> sub
     )
 
 
-def wait_for_line(proc, log_path, line: bytes, timeout: float = 240) -> None:
-    deadline = time.monotonic() + timeout
-    while line not in log_path.read_bytes():
-        assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()[-4000:]
+def analytics_service(settings, topic: str, namespace: str):
+    """The stack's Analytics service as ``make up`` starts it (Spark UI port, pid file, log,
+    ready when its driver answers on the Spark UI REST API), on this test's topic and namespace,
+    running this test's queries."""
+    from infra.stack import Analytics
+
+    class TestAnalytics(Analytics):
+        def command(self) -> list[str]:
+            only = [a for q in LIVE for a in ("--only", q)]
+            return [*super().command(), "--topic", topic, "--namespace", namespace, *only]
+
+    return TestAnalytics(replace(settings, analytics=1))
+
+
+def stop(service, timeout_s: float = 120) -> int:
+    """SIGTERM, as ``make down`` stops it (the driver stops its queries); its exit code."""
+    pid = service.pid()
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            done, status = os.waitpid(pid, os.WNOHANG)  # the service's process is this test's child
+        except ChildProcessError:  # reaped by a liveness check: it had exited before the stop
+            raise AssertionError(f"the analytics exited early; see {service.log_file}") from None
+        if done:
+            return os.waitstatus_to_exitcode(status)
         time.sleep(0.5)
+    os.kill(pid, signal.SIGKILL)
+    raise AssertionError(f"the analytics did not stop in {timeout_s} s; see {service.log_file}")
 
 
 def consume_alerts(settings, topic: str, want: set[str], timeout: float = 240) -> dict[str, dict]:
@@ -73,12 +98,20 @@ def consume_alerts(settings, topic: str, want: set[str], timeout: float = 240) -
     return seen
 
 
-def wait_for_rows(table_dir: Path, proc, log_path, timeout: float = 300) -> None:
+def wait_for_rows(table_dir: Path, service, timeout: float = 300) -> None:
     """Until the Delta table has a commit that adds data (a window was closed and written)."""
     deadline = time.monotonic() + timeout
     while not any('"add"' in f.read_text() for f in table_dir.glob("_delta_log/*.json")):
-        assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()[-4000:]
+        assert service.is_running() and time.monotonic() < deadline, service.log_file.read_text()[-4000:]
         time.sleep(1)
+
+
+def wait_for_alert_rows(spark, table: str, alert_ids: set[str], service, timeout: float = 180) -> None:
+    """Until the alerts table holds every one of these alerts."""
+    deadline = time.monotonic() + timeout
+    while not alert_ids <= {r["alert_id"] for r in spark.read.format("delta").load(table).collect()}:
+        assert service.is_running() and time.monotonic() < deadline, service.log_file.read_text()[-4000:]
+        time.sleep(2)
 
 
 def test_live_alerts_report_and_replay(kafka_stack, topic_factory, tmp_path):
@@ -95,10 +128,10 @@ def test_live_alerts_report_and_replay(kafka_stack, topic_factory, tmp_path):
         var_dir=tmp_path / "var",
     )
     cfg = GeneratorConfig(users=100, mean_followers=3, seed=4, offline_share=0.0, realtime=True)
-    live_log = tmp_path / "live.log"
-    live = analytics(settings, topic, "live", live_log)
+    live = analytics_service(settings, topic, "live")
+    assert live.start() == "started"  # ready: its Spark driver answers on the Spark UI REST API
+    live_log = live.log_file
     try:
-        wait_for_line(live, live_log, b"analytics running")
         # ~80 s of event time at 50 events/s: the watermark (5 s behind) closes a minute or more
         produce(1_500, cfg, topic=topic, bootstrap=settings.kafka_bootstrap, rate=50, progress=False)
         inject(
@@ -111,13 +144,14 @@ def test_live_alerts_report_and_replay(kafka_stack, topic_factory, tmp_path):
         more = replace(cfg, seed=5)
         produce(2_500, more, topic=topic, bootstrap=settings.kafka_bootstrap, rate=50, progress=False)
         seen = consume_alerts(settings, alerts_topic, {"burst", "follow_churn", "message_flood"})
-        wait_for_rows(
-            Path(Paths.for_namespace(settings, "live").table("activity_per_minute")), live, live_log
-        )
+        wait_for_rows(Path(Paths.for_namespace(settings, "live").table("activity_per_minute")), live)
+        spark = build_spark("analytics-it", settings, testing=True)
+        # an alert reaches Kafka before Delta: stopped in between, its batch would only be re-run
+        # (and the table written) at the next start
+        wait_for_alert_rows(spark, Paths.for_namespace(settings, "live").table("alerts"), set(seen), live)
     finally:
-        os.kill(live.pid, signal.SIGTERM)  # as `make down` stops it: the driver, which stops its queries
-        live.wait(timeout=120)
-    assert live.returncode == 0, live_log.read_text()[-4000:]
+        code = stop(live)
+    assert code == 0, live_log.read_text()[-4000:]
 
     mine = {k: a for k, a in seen.items() if a["user_id"] == PATTERN_USER}
     assert {a["rule"] for a in mine.values()} == {"burst", "follow_churn", "message_flood"}
@@ -132,7 +166,6 @@ def test_live_alerts_report_and_replay(kafka_stack, topic_factory, tmp_path):
     replay = analytics(settings, topic, "replay", replay_log, "--available-now", *only)
     assert replay.wait(timeout=600) == 0, replay_log.read_text()[-4000:]
 
-    spark = build_spark("analytics-it", settings, testing=True)
     try:
         live_paths, replay_paths = (
             Paths.for_namespace(settings, "live"),

@@ -6,8 +6,12 @@ API, then one API per fault (only that fault on) serves a scenario that fault ca
 
 - ``crash`` (250 per mille): 12 messages to one inbox, retried after the dropped connection;
 - ``race`` (every counter update held up to 300 ms): 12 messages to one inbox at once;
-- ``timeout`` (every write stalls 1.2 s, the client gives up after 0.4 s and retries twice):
-  2 messages;
+- ``timeout`` (every write on this API stalls 3 s just before its log append, the client gives
+  up after 0.4 s; its retry with the same key is answered 409, the original being in flight):
+  status "first" through it, then the same user's status "second" through a second, fault-free
+  API (the next server behind the load balancer), which lands in the store and the log while
+  the first is stalled. The log says "first" is the last status (it reached the log last);
+  dual mode's store says "second": an out-of-order write;
 - ``store_fail`` (every store update after the log append fails): 3 messages and a post the
   recipient's timeline should get.
 
@@ -21,6 +25,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from pathlib import Path
 
 import httpx
 import pytest
@@ -32,16 +37,20 @@ pytestmark = pytest.mark.integration
 
 RATES = {"crash": 250, "race": 1000, "timeout": 1000, "store_fail": 1000}
 CLIENT_TIMEOUT_S = 0.4
-STALL_MS = 1200
+STALL_MS = 3000
 
 
-def _write(url: str, path: str, token: str, body: dict, retries: int = 6) -> httpx.Response | None:
+def _write(
+    url: str, path: str, token: str, body: dict, retries: int = 6, method: str = "POST"
+) -> httpx.Response | None:
     """A careful client: one Idempotency-Key per write, retried on no answer or a 5xx."""
     headers = {"Authorization": f"Bearer {token}", "Idempotency-Key": uuid.uuid4().hex}
     answer = None
     for attempt in range(retries + 1):
         try:
-            answer = httpx.post(f"{url}{path}", json=body, headers=headers, timeout=CLIENT_TIMEOUT_S)
+            answer = httpx.request(
+                method, f"{url}{path}", json=body, headers=headers, timeout=CLIENT_TIMEOUT_S
+            )
             if answer.status_code < 500:
                 return answer
         except httpx.TransportError:  # timed out, or the worker died under us
@@ -58,26 +67,32 @@ def _api(settings, **faults):
     return api
 
 
-def _scenario(fault: str, url: str, users: dict[str, tuple[int, str]]) -> None:
+def _scenario(fault: str, url: str, users: dict[str, tuple[int, str]], healthy_url: str) -> None:
     recipient, _ = users["recipient"]
     sender, sender_token = users["sender"]
 
-    retries = 2 if fault == "timeout" else 6  # every attempt stalls: three of them land late
-
     def message(i: int) -> None:
         body = {"recipient_id": recipient, "text": f"{fault} {i}"}
-        _write(url, "/v1/messages", sender_token, body, retries)
+        _write(url, "/v1/messages", sender_token, body)
 
+    if fault == "timeout":
+        started = time.monotonic()
+        first = _write(url, "/v1/status", sender_token, {"text": "first"}, retries=1, method="PUT")
+        # the retry meets the original in flight (409) or stalls itself: either way one lands late
+        assert first is None or first.status_code == 409, first
+        second = _write(healthy_url, "/v1/status", sender_token, {"text": "second"}, method="PUT")
+        assert second is not None and second.status_code == 202, second
+        assert time.monotonic() - started < STALL_MS / 1000, "the second status came too late"
+        time.sleep(STALL_MS / 1000 + 1)  # the stalled first one reaches the log
+        return
     if fault == "race":
         with ThreadPoolExecutor(12) as pool:
             list(pool.map(message, range(12)))
     else:
-        for i in range({"crash": 12, "timeout": 2, "store_fail": 3}[fault]):
+        for i in range({"crash": 12, "store_fail": 3}[fault]):
             message(i)
     if fault == "store_fail":
         _write(url, "/v1/posts", sender_token, {"text": "fan me out"})
-    if fault == "timeout":
-        time.sleep(STALL_MS / 1000 * 2)  # the stalled originals land after their retries
 
 
 def _register(url: str, handle: str) -> tuple[int, str]:
@@ -88,6 +103,7 @@ def _register(url: str, handle: str) -> tuple[int, str]:
 
 def _run_mode(mode: str, base, topic: str, namespace: str) -> None:
     """Register each scenario's users (fault-free API) with a follow, then one API per fault."""
+    from app_sim.auth import load_secret
     from app_sim.load import api_is_up
 
     settings = replace(
@@ -113,13 +129,24 @@ def _run_mode(mode: str, base, topic: str, namespace: str) -> None:
             assert answer is not None and answer.status_code == 202, answer
     finally:
         api.stop()
+    # a second, fault-free API beside the faulty one (its own port, pid file and log; the same
+    # token secret, as two servers behind one load balancer)
+    healthy = replace(
+        settings,
+        api_port=_free_port(),
+        var_dir=Path(settings.var_dir) / "healthy",
+        api_secret=load_secret(settings).decode(),
+    )
     for fault in FAULTS:
-        api = _api(settings, **{fault: RATES[fault]})
+        apis = [_api(settings, **{fault: RATES[fault]})]
         try:
+            if fault == "timeout":
+                apis.append(_api(healthy))
             assert api_is_up(url)
-            _scenario(fault, url, users[fault])
+            _scenario(fault, url, users[fault], f"http://127.0.0.1:{healthy.api_port}")
         finally:
-            api.stop()
+            for api in apis:
+                api.stop()
 
 
 @pytest.fixture(scope="module")
@@ -168,22 +195,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-TIMEOUT_KNOWN_ISSUE = pytest.mark.xfail(
-    strict=False,
-    reason="the API's shared idempotency keys (issue 17) answer a retry of a stalled write 409 "
-    "while the original is in flight, so this scenario's retries no longer double-write; its "
-    "divergence now depends on timing (open in issue 16)",
-)
-
-
-@pytest.mark.parametrize(
-    "fault", [pytest.param(f, marks=TIMEOUT_KNOWN_ISSUE) if f == "timeout" else f for f in FAULTS]
-)
+@pytest.mark.parametrize("fault", FAULTS)
 def test_each_fault_makes_dual_writes_diverge(runs, fault):
     found, by_fault, journal = runs["dual"]
     injected = [j for j in journal if j["fault"] == fault]
     assert injected, f"the seeded run injected no {fault}"
     assert sum(by_fault[fault].values()) >= 1, (fault, {m: len(v) for m, v in found.items()}, by_fault)
+
+
+def test_a_stalled_write_lands_out_of_order_in_dual_mode(runs):
+    """The timeout scenario's one status, worked out by hand: the log's last is "first"; the
+    store kept "second" (the write that passed the stalled one)."""
+    found, by_fault, journal = runs["dual"]
+    (stalled,) = [j for j in journal if j["fault"] == "timeout"]
+    assert stalled["type"] == "status_updated"
+    assert found["status_not_last"] == [stalled["user_id"]]
+    assert by_fault["timeout"]["status_not_last"] == 1
 
 
 def test_the_log_design_does_not_diverge_under_the_same_faults(runs):

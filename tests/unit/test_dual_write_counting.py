@@ -13,7 +13,8 @@ import socket
 import pytest
 import redis
 
-from infra.dual_write import attribute, divergences, fold, read_store
+from app_sim.api.dual_write import FAULTS
+from infra.dual_write import attribute, divergences, fold, read_journal, read_store, scaled, sweep_by_fault
 
 PAD = 19
 
@@ -157,3 +158,59 @@ def test_each_kind_of_divergence_is_counted(r):
         "timeout": {"status_not_last": 1},  # u1's status
         "unattributed": {"counter_mismatch_users": 1, "status_not_last": 1},  # u3's counter, u2's status
     }
+
+
+def test_the_journal_of_one_run_is_its_mode_within_its_window(r):
+    from app_sim.api.dual_write import journal_key
+
+    r.delete(journal_key("jt"))
+    for at, mode, fault in (
+        (100, "dual", "race"),
+        (200, "log", "race"),
+        (300, "dual", "crash"),
+        (401, "dual", "timeout"),
+    ):
+        r.rpush(journal_key("jt"), json.dumps({"fault": fault, "mode": mode, "at": at}))
+    got = read_journal(r, "jt", "dual", (100, 400))
+    assert [(j["at"], j["fault"]) for j in got] == [(100, "race"), (300, "crash")]  # bounds included
+    assert len(read_journal(r, "jt")) == 4
+
+
+def test_the_sweep_pairs_each_faults_rate_with_what_it_touched_and_the_logs_total():
+    def point(scale, mode, writes, by_fault, total):
+        return {
+            "scale": scale,
+            "mode": mode,
+            "permille": {f: int(10 * scale) for f in FAULTS},
+            "writes": writes,
+            "faults_injected": dict.fromkeys(FAULTS, int(2 * scale)),
+            "total": total,
+            "by_fault": {**dict.fromkeys(FAULTS, 0), **by_fault},
+        }
+
+    report = {
+        "sweep": {
+            "points": [
+                point(2, "dual", 400, {"race": 8, "timeout": 1}, 9),  # out of order on purpose
+                point(0, "dual", 500, {"unattributed": 1}, 1),
+                point(0, "log", 500, {}, 0),
+                point(2, "log", 400, {}, 0),
+            ]
+        }
+    }
+    curves = sweep_by_fault(report)
+    assert curves["race"] == [
+        {"scale": 0, "permille": 0, "injected": 0, "dual_writes": 500, "dual": 0,
+         "dual_per_1000_writes": 0.0, "log_total": 0, "log_writes": 500},
+        {"scale": 2, "permille": 20, "injected": 4, "dual_writes": 400, "dual": 8,
+         "dual_per_1000_writes": 20.0, "log_total": 0, "log_writes": 400},
+    ]  # fmt: skip
+    assert [c["dual"] for c in curves["timeout"]] == [0, 1]
+
+
+def test_the_sweep_scales_every_rate_but_crash_beyond_its_own():
+    rates = {"crash": 5, "race": 150, "timeout": 15, "store_fail": 20}
+    assert scaled(rates, 0) == dict.fromkeys(rates, 0)
+    assert scaled(rates, 3) == {"crash": 5, "race": 450, "timeout": 45, "store_fail": 60}
+    assert scaled(rates, 0.5) == {"crash": 2, "race": 75, "timeout": 8, "store_fail": 10}  # half-even
+    assert scaled({"race": 400}, 3) == {"race": 1000}  # a per-mille rate

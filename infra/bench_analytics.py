@@ -1,0 +1,381 @@
+"""``make bench`` section ``analytics``: the stream analytics beside the keyed speed layer.
+
+Two phases, one after the other on one broker and one Redis, each on its own topic and
+namespace, each the same generated traffic: registrations and follows of 2,000 users (not
+measured), then ``analytics_rate`` events/s of the default mix for ``analytics_seconds``:
+
+1. the keyed speed layer alone (``python -m pipelines.speed_layer --no-views``, as in the
+   ``keyed`` section, :class:`infra.bench_keyed._SpeedLayer`);
+2. the same, with every analytics query (:data:`pipelines.analytics.runner.QUERIES`) running
+   beside it in this process's Spark driver, as ``make up``'s analytics service runs them (its
+   own JVM, the settings' trigger), and the three alert patterns injected every 15 s.
+
+Measured:
+
+- the speed layer's freshness (server receive -> applied in Redis) p50/p99 in each phase, from
+  the processor's own histogram ``<namespace>:freshness`` (:func:`pipelines.verify.keyed_freshness`,
+  reset once the bootstrap is applied), and the ratio with/without (target: <= 1.5). The
+  histogram stops at 120 s (``FRESHNESS_CAP_MS``): when the speed layer falls behind the rate,
+  p99 sits at the cap in both phases and the ratio says nothing, so each phase also gives how
+  long after the load it caught up with the log's end and the rate it applied (events over the
+  load's time plus that lag), with their ratio;
+- the analytics' own end-to-end latency: an alert's record time on the alerts topic - the
+  receive time of the newest event that fired it; a tumbling window's Delta commit time - its
+  window end (the newest event of a window is received just before its end, and the row cannot
+  be written before the watermark, ``ANALYTICS_LATENESS_S`` later, passes it);
+- over phase 2, every 5 s: the state rows and bytes of every stateful query (``stateOperators``
+  of the last progress), and every micro-batch's duration (``triggerExecution``): the curves
+  are in the JSON and plotted in ``var/reports/bench/analytics_curves.png``; "flat" compares
+  the medians of the first and last thirds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import shutil
+import tempfile
+import threading
+import time
+from datetime import UTC
+from pathlib import Path
+
+import redis
+
+from infra.bench import BenchContext, section
+from infra.bench_keyed import _pct, _SpeedLayer, _wait_fences
+from infra.settings import Settings
+from pipelines.speed.processor import FRESHNESS_CAP_MS
+
+ANALYTICS_LATENESS_S = 10  # so windows close within the run (the default, 120 s, would not)
+BOOT_USERS, BOOT_FOLLOWERS, GRAPH_SEED = 2_000, 20, 13
+PATTERN_USER = 10_000_000  # a user the generated traffic never uses
+SAMPLE_S = 5
+CATCH_UP_S = 600  # longest wait, after the load, for the speed layer to cover the log's end
+
+
+def _generator(seed: int, bootstrap: bool):
+    from app_sim.generator import GeneratorConfig
+
+    return GeneratorConfig(
+        users=BOOT_USERS,
+        seed=seed,
+        graph_seed=GRAPH_SEED,
+        mean_followers=BOOT_FOLLOWERS,
+        realtime=True,
+        emit_bootstrap=bootstrap,
+    )
+
+
+class _AnalyticsBeside:
+    """Every analytics query in this process's Spark driver; samples their progress every 5 s
+    and injects the alert patterns every 15 s, from start() to stop()."""
+
+    def __init__(self, spark, settings: Settings, namespace: str):
+        from pipelines.analytics.runner import Paths
+
+        self.spark, self.settings, self.namespace = spark, settings, namespace
+        self.paths = Paths.for_namespace(settings, namespace)
+        self.queries: list = []
+        self.samples: list[dict] = []
+        self.batches: dict[tuple[str, int], dict] = {}  # (query, batch id) -> its progress
+        self.measuring_since: float | None = None
+        self.done = threading.Event()
+        self.threads: list[threading.Thread] = []
+        self.injected = 0
+
+    def start(self) -> None:
+        from pipelines.analytics import source
+        from pipelines.analytics.config import AnalyticsConfig
+        from pipelines.analytics.runner import QUERIES, start
+
+        s = self.settings
+        self.queries = start(
+            self.spark,
+            lambda: source.kafka_records(self.spark, s, s.events_topic),
+            self.paths,
+            AnalyticsConfig.from_settings(s),
+            names=QUERIES,
+            namespace=self.namespace,
+            views_root=Path(s.lake_dir) / self.namespace,
+            kafka=(s.kafka_bootstrap, s.alerts_topic),
+            trigger=s.analytics_trigger_interval,
+        )
+
+    def measure(self) -> None:
+        """From now on: sample every 5 s, inject the patterns every 15 s."""
+        self.measuring_since = time.monotonic()
+        for q in self.queries:  # the bootstrap's batches are not the run's
+            for p in q.recentProgress:
+                self.batches[(q.name, p["batchId"])] = {"t_s": -1}
+        self.threads = [threading.Thread(target=f, daemon=True) for f in (self._sample, self._inject)]
+        for t in self.threads:
+            t.start()
+
+    def _t(self) -> float:
+        return round(time.monotonic() - (self.measuring_since or time.monotonic()), 1)
+
+    def _sample(self) -> None:
+        while not self.done.wait(SAMPLE_S):
+            row = {"t_s": self._t(), "state_rows": 0, "state_bytes": 0, "state_sst_bytes": 0}
+            for q in self.queries:
+                for p in q.recentProgress:
+                    key = (q.name, p["batchId"])
+                    if key not in self.batches:
+                        self.batches[key] = {
+                            "t_s": self._t(),
+                            "query": q.name,
+                            "batch_id": p["batchId"],
+                            "ms": p["durationMs"].get("triggerExecution"),
+                            "rows": p.get("numInputRows", 0),
+                        }
+                last = q.lastProgress or {}
+                for op in last.get("stateOperators", []):
+                    row["state_rows"] += op.get("numRowsTotal", 0)
+                    row["state_bytes"] += op.get("memoryUsedBytes", 0)
+                    row["state_sst_bytes"] += int(op.get("customMetrics", {}).get("rocksdbSstFileSize", 0))
+            self.samples.append(row)
+
+    def _inject(self) -> None:
+        from app_sim.generator import PATTERNS, inject
+
+        while not self.done.is_set():
+            self.injected += inject(
+                list(PATTERNS),
+                topic=self.settings.events_topic,
+                bootstrap=self.settings.kafka_bootstrap,
+                user=PATTERN_USER,
+                settings=self.settings,
+            )
+            self.done.wait(15)
+
+    def stop(self) -> None:
+        self.done.set()
+        for t in self.threads:
+            t.join(timeout=60)
+        for q in self.queries:
+            try:
+                q.stop()
+            except Exception as exc:  # noqa: BLE001 - stopping the others matters more
+                print(f"warning: stopping {q.name}: {exc}")
+
+    def alert_latencies_ms(self) -> list[int]:
+        """Record time on the alerts topic - receive time of the newest event that fired it."""
+        from confluent_kafka import Consumer
+
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.settings.kafka_bootstrap,
+                "group.id": f"bench-alerts-{self.namespace}",
+                "auto.offset.reset": "earliest",
+            }
+        )
+        consumer.subscribe([self.settings.alerts_topic])
+        out, idle = [], 0
+        try:
+            while idle < 5:
+                msg = consumer.poll(1.0)
+                if msg is None or msg.error() is not None:
+                    idle += 1
+                    continue
+                out.append(msg.timestamp()[1] - json.loads(msg.value())["last_received_time"])
+        finally:
+            consumer.close()
+        return out
+
+    def window_latencies_ms(self, name: str = "activity_per_minute") -> list[int]:
+        """Per window row: the Delta commit that added it - its window end."""
+        table = self.paths.table(name)
+        out = []
+        read = self.spark.read.format("delta")
+        for commit in sorted(Path(table).glob("_delta_log/*.json")):
+            actions = [json.loads(line) for line in commit.read_text().splitlines()]
+            committed = next((a["commitInfo"].get("timestamp") for a in actions if "commitInfo" in a), None)
+            version = int(commit.stem)
+            if committed is None or version == 0 or not any("add" in a for a in actions):
+                continue
+            added = (
+                read.option("versionAsOf", version)
+                .load(table)
+                .exceptAll(read.option("versionAsOf", version - 1).load(table))
+            )
+            out += [
+                committed - int(r["window_end"].replace(tzinfo=UTC).timestamp() * 1000)
+                for r in added.select("window_end").collect()
+            ]
+        return out
+
+
+def _phase(
+    ctx: BenchContext, settings: Settings, r: redis.Redis, log_path: Path, beside: _AnalyticsBeside | None
+) -> dict:
+    """One phase: bootstrap, reset the histogram, the measured load; the speed layer's freshness."""
+    from app_sim.generator import produce
+    from infra.stack import end_offsets
+    from pipelines.speed import functions
+    from pipelines.verify import keyed_freshness
+
+    topic, ns = settings.events_topic, settings.views_namespace
+    sl = _SpeedLayer(settings, topic, ns, log_path)
+    try:
+        if beside is not None:
+            beside.start()
+        boot = _generator(GRAPH_SEED, bootstrap=True)
+        produce(
+            boot.bootstrap_events(), boot, topic=topic, bootstrap=settings.kafka_bootstrap, progress=False
+        )
+        if not _wait_fences(r, ns, end_offsets(settings, topic), 600):
+            raise RuntimeError(f"the speed layer did not apply the bootstrap; see {log_path}")
+        r.delete(functions.key(ns, "freshness"))
+        if beside is not None:
+            beside.measure()
+        t0 = time.perf_counter()
+        n = ctx.analytics_rate * ctx.analytics_seconds
+        produce(
+            n,
+            _generator(GRAPH_SEED + 1, bootstrap=False),
+            topic=topic,
+            bootstrap=settings.kafka_bootstrap,
+            rate=ctx.analytics_rate,
+            progress=False,
+        )
+        sent_s = time.perf_counter() - t0
+        caught_up = _wait_fences(r, ns, end_offsets(settings, topic), CATCH_UP_S)
+        behind_s = time.perf_counter() - t0 - sent_s
+        fresh = keyed_freshness(r, ns)
+    finally:
+        sl.stop()
+        if beside is not None:
+            beside.stop()
+    return {
+        "events": n,
+        "achieved_events_per_s": round(n / sent_s),
+        "caught_up": caught_up,
+        # after the last event was sent, until the keyed state covered the log's end: a lag the
+        # histogram's cap does not hide
+        "caught_up_after_s": round(behind_s, 1) if caught_up else None,
+        "applied_events_per_s": round(n / (sent_s + behind_s)) if caught_up else None,
+        **{f"freshness_{k}": v for k, v in fresh.items() if k != "events"},
+        "freshness_p99_at_cap": bool(fresh["p99_ms"] and fresh["p99_ms"] > FRESHNESS_CAP_MS),
+    }
+
+
+def plot_curves(samples: list[dict], batches: list[dict], seconds: int) -> bytes:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 3.6), dpi=100)
+    try:
+        ts = [s["t_s"] for s in samples]
+        a.plot(ts, [s["state_rows"] for s in samples], color="#4c78a8", label="state rows")
+        a.set_xlabel("seconds into the run")
+        a.set_ylabel("state rows (all queries)")
+        a2 = a.twinx()
+        a2.plot(ts, [s["state_sst_bytes"] / 2**20 for s in samples], color="#f58518", label="RocksDB SST MiB")
+        a2.set_ylabel("RocksDB SST files, MiB")
+        a.set_title("state size")
+        a.legend(loc="upper left", fontsize=8)
+        a2.legend(loc="lower right", fontsize=8)
+        for name in sorted({x["query"] for x in batches}):
+            pts = [x for x in batches if x["query"] == name and x["ms"] is not None]
+            b.plot([x["t_s"] for x in pts], [x["ms"] / 1000 for x in pts], ".", label=name[10:], ms=4)
+        b.set_xlabel("seconds into the run")
+        b.set_ylabel("micro-batch duration, s")
+        b.set_title("micro-batch duration, per query")
+        b.legend(fontsize=6, ncol=2)
+        fig.suptitle(
+            f"the analytics beside the keyed speed layer: {seconds} s of load, sampled until it caught up",
+            fontsize=10,
+        )
+        fig.tight_layout()
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png")
+        return buf.getvalue()
+    finally:
+        plt.close(fig)
+
+
+def _thirds(values: list[float]) -> tuple[float | None, float | None]:
+    k = max(len(values) // 3, 1)
+    return _pct(values[:k], 0.5), _pct(values[-k:], 0.5)
+
+
+@section("analytics")
+def analytics_section(ctx: BenchContext) -> dict:
+    from pipelines.spark import build_spark
+    from pipelines.speed.functions import drop_namespace
+
+    var = Path(tempfile.mkdtemp(prefix="bench-analytics-"))
+    base = dataclasses.replace(ctx.settings, var_dir=var, analytics_lateness_s=ANALYTICS_LATENESS_S)
+    r = redis.Redis.from_url(base.redis_url)
+    out: dict = {
+        "rate_events_per_s": ctx.analytics_rate,
+        "seconds_per_phase": ctx.analytics_seconds,
+        "lateness_s": ANALYTICS_LATENESS_S,
+        "trigger": base.analytics_trigger_interval,
+    }
+    namespaces = []
+    spark = build_spark("bench-analytics", base)
+    try:
+        phases = {}
+        analytics = None
+        for label in ("alone", "with_analytics"):
+            ns = f"bench_an_{label}_{ctx.run_id}".lower()
+            namespaces.append(ns)
+            settings = dataclasses.replace(
+                base,
+                events_topic=ctx.topic(f"analytics_{label}"),
+                views_namespace=ns,
+                alerts_topic=ctx.topic(f"alerts_{label}", partitions=1),
+            )
+            beside = _AnalyticsBeside(spark, settings, ns) if label != "alone" else None
+            print(f"bench analytics: {label}", flush=True)
+            phases[label] = _phase(ctx, settings, r, var / f"speed_layer_{label}.log", beside)
+            analytics = beside or analytics
+        out.update({f"{label}_{k}": v for label, p in phases.items() for k, v in p.items()})
+        p0, p1 = phases["alone"]["freshness_p99_ms"], phases["with_analytics"]["freshness_p99_ms"]
+        out["freshness_p99_ratio_with_over_without"] = round(p1 / p0, 2) if p0 and p1 else None
+        capped = any(p["freshness_p99_at_cap"] for p in phases.values())
+        if out["freshness_p99_ratio_with_over_without"] is not None and not capped:
+            out["freshness_within_1_5x"] = out["freshness_p99_ratio_with_over_without"] <= 1.5
+        # a p99 at the histogram's cap (the speed layer fell behind the rate) says nothing about
+        # the ratio: then the lag after the load and the rate applied are the comparison
+        a0, a1 = phases["alone"]["applied_events_per_s"], phases["with_analytics"]["applied_events_per_s"]
+        out["applied_rate_ratio_with_over_without"] = round(a1 / a0, 2) if a0 and a1 else None
+        alerts, windows = analytics.alert_latencies_ms(), analytics.window_latencies_ms()
+        batches = sorted(analytics.batches.values(), key=lambda x: x["t_s"])
+        batches = [x for x in batches if x["t_s"] >= 0]  # the measured run only
+        samples = [s for s in analytics.samples if s["t_s"] > 0]
+        rows0, rows1 = _thirds([s["state_rows"] for s in samples])
+        ms0, ms1 = _thirds([x["ms"] for x in batches if x["ms"] is not None])
+        out.update(
+            {
+                "patterns_injected_events": analytics.injected,
+                "alerts": len(alerts),
+                "alert_latency_p50_ms": _pct(alerts, 0.5),
+                "alert_latency_p99_ms": _pct(alerts, 0.99),
+                "windows_written": len(windows),
+                "window_end_to_visible_p50_ms": _pct(windows, 0.5),
+                "window_end_to_visible_p99_ms": _pct(windows, 0.99),
+                "state_rows_median_first_third": rows0,
+                "state_rows_median_last_third": rows1,
+                "batch_ms_median_first_third": ms0,
+                "batch_ms_median_last_third": ms1,
+                "curves": {"state": samples, "batches": batches},
+            }
+        )
+        if ms0 and ms1:
+            out["batch_ms_last_over_first_third"] = round(ms1 / ms0, 2)
+        out_dir = Path(ctx.settings.reports_dir) / "bench"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "analytics_curves.png").write_bytes(plot_curves(samples, batches, ctx.analytics_seconds))
+        out["curves_png"] = str(out_dir / "analytics_curves.png")
+    finally:
+        spark.stop()
+        for ns in namespaces:
+            drop_namespace(r, ns)
+        shutil.rmtree(var, ignore_errors=True)
+    return out
