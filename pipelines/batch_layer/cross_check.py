@@ -200,35 +200,38 @@ def batch_side(views: BatchViews, view: View) -> DataFrame:
 
 
 def compare_view(live: DataFrame, batch: DataFrame, view: View) -> dict:
-    """Join on the key; a row whose values differ (or that one side lacks) is a disagreement."""
+    """Join on the key; a row whose values differ (or that one side lacks) is a disagreement.
+
+    One Spark job: the row counts of both sides and the disagreements come from the same join.
+    """
     keys, values = list(view.keys), list(view.values)
-    l_vals = F.struct(*[F.col(v) for v in values]) if values else F.lit(True)
-    joined = (
-        live.select(*keys, l_vals.alias("live"))
-        .join(
-            batch.select(
-                *keys, (F.struct(*[F.col(v) for v in values]) if values else F.lit(True)).alias("batch")
-            ),
-            keys,
-            "full_outer",
-        )
-        .where(~F.col("live").eqNullSafe(F.col("batch")))
-        .cache()
-    )
-    n = joined.count()
-    examples = [
-        {
-            "view": view.name,
-            "key": {c: r[c] for c in keys},
-            "live": r["live"].asDict() if hasattr(r["live"], "asDict") else r["live"],
-            "batch": r["batch"].asDict() if hasattr(r["batch"], "asDict") else r["batch"],
-        }
-        for r in joined.orderBy(*keys).limit(EXAMPLES).collect()
-    ]
-    joined.unpersist()
+
+    def side(df: DataFrame, name: str) -> DataFrame:
+        vals = F.struct(*[F.col(v) for v in values]) if values else F.lit(True)
+        return df.select(*keys, vals.alias(name), F.lit(1).alias(f"_{name}"))
+
+    joined = side(live, "live").join(side(batch, "batch"), keys, "full_outer")
+    differs = ~F.col("live").eqNullSafe(F.col("batch"))
+    totals = joined.agg(
+        F.count("_live").alias("live_rows"),
+        F.count("_batch").alias("batch_rows"),
+        F.sum(F.when(differs, 1).otherwise(0)).alias("mismatches"),
+    ).first()
+    n = int(totals["mismatches"] or 0)
+    examples = []
+    if n:
+        for r in joined.where(differs).orderBy(*keys).limit(EXAMPLES).collect():
+            examples.append(
+                {
+                    "view": view.name,
+                    "key": {c: r[c] for c in keys},
+                    "live": r["live"].asDict() if hasattr(r["live"], "asDict") else r["live"],
+                    "batch": r["batch"].asDict() if hasattr(r["batch"], "asDict") else r["batch"],
+                }
+            )
     return {
-        "live_rows": live.count(),
-        "batch_rows": batch.count(),
+        "live_rows": int(totals["live_rows"]),
+        "batch_rows": int(totals["batch_rows"]),
         "mismatches": n,
         "examples": examples,
         "ok": n == 0,
