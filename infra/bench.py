@@ -69,6 +69,7 @@ class BenchContext:
     keyed_seconds: int = 120
     scaling_state_events: int = 20_000
     scaling_probe_events: int = 5_000
+    batch_events: int = 1_000_000  # the batch layer's 10x log; 1x and 3x are a tenth and 3 tenths
 
     def topic(self, purpose: str, partitions: int | None = None) -> str:
         """A fresh topic for this run (deleted at the end), with the event topic's partition count."""
@@ -1016,13 +1017,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--keyed-rates", default="1000,5000,10000", help="keyed: comma-separated fixed rates, events/s"
     )
+    p.add_argument(
+        "--batch-events", type=int, default=1_000_000, help="batch_layer: the 10x log (default 1M events)"
+    )
     a = p.parse_args(argv)
     rates = tuple(int(x) for x in a.keyed_rates.split(","))
-    results = run(a.only, a.events, keyed_seconds=a.keyed_seconds, keyed_rates=rates)
+    results = run(
+        a.only, a.events, keyed_seconds=a.keyed_seconds, keyed_rates=rates, batch_events=a.batch_events
+    )
     return 1 if any("error" in r for r in results.values()) else 0
 
 
-# the keyed speed layer's section lives in its own module; importing it registers it
+# the keyed speed layer's and the batch layer's sections live in their own modules; importing
+# them registers them
+import infra.bench_batch  # noqa: E402,F401
 import infra.bench_keyed  # noqa: E402,F401
 
 if __name__ == "__main__":
