@@ -61,7 +61,11 @@ def batch_layer_section(ctx: BenchContext) -> dict:
     spark = build_spark(
         "bench-batch-layer",
         ctx.settings,
-        extra_conf={"spark.eventLog.enabled": "true", "spark.eventLog.dir": str(events_dir)},
+        extra_conf={
+            "spark.eventLog.enabled": "true",
+            "spark.eventLog.dir": str(events_dir),
+            "spark.eventLog.compress": "false",
+        },
     )
     lake = Path(ctx.settings.lake_dir)
     out: dict = {"event_log": str(events_dir / spark.sparkContext.applicationId)}

@@ -18,6 +18,7 @@ writes storage.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame, Window
@@ -257,25 +258,35 @@ def home_timeline_view(
 # --------------------------------------------------------------------------------------------
 # The batch layer: every view at P.
 # --------------------------------------------------------------------------------------------
+def _as_is(df: DataFrame) -> DataFrame:
+    return df
+
+
 def compute(
-    bronze: DataFrame, quarantine: DataFrame, position: dict[int, int], cfg: BatchConfig
+    bronze: DataFrame,
+    quarantine: DataFrame,
+    position: dict[int, int],
+    cfg: BatchConfig,
+    keep: Callable[[DataFrame], DataFrame] = _as_is,
 ) -> BatchViews:
     """Every view from the archive (``events_bronze`` and ``quarantine``) up to ``position``.
 
     ``quarantine`` rows at positions also in ``events_bronze`` are the speed layer's stateful
     rejections (decided again here); the others are records that failed the event contract.
+    ``keep`` is applied to the intermediate results several views share (the duplicates, the
+    rejections, follows, posts): the job computes each once (``persist``), a test leaves them be.
     """
     events = below(bronze, position)
     contract = below(quarantine, position).join(
         events.select("partition", "offset"), ["partition", "offset"], "left_anti"
     )
-    dups = duplicates(events, cfg.dedup_window_ms)
+    dups = keep(duplicates(events, cfg.dedup_window_ms))
     fresh = events.join(F.broadcast(dups), ["partition", "offset"], "left_anti")
-    rejected = rejections(fresh)
+    rejected = keep(rejections(fresh))
     applied = fresh.join(F.broadcast(rejected), ["partition", "offset"], "left_anti")
 
-    follows = follows_view(applied)
-    posts = posts_view(applied)
+    follows = keep(follows_view(applied))
+    posts = keep(posts_view(applied))
     inbox = inbox_view(applied)
     celebrities = celebrities_view(follows, cfg)
 
