@@ -335,3 +335,45 @@ def test_generated_log_batch_layer_equals_speed_layer(spark, redis_url):  # noqa
     assert bad["examples"] == [
         {"view": "follows", "key": {"user_id": u, "followee_id": followee}, "live": None, "batch": True}
     ]
+
+
+def test_job_writes_every_view_with_the_position_in_its_commits(spark, tmp_path):
+    from infra.settings import get_settings
+    from pipelines.batch_layer.job import Archive, batch_position, parse_position, run
+
+    bronze, quarantine, _position, _ = archive(
+        spark, [ev("followed", 1, 0, followee_id=2), ev("post_created", 2, 1, post_id=7, text="p"), (1, b"{")]
+    )
+    root = tmp_path / "lake" / "arch"
+    meta = json.dumps({"end_offsets": {"0": 1, "1": 2}})  # as the archiver records it
+    bronze.withColumn("disposition", F_lit_null()).write.format("delta").option("userMetadata", meta).save(
+        str(root / "events_bronze")
+    )
+    quarantine.write.format("delta").option("userMetadata", meta).save(str(root / "quarantine"))
+    settings = get_settings(var_dir=tmp_path)
+    assert Archive(spark, root).position() == {0: 1, 1: 2}
+    with pytest.raises(SystemExit, match="beyond what the archive covers"):
+        run(spark, settings, namespace="arch", upto={0: 1, 1: 5})
+    got = run(spark, settings, namespace="arch", upto=parse_position('{"0": 1, "1": 1}'))
+    assert got["out_namespace"] == "arch-batch" and got["ok"]
+    # P = {0: 1, 1: 1}: the follow (partition 1, offset 0) and the post (partition 0, offset 0)
+    assert got["accounting"] == {
+        "records": 2,
+        "applied": 2,
+        "duplicates": 0,
+        "rejected": 0,
+        "quarantined": 0,
+        "missing": 0,
+    }
+    assert batch_position(tmp_path / "lake", "arch-batch") == {0: 1, 1: 1}
+    assert got["tables"]["home_timeline"]["files"] >= 1 and got["tables"]["celebrities"]["files"] == 0
+    timeline = spark.read.format("delta").load(str(tmp_path / "lake" / "arch-batch" / "home_timeline"))
+    assert sorted((r["user_id"], r["post_id"]) for r in timeline.collect()) == [(1, 7), (2, 7)]
+    with pytest.raises(SystemExit, match="--upto"):
+        parse_position("{not json")
+
+
+def F_lit_null():  # noqa: N802
+    from pyspark.sql import functions as F
+
+    return F.lit(None).cast("string")
