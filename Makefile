@@ -7,7 +7,7 @@ UV      := .venv/bin/uv
 STAMP   := .venv/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help setup up down status demo test test-unit test-integration bench load dual-write lint fmt clean
+.PHONY: help setup up down status demo test test-unit test-integration bench load dual-write compare lint fmt clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -56,6 +56,9 @@ load: setup ## headless Locust run -> var/reports/load/
 
 dual-write: setup ## dual writes (the anti-pattern) vs. the log, same workload and faults -> var/reports/dual_write/
 	@$(PY) -m infra.dual_write $(DUAL_WRITE_ARGS)
+
+compare: setup ## Lambda (batch layer) vs Kappa (replay) on one generated log -> var/reports/compare/
+	@$(PY) -m infra.compare $(COMPARE_ARGS)
 
 lint: setup ## ruff
 	$(PY) -m ruff check .

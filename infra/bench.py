@@ -65,6 +65,7 @@ class BenchContext:
     scaling_probe_events: int = 5_000
     analytics_rate: int = 2_000  # the issue's target rate for the analytics beside the speed layer
     analytics_seconds: int = 120  # per phase; the curves cover the second one
+    batch_events: int = 1_000_000  # the batch layer's 10x log; 1x and 3x are a tenth and 3 tenths
 
     def topic(self, purpose: str, partitions: int | None = None) -> str:
         """A fresh topic for this run (deleted at the end), with the event topic's partition count."""
@@ -471,6 +472,9 @@ def main(argv: list[str] | None = None) -> int:
         help="analytics: seconds of load per phase (alone, with the analytics); the curves span the second",
     )
     p.add_argument("--analytics-rate", type=int, default=2_000, help="analytics: events/s (2000)")
+    p.add_argument(
+        "--batch-events", type=int, default=1_000_000, help="batch_layer: the 10x log (default 1M events)"
+    )
     a = p.parse_args(argv)
     rates = tuple(int(x) for x in a.keyed_rates.split(","))
     results = run(
@@ -480,13 +484,15 @@ def main(argv: list[str] | None = None) -> int:
         keyed_rates=rates,
         analytics_seconds=a.analytics_seconds,
         analytics_rate=a.analytics_rate,
+        batch_events=a.batch_events,
     )
     return 1 if any("error" in r for r in results.values()) else 0
 
 
-# the keyed speed layer's and the analytics' sections live in their own modules; importing them
-# registers them
+# the keyed speed layer's, the analytics' and the batch layer's sections live in their own
+# modules; importing them registers them
 import infra.bench_analytics  # noqa: E402,F401
+import infra.bench_batch  # noqa: E402,F401
 import infra.bench_keyed  # noqa: E402,F401
 
 if __name__ == "__main__":

@@ -27,6 +27,8 @@ from pyspark.sql import functions as F
 
 from infra.settings import Settings, get_settings
 from pipelines import namespaces
+from pipelines.batch_layer.verify import summary as batch_layer_summary
+from pipelines.batch_layer.verify import verify_batch_layer
 from pipelines.lake import Lake
 from pipelines.replay import recompute
 from pipelines.tables import TABLES
@@ -281,6 +283,9 @@ def verify(
         "keyed": verify_keyed(spark, settings, namespace, topic)
         if serving
         else {"ok": None, "skipped": "disabled"},
+        "batch_layer": verify_batch_layer(spark, settings, namespace)
+        if serving
+        else {"ok": None, "skipped": "disabled"},
         "rows_verified": sum(v["recomputed_rows"] for v in views.values()),
         "seconds": round(time.time() - started, 1),
         "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -290,6 +295,7 @@ def verify(
         and report["accounting"]["ok"]
         and report["serving"]["ok"] is not False
         and report["keyed"]["ok"] is not False
+        and report["batch_layer"]["ok"] is not False
     )
     write_report(report, report_dir or Path(settings.reports_dir) / "verify")
     return report
@@ -371,6 +377,7 @@ def summary(report: dict) -> str:
         )
     else:
         lines.append(f"  keyed state vs its replay: {k.get('skipped')}")
+    lines.append(batch_layer_summary(report.get("batch_layer", {})))
     f = report["freshness"]
     lines.append(f"  freshness p50 {f['p50_ms']} ms, p99 {f['p99_ms']} ms over {f['events']} events")
     return "\n".join(lines)

@@ -13,7 +13,7 @@ import pytest
 
 from infra.settings import REPO_ROOT
 
-DAG_IDS = {"verify_views", "rebuild_views", "data_quality", "maintenance"}
+DAG_IDS = {"verify_views", "rebuild_views", "data_quality", "maintenance", "batch_layer"}
 HEAVY = ("pyspark", "great_expectations", "delta", "pandas", "confluent_kafka")
 
 
@@ -52,7 +52,12 @@ def test_schedules(dagbag):
         "rebuild_views": None,  # manual only
         "data_quality": "@daily",
         "maintenance": "@daily",
+        "batch_layer": "@hourly",
     }
+
+
+def test_batch_layer_order(dagbag):
+    assert dagbag.dags["batch_layer"].get_task("cross_check").upstream_task_ids == {"recompute"}
 
 
 def test_rebuild_order(dagbag):

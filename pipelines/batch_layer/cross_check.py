@@ -1,0 +1,278 @@
+"""The live keyed state in Redis against the batch views at the same log position P (Lambda check).
+
+Two independent implementations of docs/views.md meet here: the speed layer's Redis functions
+(event by event, in offset order) and the batch layer's set functions
+(:mod:`pipelines.batch_layer.definition`). Each view is read from Redis (key layout:
+:mod:`pipelines.speed.functions`) into rows ``key columns + value columns`` and joined with the
+batch view on its key; a disagreement names the view, the key and both values.
+
+Redis is only compared when its fences equal P before and after it is read (a running stream
+that moved on makes the result ``skipped``, never a false mismatch).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import redis
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from pipelines.batch_layer.definition import BatchViews
+from pipelines.speed import functions
+
+EXAMPLES = 5
+LETTER = {"a": "applied", "d": "duplicate", "r": "rejected", "q": "quarantined"}
+
+
+@dataclass(frozen=True)
+class View:
+    name: str
+    keys: tuple[str, ...]
+    values: tuple[str, ...]
+    schema: str  # Spark DDL of keys + values
+
+
+VIEWS = [
+    View(
+        "home_timeline",
+        ("user_id", "post_id"),
+        ("event_time",),
+        "user_id BIGINT, post_id BIGINT, event_time BIGINT",
+    ),
+    View("follows", ("user_id", "followee_id"), (), "user_id BIGINT, followee_id BIGINT"),
+    View(
+        "posts",
+        ("author_id", "post_id"),
+        ("deleted", "event_time", "text"),
+        "author_id BIGINT, post_id BIGINT, deleted BOOLEAN, event_time BIGINT, text STRING",
+    ),
+    View(
+        "inbox",
+        ("recipient_id", "message_id"),
+        ("sender_id", "text", "event_time", "read"),
+        "recipient_id BIGINT, message_id BIGINT, sender_id BIGINT, text STRING, event_time BIGINT, read BOOLEAN",
+    ),
+    View("unread_counts", ("user_id",), ("unread",), "user_id BIGINT, unread BIGINT"),
+    View(
+        "user_status", ("user_id",), ("text", "event_time"), "user_id BIGINT, text STRING, event_time BIGINT"
+    ),
+    View(
+        "users",
+        ("user_id",),
+        ("handle", "display_name"),
+        "user_id BIGINT, handle STRING, display_name STRING",
+    ),
+    View("celebrities", ("author_id",), ("followers",), "author_id BIGINT, followers BIGINT"),
+    View(
+        "accounting",
+        ("partition",),
+        ("applied", "duplicates", "rejected", "quarantined"),
+        "partition INT, applied BIGINT, duplicates BIGINT, rejected BIGINT, quarantined BIGINT",
+    ),
+]
+BY_NAME = {v.name: v for v in VIEWS}
+
+
+def _scan(r: redis.Redis, pattern: str):
+    return sorted(k.decode() for k in r.scan_iter(match=pattern, count=2000))
+
+
+def _suffix(key: str) -> int:
+    return int(key.rsplit(":", 1)[1])
+
+
+def _batched(r: redis.Redis, keys: list[str], read) -> list:
+    out = []
+    for i in range(0, len(keys), 1000):
+        pipe = r.pipeline(transaction=False)
+        for k in keys[i : i + 1000]:
+            read(pipe, k)
+        out += pipe.execute()
+    return out
+
+
+def redis_rows(r: redis.Redis, ns: str, n: int, partitions: list[int]) -> dict[str, list[tuple]]:
+    """Every view of namespace ``ns`` as rows (keys + values), in the layout of :data:`VIEWS`.
+
+    ``r`` returns bytes (no ``decode_responses``). Timelines are read as the view: their first N.
+    """
+    k = lambda *parts: functions.key(ns, *parts)  # noqa: E731
+    rows: dict[str, list[tuple]] = {}
+    tl_keys = _scan(r, k("tl", "*"))
+    tls = _batched(r, tl_keys, lambda p, key: p.zrevrange(key, 0, n - 1, withscores=True))
+    rows["home_timeline"] = [
+        (_suffix(key), int(m), int(s)) for key, tl in zip(tl_keys, tls, strict=True) for m, s in tl
+    ]
+    f_keys = _scan(r, k("following", "*"))
+    fs = _batched(r, f_keys, lambda p, key: p.smembers(key))
+    rows["follows"] = [(_suffix(key), int(a)) for key, s in zip(f_keys, fs, strict=True) for a in s]
+    pid_keys = _scan(r, k("pids", "*"))
+    pids = _batched(r, pid_keys, lambda p, key: p.hgetall(key))
+    posts = [
+        (_suffix(key), int(pid), live == b"0")
+        for key, h in zip(pid_keys, pids, strict=True)
+        for pid, live in h.items()
+    ]
+    live_ids = [pid for _a, pid, deleted in posts if not deleted]
+    bodies = dict(
+        zip(live_ids, _batched(r, [k("p", pid) for pid in live_ids], lambda p, key: p.get(key)), strict=True)
+    )
+    rows["posts"] = []
+    for a, pid, deleted in posts:
+        body = json.loads(bodies[pid]) if not deleted and bodies.get(pid) else {}
+        rows["posts"].append((a, pid, deleted, body.get("event_time"), body.get("text")))
+    m_keys = _scan(r, k("msgs", "*"))
+    msgs = _batched(r, m_keys, lambda p, key: p.hgetall(key))
+    rows["inbox"] = [
+        (_suffix(key), int(mid), m["sender_id"], m["text"], m["event_time"], m["read"])
+        for key, h in zip(m_keys, msgs, strict=True)
+        for mid, m in ((mid, json.loads(v)) for mid, v in h.items())
+    ]
+    rows["unread_counts"] = [(int(u), int(c)) for u, c in r.hgetall(k("unread")).items() if int(c) != 0]
+    rows["user_status"] = [
+        (int(u), s["text"], s["event_time"])
+        for u, s in ((u, json.loads(v)) for u, v in r.hgetall(k("status")).items())
+    ]
+    rows["users"] = [
+        (int(u), s["handle"], s["display_name"])
+        for u, s in ((u, json.loads(v)) for u, v in r.hgetall(k("users")).items())
+    ]
+    celebs = sorted(int(a) for a in r.smembers(k("celebs")))
+    counts = _batched(r, [k("followers", a) for a in celebs], lambda p, key: p.scard(key))
+    rows["celebrities"] = list(zip(celebs, counts, strict=True))
+    rows["accounting"] = []
+    for p in partitions:
+        h = {kk.decode(): int(v) for kk, v in r.hgetall(k("stats", p)).items()}
+        rows["accounting"].append(
+            (p, h.get("applied", 0), h.get("duplicates", 0), h.get("rejected", 0), h.get("quarantined", 0))
+        )
+    return rows
+
+
+def changelog_dispositions(r: redis.Redis, ns: str, partitions: list[int]) -> list[tuple]:
+    """(partition, offset, disposition, reason) of every record, from the changelog streams."""
+    out = []
+    for p in partitions:
+        for entry_id, fields in r.xrange(functions.key(ns, "changelog", p)):
+            offset = int(entry_id.split(b"-")[0])
+            reason = fields.get(b"r")
+            out.append((p, offset, LETTER[fields[b"d"].decode()], reason.decode() if reason else None))
+    return out
+
+
+def to_frame(spark: SparkSession, rows: list[tuple], schema: str, tmp: Path) -> DataFrame:
+    """Python rows -> a Spark DataFrame through a Parquet file (fast for millions of rows)."""
+    struct = spark.createDataFrame([], schema).schema
+    names = [f.name for f in struct.fields]
+    arrow_types = {
+        "LongType": pa.int64(),
+        "IntegerType": pa.int32(),
+        "StringType": pa.string(),
+        "BooleanType": pa.bool_(),
+    }
+    cols = list(zip(*rows, strict=True)) if rows else [[] for _ in names]
+    table = pa.table(
+        {
+            n: pa.array(list(c), type=arrow_types[type(f.dataType).__name__])
+            for n, c, f in zip(names, cols, struct.fields, strict=True)
+        }
+    )
+    path = tmp / f"{len(list(tmp.iterdir()))}.parquet"
+    pq.write_table(table, path)
+    return spark.read.schema(struct).parquet(str(path))
+
+
+def batch_side(views: BatchViews, view: View) -> DataFrame:
+    df = getattr(views, view.name)
+    if view.name == "posts":  # Redis keeps a deleted post's tombstone only (no body)
+        df = df.withColumn("event_time", F.when(~F.col("deleted"), F.col("event_time"))).withColumn(
+            "text", F.when(~F.col("deleted"), F.col("text"))
+        )
+    if view.name == "unread_counts":  # an inbox read to the end: 0 (Redis keeps the 0)
+        df = df.where(F.col("unread") != 0)
+    return df.select(*view.keys, *view.values)
+
+
+def compare_view(live: DataFrame, batch: DataFrame, view: View) -> dict:
+    """Join on the key; a row whose values differ (or that one side lacks) is a disagreement.
+
+    One Spark job: the row counts of both sides and the disagreements come from the same join.
+    """
+    keys, values = list(view.keys), list(view.values)
+
+    def side(df: DataFrame, name: str) -> DataFrame:
+        vals = F.struct(*[F.col(v) for v in values]) if values else F.lit(True)
+        return df.select(*keys, vals.alias(name), F.lit(1).alias(f"_{name}"))
+
+    joined = side(live, "live").join(side(batch, "batch"), keys, "full_outer")
+    differs = ~F.col("live").eqNullSafe(F.col("batch"))
+    totals = joined.agg(
+        F.count("_live").alias("live_rows"),
+        F.count("_batch").alias("batch_rows"),
+        F.sum(F.when(differs, 1).otherwise(0)).alias("mismatches"),
+    ).first()
+    n = int(totals["mismatches"] or 0)
+    examples = []
+    if n:
+        for r in joined.where(differs).orderBy(*keys).limit(EXAMPLES).collect():
+            examples.append(
+                {
+                    "view": view.name,
+                    "key": {c: r[c] for c in keys},
+                    "live": r["live"].asDict() if hasattr(r["live"], "asDict") else r["live"],
+                    "batch": r["batch"].asDict() if hasattr(r["batch"], "asDict") else r["batch"],
+                }
+            )
+    return {
+        "live_rows": int(totals["live_rows"]),
+        "batch_rows": int(totals["batch_rows"]),
+        "mismatches": n,
+        "examples": examples,
+        "ok": n == 0,
+    }
+
+
+def cross_check(
+    spark: SparkSession,
+    client: redis.Redis,
+    redis_namespace: str,
+    views: BatchViews,
+    position: dict[int, int],
+    timeline_length: int,
+    *,
+    live_dispositions: DataFrame | None = None,
+) -> dict:
+    """Every view of the keyed state in ``redis_namespace`` against the batch views at ``position``."""
+    wanted = {p: o for p, o in position.items() if o > 0}
+    fences = {p: o for p, o in functions.fences(client, redis_namespace).items() if o > 0}
+    if fences != wanted:
+        return {"ok": None, "skipped": f"Redis covers {fences}, the batch views {wanted}"}
+    partitions = sorted(position)
+    rows = redis_rows(client, redis_namespace, timeline_length, partitions)
+    moved = {p: o for p, o in functions.fences(client, redis_namespace).items() if o > 0} != wanted
+    out: dict = {"position": {str(p): o for p, o in sorted(position.items())}, "views": {}}
+    with tempfile.TemporaryDirectory(prefix="cross-check-") as tmp:
+        for view in VIEWS:
+            live = to_frame(spark, rows[view.name], view.schema, Path(tmp))
+            out["views"][view.name] = compare_view(live, batch_side(views, view), view)
+        if live_dispositions is not None:
+            d = View("dispositions", ("partition", "offset"), ("disposition", "reason"), "")
+            out["views"]["dispositions"] = compare_view(
+                live_dispositions.select("partition", "offset", "disposition", "reason"),
+                views.dispositions.select("partition", "offset", "disposition", "reason"),
+                d,
+            )
+    out["rows_compared"] = sum(v["batch_rows"] for v in out["views"].values())
+    out["mismatches"] = sum(v["mismatches"] for v in out["views"].values())
+    if moved:
+        out["ok"] = None
+        out["skipped"] = "the live state moved past P while it was read (the stream is running)"
+    else:
+        out["ok"] = out["mismatches"] == 0
+    return out

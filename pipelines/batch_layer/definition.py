@@ -1,0 +1,360 @@
+"""Every view of docs/views.md as a set function of the archived log prefix: Lambda's batch layer.
+
+Where it sits: ``Delta archive (events_bronze, quarantine) up to P -> [this] -> Delta views at P``.
+It is the second implementation of the view semantics, written on purpose without the speed
+layer's code (the Redis functions decide event by event, in offset order; this module decides
+over the whole prefix at once, with window functions, joins and aggregations), so the two check
+each other (docs/architecture.md, "Verification").
+
+It trusts nothing the speed layer decided: the ``disposition`` and ``reason`` columns of the
+archive are ignored; dedup and the stateful rejections are recomputed from the event columns.
+Every rule that depends on order is scoped to one Kafka partition, where log order is defined
+(``offset``): dedup by ``(partition, event_id)``; a user's follows, posts and status, and a
+recipient's inbox, share a partition by the contract's partition keys (docs/events.md).
+
+All functions are pure ``DataFrame -> DataFrame``; :mod:`pipelines.batch_layer.job` reads and
+writes storage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+
+APPLIED, DUPLICATE, REJECTED, QUARANTINED = "applied", "duplicate", "rejected", "quarantined"
+
+
+@dataclass(frozen=True)
+class BatchConfig:
+    timeline_length: int = 800
+    fanout_threshold: int = 2000
+    dedup_window_ms: int = 24 * 3600 * 1000
+
+
+@dataclass
+class BatchViews:
+    """The batch layer's output at one log position: one DataFrame per Delta table."""
+
+    users: DataFrame
+    follows: DataFrame
+    posts: DataFrame
+    home_timeline: DataFrame
+    inbox: DataFrame
+    unread_counts: DataFrame
+    user_status: DataFrame
+    celebrities: DataFrame
+    dispositions: DataFrame  # (partition, offset, event_id, type, disposition, reason): every record
+    accounting: DataFrame  # per partition: end_offset, records, applied, duplicates, rejected, ...
+
+    def tables(self) -> dict[str, DataFrame]:
+        return dict(vars(self))
+
+
+def below(df: DataFrame, position: dict[int, int]) -> DataFrame:
+    """The rows at log positions below ``position`` (partition -> end offset, exclusive)."""
+    cond = F.lit(False)
+    for p, end in sorted(position.items()):
+        cond = cond | ((F.col("partition") == int(p)) & (F.col("offset") < int(end)))
+    return df.where(cond)
+
+
+def _of_type(events: DataFrame, *types: str) -> DataFrame:
+    return events.where(F.col("type").isin(*types))
+
+
+def _last(value: Column) -> Column:
+    """The value of the row with the highest offset in the group: "last in log order"."""
+    return F.max_by(value, F.col("offset"))
+
+
+# --------------------------------------------------------------------------------------------
+# 1. Dedup: an event_id seen before in the same partition within the window has no effect.
+# --------------------------------------------------------------------------------------------
+def duplicates(events: DataFrame, window_ms: int) -> DataFrame:
+    """``(partition, offset)`` of every duplicate: the same event_id at a lower offset of the same
+    partition (any earlier copy, itself a duplicate or not) with a received_time at most the window
+    before this one. Only ids that occur more than once are sorted."""
+    narrow = events.select("partition", "offset", "event_id", "received_time")
+    repeated = narrow.groupBy("partition", "event_id").count().where("count > 1").drop("count")
+    earlier = (
+        Window.partitionBy("partition", "event_id")
+        .orderBy("offset")
+        .rowsBetween(Window.unboundedPreceding, -1)
+    )
+    return (
+        narrow.join(repeated, ["partition", "event_id"], "left_semi")
+        .withColumn("last_seen", F.max("received_time").over(earlier))
+        .where(F.col("last_seen") >= F.col("received_time") - F.lit(window_ms))
+        .select("partition", "offset")
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# 2. Stateful validity: creates and uses of keyed things (posts by their author, messages in
+#    their recipient's inbox), in log order per key.
+# --------------------------------------------------------------------------------------------
+def rejections(fresh: DataFrame) -> DataFrame:
+    """``(partition, offset, reason)`` of the non-duplicate events that have no effect.
+
+    - a ``post_created`` / ``message_sent`` whose key was created before: ``reused_id``;
+    - a ``post_deleted`` with no earlier create of (author = the deleter, post): ``not_own_post``;
+      after the key's first delete: ``post_already_deleted``;
+    - a ``message_read`` with no earlier send of (recipient = the reader, message):
+      ``not_in_inbox`` (a second read of a message is applied and changes nothing).
+    """
+    cols = ["partition", "offset", "kind", "owner", "id", "create"]
+    uses = (
+        _of_type(fresh, "post_created", "post_deleted")
+        .select(
+            "partition",
+            "offset",
+            F.lit("post").alias("kind"),
+            F.col("user_id").alias("owner"),
+            F.col("post_id").alias("id"),
+            (F.col("type") == "post_created").alias("create"),
+        )
+        .unionByName(
+            _of_type(fresh, "message_sent", "message_read").select(
+                "partition",
+                "offset",
+                F.lit("message").alias("kind"),
+                F.when(F.col("type") == "message_sent", F.col("recipient_id"))
+                .otherwise(F.col("user_id"))
+                .alias("owner"),
+                F.col("message_id").alias("id"),
+                (F.col("type") == "message_sent").alias("create"),
+            )
+        )
+        .select(*cols)
+    )
+    key = Window.partitionBy("kind", "owner", "id")
+    in_order = key.orderBy("partition", "offset")
+    before = in_order.rowsBetween(Window.unboundedPreceding, -1)
+    created = F.col("first_create") < F.col("offset")
+    marked = (
+        uses.withColumn("first_create", F.min(F.when(F.col("create"), F.col("offset"))).over(key))
+        .withColumn(
+            "deletes_before",
+            F.sum(F.when(~F.col("create") & created, 1).otherwise(0)).over(before),
+        )
+        .withColumn(
+            "reason",
+            F.when(F.col("create"), F.when(F.col("offset") != F.col("first_create"), "reused_id"))
+            .when(F.col("kind") == "message", F.when(~F.coalesce(created, F.lit(False)), "not_in_inbox"))
+            .when(~F.coalesce(created, F.lit(False)), "not_own_post")
+            .when(F.col("deletes_before") > 0, "post_already_deleted"),
+        )
+    )
+    return marked.where(F.col("reason").isNotNull()).select("partition", "offset", "reason")
+
+
+# --------------------------------------------------------------------------------------------
+# 3. The views, each a set function of the applied events.
+# --------------------------------------------------------------------------------------------
+def users_view(applied: DataFrame) -> DataFrame:
+    return (
+        _of_type(applied, "user_registered")
+        .groupBy("user_id")
+        .agg(_last(F.struct("handle", "display_name", "event_time")).alias("r"))
+        .select("user_id", "r.handle", "r.display_name", F.col("r.event_time").alias("registered_time"))
+    )
+
+
+def user_status_view(applied: DataFrame) -> DataFrame:
+    return (
+        _of_type(applied, "status_updated")
+        .groupBy("user_id")
+        .agg(_last(F.struct("text", "event_time")).alias("s"))
+        .select("user_id", "s.text", "s.event_time")
+    )
+
+
+def follows_view(applied: DataFrame) -> DataFrame:
+    """follows(u): the pairs whose last follow action in log order is ``followed``."""
+    return (
+        _of_type(applied, "followed", "unfollowed")
+        .groupBy("user_id", "followee_id")
+        .agg(_last(F.struct("type", "event_time")).alias("a"))
+        .where(F.col("a.type") == "followed")
+        .select("user_id", "followee_id", F.col("a.event_time").alias("since_time"))
+    )
+
+
+def posts_view(applied: DataFrame) -> DataFrame:
+    """Every post created, with its delete (a deleted post never comes back)."""
+    key = ["author_id", "post_id"]
+    created = _of_type(applied, "post_created").select(
+        F.col("user_id").alias("author_id"), "post_id", "event_time", "text"
+    )
+    deleted = _of_type(applied, "post_deleted").select(
+        F.col("user_id").alias("author_id"), "post_id", F.col("event_time").alias("deleted_time")
+    )
+    return created.join(deleted, key, "left").select(
+        *key, "event_time", "text", F.col("deleted_time").isNotNull().alias("deleted"), "deleted_time"
+    )
+
+
+def inbox_view(applied: DataFrame) -> DataFrame:
+    key = ["recipient_id", "message_id"]
+    sent = _of_type(applied, "message_sent").select(
+        *key, F.col("user_id").alias("sender_id"), "text", "event_time"
+    )
+    read = (
+        _of_type(applied, "message_read")
+        .select(F.col("user_id").alias("recipient_id"), "message_id", F.lit(True).alias("read"))
+        .dropDuplicates(key)
+    )
+    return sent.join(read, key, "left").select(
+        *key, "sender_id", "text", "event_time", F.coalesce(F.col("read"), F.lit(False)).alias("read")
+    )
+
+
+def unread_view(inbox: DataFrame) -> DataFrame:
+    """unread(u) = the count over inbox(u) of messages not read (users with an inbox)."""
+    return inbox.groupBy(F.col("recipient_id").alias("user_id")).agg(
+        F.sum(F.when(F.col("read"), 0).otherwise(1)).cast("bigint").alias("unread")
+    )
+
+
+def celebrities_view(follows: DataFrame, cfg: BatchConfig) -> DataFrame:
+    """Authors with more followers than the fan-out threshold: merged into timelines at read time."""
+    return (
+        follows.groupBy(F.col("followee_id").alias("author_id"))
+        .agg(F.count("*").alias("followers"))
+        .where(F.col("followers") > cfg.fanout_threshold)
+    )
+
+
+def _latest(rows: DataFrame, by: str, n: int) -> DataFrame:
+    """The ``n`` newest rows per ``by``: by corrected event time, ties by post_id, descending."""
+    w = Window.partitionBy(by).orderBy(F.col("event_time").desc(), F.col("post_id").desc())
+    return rows.withColumn("_rank", F.row_number().over(w)).where(F.col("_rank") <= n).drop("_rank")
+
+
+def home_timeline_view(
+    follows: DataFrame, posts: DataFrame, celebrities: DataFrame, cfg: BatchConfig
+) -> DataFrame:
+    """The fanned-out home timeline of every user: the latest N live posts by u or by the authors
+    u follows that are not celebrities (those are merged at read time: the hybrid rule).
+
+    Only an author's own latest N posts can be among anyone's latest N, so each author's posts
+    are cut to N before the join with the follow graph.
+    """
+    n = cfg.timeline_length
+    live = _latest(
+        posts.where(~F.col("deleted")).select("author_id", "post_id", "event_time"), "author_id", n
+    )
+    followed = follows.join(
+        F.broadcast(celebrities.select(F.col("author_id").alias("followee_id"))), "followee_id", "left_anti"
+    ).select("user_id", F.col("followee_id").alias("author_id"))
+    own = live.select(F.col("author_id").alias("user_id"), "author_id").distinct()
+    candidates = followed.unionByName(own).join(live, "author_id")
+    return _latest(candidates, "user_id", n).select("user_id", "post_id", "author_id", "event_time")
+
+
+# --------------------------------------------------------------------------------------------
+# The batch layer: every view at P.
+# --------------------------------------------------------------------------------------------
+def _as_is(df: DataFrame) -> DataFrame:
+    return df
+
+
+def compute(
+    bronze: DataFrame,
+    quarantine: DataFrame,
+    position: dict[int, int],
+    cfg: BatchConfig,
+    keep: Callable[[DataFrame], DataFrame] = _as_is,
+) -> BatchViews:
+    """Every view from the archive (``events_bronze`` and ``quarantine``) up to ``position``.
+
+    ``quarantine`` rows at positions also in ``events_bronze`` are the speed layer's stateful
+    rejections (decided again here); the others are records that failed the event contract.
+    ``keep`` is applied to the intermediate results several views share (the duplicates, the
+    rejections, follows, posts): the job computes each once (``persist``), a test leaves them be.
+    """
+    events = below(bronze, position)
+    contract = below(quarantine, position).join(
+        events.select("partition", "offset"), ["partition", "offset"], "left_anti"
+    )
+    dups = keep(duplicates(events, cfg.dedup_window_ms))
+    fresh = events.join(F.broadcast(dups), ["partition", "offset"], "left_anti")
+    rejected = keep(rejections(fresh))
+    applied = fresh.join(F.broadcast(rejected), ["partition", "offset"], "left_anti")
+
+    follows = keep(follows_view(applied))
+    posts = keep(posts_view(applied))
+    inbox = inbox_view(applied)
+    celebrities = celebrities_view(follows, cfg)
+
+    dispositions = (
+        events.select("partition", "offset", "event_id", "type")
+        .join(F.broadcast(dups.withColumn("dup", F.lit(True))), ["partition", "offset"], "left")
+        .join(F.broadcast(rejected), ["partition", "offset"], "left")
+        .select(
+            "partition",
+            "offset",
+            "event_id",
+            "type",
+            F.when(F.col("dup"), DUPLICATE)
+            .when(F.col("reason").isNotNull(), REJECTED)
+            .otherwise(APPLIED)
+            .alias("disposition"),
+            "reason",
+        )
+        .unionByName(
+            contract.select(
+                "partition", "offset", "event_id", "type", F.lit(QUARANTINED).alias("disposition"), "reason"
+            )
+        )
+    )
+    return BatchViews(
+        users=users_view(applied),
+        follows=follows,
+        posts=posts,
+        home_timeline=home_timeline_view(follows, posts, celebrities, cfg),
+        inbox=inbox,
+        unread_counts=unread_view(inbox),
+        user_status=user_status_view(applied),
+        celebrities=celebrities,
+        dispositions=dispositions,
+        accounting=accounting(dispositions, position),
+    )
+
+
+def accounting(dispositions: DataFrame, position: dict[int, int]) -> DataFrame:
+    """Per partition: records archived below P and their dispositions; ``missing`` = positions
+    below P the archive does not hold (must be 0: read = applied + duplicates + rejected +
+    quarantined)."""
+    spark = dispositions.sparkSession
+    ends = spark.createDataFrame(
+        [(int(p), int(o)) for p, o in sorted(position.items())], "partition INT, end_offset BIGINT"
+    )
+    counts = dispositions.groupBy("partition").agg(
+        F.count("*").alias("records"),
+        *[
+            F.sum(F.when(F.col("disposition") == d, 1).otherwise(0)).alias(name)
+            for d, name in (
+                (APPLIED, "applied"),
+                (DUPLICATE, "duplicates"),
+                (REJECTED, "rejected"),
+                (QUARANTINED, "quarantined"),
+            )
+        ],
+    )
+    return (
+        ends.join(counts, "partition", "left")
+        .fillna(0)
+        .select(
+            "partition",
+            "end_offset",
+            *[
+                F.col(c).cast("bigint").alias(c)
+                for c in ("records", "applied", "duplicates", "rejected", "quarantined")
+            ],
+            (F.col("end_offset") - F.col("records")).cast("bigint").alias("missing"),
+        )
+    )
