@@ -28,6 +28,7 @@ from pyspark.sql import functions as F
 from infra.settings import Settings, get_settings
 from pipelines import namespaces
 from pipelines.batch_layer.definition import BatchConfig, BatchViews, compute
+from pipelines.lake import latest_metadata
 from pipelines.tables import TABLES
 
 SUFFIX = "-batch"
@@ -102,20 +103,9 @@ class Archive:
 
 
 def _last_metadata(table_dir: Path, key: str):
-    """``key`` of the newest commit's ``userMetadata`` (JSON) in a Delta log that has one."""
-    log_dir = table_dir / "_delta_log"
-    commits = sorted(log_dir.glob("[0-9]*.json")) if log_dir.exists() else []
-    for commit in reversed(commits):
-        for line in commit.read_text().splitlines():
-            info = json.loads(line).get("commitInfo")
-            if info and info.get("userMetadata"):
-                try:
-                    meta = json.loads(info["userMetadata"])
-                except ValueError:
-                    continue
-                if isinstance(meta, dict) and key in meta:
-                    return meta[key]
-    return None
+    """``key`` of the newest commit's ``userMetadata`` that has it (read from the Delta log alone)."""
+    meta = latest_metadata(table_dir, key)
+    return None if meta is None else meta[key]
 
 
 def batch_position(lake_dir: Path, out_namespace: str) -> dict[int, int] | None:
