@@ -53,8 +53,11 @@ def latest_metadata(table_dir: Path, field: str) -> dict | None:
         for line in commit.read_text().splitlines():
             info = json.loads(line).get("commitInfo")
             if info and info.get("userMetadata"):
-                meta = json.loads(info["userMetadata"])
-                if field in meta:
+                try:
+                    meta = json.loads(info["userMetadata"])
+                except ValueError:
+                    continue  # metadata someone else wrote
+                if isinstance(meta, dict) and field in meta:
                     return meta
     return None
 
