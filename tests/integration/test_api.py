@@ -711,11 +711,7 @@ def _wait_visible(c: httpx.Client, path: str, write: dict, timeout_s: float = 30
         time.sleep(0.2)
 
 
-def test_end_to_end_users_see_exactly_their_own_writes(request, api_factory, topic_factory):
-    try:
-        speed_layer_factory = request.getfixturevalue("speed_layer_factory")
-    except pytest.FixtureLookupError:
-        pytest.skip("needs the speed_layer_factory fixture (tests/integration/conftest.py), not there yet")
+def test_end_to_end_users_see_exactly_their_own_writes(api_factory, topic_factory, speed_layer_factory):
     topic = topic_factory()
     namespace = f"e2e-{uuid.uuid4().hex[:8]}"
     api = api_factory(events_topic=topic, views_namespace=namespace)
