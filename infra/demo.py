@@ -117,16 +117,17 @@ def analytics_alerts(settings: Settings, user: int, timeout_s: float) -> dict[st
 def run_job(dag_id: str, module: str, settings: Settings, use_airflow: bool) -> tuple[bool, float]:
     started = time.monotonic()
     if use_airflow:
-        from infra.airflow import dag_run_state, dags_test
+        from infra.airflow import dags_test
 
         done = dags_test(dag_id, settings, capture=True)
         out = done.stdout + done.stderr
-        state = dag_run_state(out)
+        lines = done.stdout.strip().splitlines()
+        run = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {}
         for line in out.splitlines():
-            if " exited " in line or line.startswith("$ "):
+            if "Running command:" in line or "Command exited with return code" in line:
                 print(f"  {line.strip()}")
-        print(f"  DAG run {dag_id}: {state or 'did not finish'}")
-        ok = done.returncode == 0 and state == "success"
+        print(f"  DAG run {dag_id}: {run.get('state', 'did not finish')} {run.get('tasks', '')}")
+        ok = done.returncode == 0
         if not ok:
             log = Path(settings.var_dir) / "log" / f"demo-{dag_id}.log"
             log.parent.mkdir(parents=True, exist_ok=True)
