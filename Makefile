@@ -7,7 +7,7 @@ UV      := .venv/bin/uv
 STAMP   := .venv/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help setup up down status demo test test-unit test-integration bench load dual-write lint fmt clean
+.PHONY: help setup up down status airflow demo test test-unit test-integration bench load dual-write lint fmt clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -31,6 +31,9 @@ down: ## stop exactly what `make up` started
 
 status: ## what is running
 	@$(PY) -m infra.stack status
+
+airflow: setup ## the Airflow UI with the DAGs (scheduler + API server) in the foreground: http://127.0.0.1:8080, no login
+	@$(PY) -m infra.airflow standalone
 
 demo: setup ## the whole story end to end on a fresh machine
 	@$(PY) -m infra.demo

@@ -34,12 +34,16 @@ def airflow_env(settings: Settings | None = None, base: dict | None = None) -> d
     env = dict(os.environ if base is None else base)
     env.update(
         {
+            # `airflow standalone` starts its scheduler, API server, ... as `airflow` from PATH
+            "PATH": os.pathsep.join(p for p in (str(AIRFLOW_BIN.parent), env.get("PATH", "")) if p),
             "AIRFLOW_HOME": str(home),
             "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS_FOLDER),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
             "AIRFLOW__API__PORT": str(settings.airflow_port),
+            # where task processes report to: the API server on this port, not Airflow's default 8080
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{settings.airflow_port}/execution/",
             # 127.0.0.1 unless told otherwise (the compose container binds 0.0.0.0)
             "AIRFLOW__API__HOST": env.get("AIRFLOW__API__HOST", "127.0.0.1"),
             # a local, single-person Airflow: no login (README: Airflow); DAGs still start paused

@@ -669,7 +669,7 @@ class AirflowService(Service):
         ensure_db(self.settings)
 
     def command(self) -> list[str]:
-        return [str(Path(sys.executable).with_name("airflow")), "standalone"]
+        return [sys.executable, "-m", "infra.airflow", "standalone"]  # execs `airflow standalone`
 
     @property
     def health_url(self) -> str:

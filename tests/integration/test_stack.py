@@ -158,6 +158,7 @@ def test_up_twice_with_every_service_is_fast_and_reads_no_log(kafka_stack):
             "speed_layer": "started",
             "analytics": "off (SOCIAL_ANALYTICS=0)",
             "api": "started",
+            "airflow": "off (SOCIAL_AIRFLOW_STANDALONE=1 starts it)",
         }
         assert speed_layer.application() == f"speed-layer-{settings.views_namespace}"
         pids = {s.name: s.pid() for s in stack.services}
@@ -165,7 +166,11 @@ def test_up_twice_with_every_service_is_fast_and_reads_no_log(kafka_stack):
             service.log_file.write_bytes(b"")  # readiness must not depend on what a log says
         started = time.monotonic()
         running = {name: "already running" for name in pids}
-        assert stack.up() == {**running, "analytics": "off (SOCIAL_ANALYTICS=0)"}
+        off = {
+            "analytics": "off (SOCIAL_ANALYTICS=0)",
+            "airflow": "off (SOCIAL_AIRFLOW_STANDALONE=1 starts it)",
+        }
+        assert stack.up() == {**running, **off}
         assert time.monotonic() - started < 10
         assert {s.name: s.pid() for s in stack.services} == pids
     finally:
