@@ -7,7 +7,7 @@ UV      := .venv/bin/uv
 STAMP   := .venv/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help setup up down status airflow demo test test-unit test-integration bench load dual-write lint fmt clean
+.PHONY: help setup up down status airflow demo test test-unit test-integration bench load load-steps tail history dual-write lint fmt clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -54,8 +54,11 @@ test-integration: setup ## tests against the real local stack
 bench: setup ## side-by-side benchmarks -> var/reports/bench/latest.json
 	@$(PY) -m infra.bench
 
-load: setup ## headless Locust run -> var/reports/load/
-	@$(PY) -m app_sim.load
+load: setup ## headless Locust run (locust.conf, LOCUST_*); fails when the serving target is missed -> var/reports/load/
+	@$(PY) -m app_sim.load -- $(LOCUST_ARGS)
+
+load-steps: setup ## step load: where the read target stops holding, plotted -> var/reports/load/steps.html
+	@$(PY) -m app_sim.load --steps -- $(LOCUST_ARGS)
 
 dual-write: setup ## dual writes (the anti-pattern) vs. the log, same workload and faults -> var/reports/dual_write/
 	@$(PY) -m infra.dual_write $(DUAL_WRITE_ARGS)
