@@ -7,7 +7,7 @@ UV      := .venv/bin/uv
 STAMP   := .venv/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help setup up down status airflow demo test test-unit test-integration bench load load-steps tail history dual-write lint fmt clean
+.PHONY: help setup up down status airflow demo test test-unit test-integration bench load load-steps tail history reports dual-write lint fmt clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -53,6 +53,15 @@ test-integration: setup ## tests against the real local stack
 
 bench: setup ## side-by-side benchmarks -> var/reports/bench/latest.json
 	@$(PY) -m infra.bench
+
+tail: setup ## the event log, record by record (Kafka's console consumer; TAIL_ARGS=--from-beginning)
+	@$(PY) -m infra.tail $(TAIL_ARGS)
+
+history: setup ## Spark History Server over var/spark-events (finished jobs): http://127.0.0.1:18080
+	@$(PY) -m infra.history
+
+reports: setup ## var/reports/index.html: every report with its time and verdict
+	@$(PY) -m infra.reports
 
 load: setup ## headless Locust run (locust.conf, LOCUST_*); fails when the serving target is missed -> var/reports/load/
 	@$(PY) -m app_sim.load -- $(LOCUST_ARGS)

@@ -303,6 +303,9 @@ def main(argv: list[str] | None = None) -> int:
     verdict = summary["target"]
     print("serving target " + ("met" if verdict["met"] else "MISSED: " + "; ".join(verdict["misses"])))
     print(f"-> {a.out / 'report.html'}, {a.out}/load_*.csv, {a.out / 'summary.json'}")
+    from infra.reports import write_index
+
+    print(f"-> {write_index(settings)}")
     return code
 
 

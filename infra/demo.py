@@ -27,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+from infra.reports import write_index
 from infra.settings import REPO_ROOT, Settings, get_settings
 
 
@@ -258,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         ("analytics page", page or "-"),
         ("verify report", f"{verify_json} (+ latest.html)"),
         ("quality Data Docs", str(reports / "quality" / "index.html")),
+        ("every report", str(write_index(settings))),
         ("total", f"{time.monotonic() - t0:.0f}s"),
     ]
     for k, v in rows:
@@ -275,9 +277,11 @@ def main(argv: list[str] | None = None) -> int:
         ("python -m pipelines.rebuild run", "blue/green rebuild of every view (undo: ... rollback)"),
         ('eval "$(python -m infra.airflow env)"; airflow dags list', "this project's Airflow"),
         (
-            "SOCIAL_AIRFLOW_STANDALONE=1 make up",
-            f"Airflow UI on 127.0.0.1:{settings.airflow_port} (password in var/airflow/)",
+            "make airflow",
+            f"Airflow UI on 127.0.0.1:{settings.airflow_port} (no login; DAGs start paused)",
         ),
+        ("make tail", "the log, record by record (Kafka's console consumer)"),
+        ("make history", "Spark History Server on the finished jobs: 127.0.0.1:18080"),
         ("make down", "stop everything"),
     ]
     width = max(len(cmd) for cmd, _ in hints)

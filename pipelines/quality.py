@@ -454,6 +454,9 @@ def run(
     )
     docs_dir.mkdir(parents=True, exist_ok=True)
     (docs_dir / "latest.json").write_text(json.dumps(report.as_dict(), indent=2, default=str) + "\n")
+    from infra.reports import write_index
+
+    write_index(settings)
     return report
 
 

@@ -238,3 +238,30 @@ def test_a_failed_start_never_stops_what_a_running_service_needs(tmp_path, priva
         assert not redis_server.is_running() and not sleeper(settings).is_running()
     finally:
         Stack(settings, service_types=(RedisServer, sleeper, broken)).down()
+
+
+def test_make_tail_prints_the_log_with_kafkas_console_consumer(kafka_stack, topic_factory):
+    from confluent_kafka import Producer
+
+    from infra.settings import REPO_ROOT
+    from infra.stack import settings_env
+
+    topic = topic_factory(partitions=1)
+    producer = Producer({"bootstrap.servers": kafka_stack.bootstrap})
+    for i in range(3):
+        producer.produce(topic, f'{{"n": {i}}}'.encode(), f"k{i}".encode())
+    assert producer.flush(30) == 0
+    done = subprocess.run(
+        [sys.executable, "-m", "infra.tail", "--topic", topic, "--from-beginning", "--max-messages", "3"],
+        cwd=REPO_ROOT,
+        env=settings_env(kafka_stack.settings),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [ln for ln in done.stdout.splitlines() if ln.strip()]
+    assert len(lines) == 3, done.stdout
+    for i, line in enumerate(lines):
+        assert "Partition:0" in line and f"Offset:{i}" in line and "Time:" in line, line
+        assert line.endswith(f'k{i}\t{{"n": {i}}}'), line
