@@ -3,7 +3,8 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
 PY      := .venv/bin/python
-UV      := .venv/bin/uv
+UV_VERSION := 0.13.8
+UV      := .tools/bin/uv
 STAMP   := .venv/.installed
 PYTEST_ARGS ?=
 
@@ -12,11 +13,15 @@ PYTEST_ARGS ?=
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
 
-$(STAMP): requirements.lock
-	@test -x $(PY) || python3 -m venv .venv
-	@# a venv made by `uv venv` has no pip: bootstrap it with ensurepip, then install the pinned uv
-	@test -x $(UV) || { { $(PY) -m pip --version >/dev/null 2>&1 || $(PY) -m ensurepip >/dev/null; } && $(PY) -m pip install -q uv==0.13.8; }
-	$(UV) pip sync -q --python $(PY) requirements.lock
+# uv itself, pinned, outside the project's venv (so `uv sync` never removes it): .tools/bin/uv
+$(UV):
+	@PIP_ROOT_USER_ACTION=ignore python3 -m pip install -q --disable-pip-version-check --target .tools uv==$(UV_VERSION)
+
+# The project as uv builds it: Python 3.11 (.python-version), the locked dependencies (uv.lock,
+# from pyproject.toml), the project itself (editable) with its console entry points.
+$(STAMP): pyproject.toml uv.lock .python-version | $(UV)
+	@test -x $(PY) && $(PY) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || $(UV) venv -q --python 3.11 .venv
+	$(UV) sync -q --locked --extra dev
 	@touch $(STAMP)
 
 setup: $(STAMP) ## install Python deps, fetch + verify JVM jars, ensure redis-server (idempotent)

@@ -49,8 +49,6 @@ def airflow_env(settings: Settings | None = None, base: dict | None = None) -> d
             # a local, single-person Airflow: no login (README: Airflow); DAGs still start paused
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
             "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(home / "logs"),
-            # tasks run `python -m pipelines...` from the repository with the project's settings
-            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p),
             "SOCIAL_VAR_DIR": str(settings.var_dir),
         }
     )
