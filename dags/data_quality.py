@@ -25,7 +25,7 @@ user), accounting, quarantine rate (`SOCIAL_QUALITY_MAX_QUARANTINE_PCT`) and fre
 * Runs daily and whenever `rebuild_views` switches the live namespace (the `live_views` asset).
 * Fails when any checkpoint fails (no retries); Data Docs: `var/reports/quality/index.html`,
   summary: `var/reports/quality/latest.json`.
-* By hand: `quality [--namespace NS] [--suite NAME]` (`python -m pipelines.quality`).
+* By hand: `social-quality [--namespace NS] [--suite NAME]` (`python -m pipelines.quality`).
 """
 
 

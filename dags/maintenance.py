@@ -23,7 +23,7 @@ DOC = """
 * `reports`: prunes reports and Airflow logs older than `SOCIAL_REPORT_RETENTION_DAYS`.
 * `checkpoints`: removes Spark checkpoints of namespaces that no longer exist, stale temp files.
 
-By hand: `maintenance [--step NAME] [--dry-run]` (`python -m pipelines.maintenance`).
+By hand: `social-maintenance [--step NAME] [--dry-run]` (`python -m pipelines.maintenance`).
 """
 
 

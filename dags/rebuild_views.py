@@ -25,11 +25,11 @@ which the API reads per request) and restarts the stack's speed layer on it, if 
 The switch updates the `live_views` asset: `verify_views` and `data_quality` run right after it.
 
 The old namespace is kept (frozen) for rollback until `maintenance` removes it after
-`SOCIAL_NAMESPACE_RETENTION_DAYS`. Rollback: `rebuild rollback` (`python -m pipelines.rebuild`).
+`SOCIAL_NAMESPACE_RETENTION_DAYS`. Rollback: `social-rebuild rollback` (`python -m pipelines.rebuild`).
 
 Params: `namespace` (empty = next `vN`), `topic`, `switch` (false = build and verify only; the
 switch is then skipped).
-By hand: `rebuild run [--namespace NEW]`.
+By hand: `social-rebuild run [--namespace NEW]`.
 """
 
 NEW = "{{ ti.xcom_pull(task_ids='plan') }}"

@@ -25,7 +25,7 @@ compares them key for key and row for row; also Redis against Delta and the acco
 * Fails on any mismatch (no retries: rerunning gives the same answer).
 * Report: `var/reports/verify/latest.json` (contract) and `latest.html` (readable, with a
   freshness plot); timestamped JSON copies beside them, pruned by `maintenance`.
-* By hand: `verify [--namespace NS] [--topic T]` (`python -m pipelines.verify`).
+* By hand: `social-verify [--namespace NS] [--topic T]` (`python -m pipelines.verify`).
 """
 
 
