@@ -1,16 +1,22 @@
-# One image for the Python side (speed layer, API, Airflow), built exactly like a fresh checkout:
-# `make setup` installs the pinned Python deps (requirements.lock) and the checksum-verified jars.
+# One image for the Python side (speed layer, API, analytics, archiver, Airflow), built like a fresh
+# checkout: the project with its locked dependencies (`uv sync --locked`, uv.lock) and the
+# checksum-verified jars (infra/jvm). docker-compose.yml runs it; tests/unit/test_compose.py
+# resolves every command against it.
 FROM python:3.11-slim
 
+COPY --from=ghcr.io/astral-sh/uv:0.13.8 /uv /uvx /bin/
 RUN apt-get update \
  && apt-get install -y --no-install-recommends openjdk-17-jre-headless maven make redis-tools \
  && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /app
-# Dependency manifests first, so code changes do not refetch dependencies.
-COPY requirements.lock pyproject.toml Makefile ./
+ENV UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never
+# Dependencies first, so code changes do not refetch them.
+COPY pyproject.toml uv.lock .python-version ./
+RUN uv sync --locked --no-install-project
 COPY infra/ infra/
-RUN make .venv/.installed && .venv/bin/python -m infra.jars fetch && rm -rf .cache/m2
+RUN .venv/bin/python -m infra.jars fetch && rm -rf .cache/m2
 
 COPY . .
+RUN uv sync --locked
 ENV SOCIAL_VAR_DIR=/app/var

@@ -3,20 +3,25 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
 PY      := .venv/bin/python
-UV      := .venv/bin/uv
+UV_VERSION := 0.13.8
+UV      := .tools/bin/uv
 STAMP   := .venv/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help setup up down status demo test test-unit test-integration bench load dual-write compare lint fmt clean
+.PHONY: help setup up down status airflow demo test test-unit test-integration bench load load-steps tail history reports dual-write compare lint fmt clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
 
-$(STAMP): requirements.lock
-	@test -x $(PY) || python3 -m venv .venv
-	@# a venv made by `uv venv` has no pip: bootstrap it with ensurepip, then install the pinned uv
-	@test -x $(UV) || { { $(PY) -m pip --version >/dev/null 2>&1 || $(PY) -m ensurepip >/dev/null; } && $(PY) -m pip install -q uv==0.13.8; }
-	$(UV) pip sync -q --python $(PY) requirements.lock
+# uv itself, pinned, outside the project's venv (so `uv sync` never removes it): .tools/bin/uv
+$(UV):
+	@PIP_ROOT_USER_ACTION=ignore python3 -m pip install -q --disable-pip-version-check --target .tools uv==$(UV_VERSION)
+
+# The project as uv builds it: Python 3.11 (.python-version), the locked dependencies (uv.lock,
+# from pyproject.toml), the project itself (editable) with its console entry points.
+$(STAMP): pyproject.toml uv.lock .python-version | $(UV)
+	@test -x $(PY) && $(PY) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || $(UV) venv -q --python 3.11 .venv
+	$(UV) sync -q --locked --extra dev
 	@touch $(STAMP)
 
 setup: $(STAMP) ## install Python deps, fetch + verify JVM jars, ensure redis-server (idempotent)
@@ -31,6 +36,9 @@ down: ## stop exactly what `make up` started
 
 status: ## what is running
 	@$(PY) -m infra.stack status
+
+airflow: setup ## the Airflow UI with the DAGs (scheduler + API server) in the foreground: http://127.0.0.1:8080, no login
+	@$(PY) -m infra.airflow standalone
 
 demo: setup ## the whole story end to end on a fresh machine
 	@$(PY) -m infra.demo
@@ -51,8 +59,20 @@ test-integration: setup ## tests against the real local stack
 bench: setup ## side-by-side benchmarks -> var/reports/bench/latest.json
 	@$(PY) -m infra.bench
 
-load: setup ## headless Locust run -> var/reports/load/
-	@$(PY) -m app_sim.load
+tail: setup ## the event log, record by record (Kafka's console consumer; TAIL_ARGS=--from-beginning)
+	@$(PY) -m infra.tail $(TAIL_ARGS)
+
+history: setup ## Spark History Server over var/spark-events (finished jobs): http://127.0.0.1:18080
+	@$(PY) -m infra.history
+
+reports: setup ## var/reports/index.html: every report with its time and verdict
+	@$(PY) -m infra.reports
+
+load: setup ## headless Locust run (locust.conf, LOCUST_*); fails when the serving target is missed -> var/reports/load/
+	@$(PY) -m app_sim.load -- $(LOCUST_ARGS)
+
+load-steps: setup ## step load: where the read target stops holding, plotted -> var/reports/load/steps.html
+	@$(PY) -m app_sim.load --steps -- $(LOCUST_ARGS)
 
 dual-write: setup ## dual writes (the anti-pattern) vs. the log, same workload and faults -> var/reports/dual_write/
 	@$(PY) -m infra.dual_write $(DUAL_WRITE_ARGS)

@@ -10,6 +10,10 @@ the first ``CELEBRITIES`` users registered become the popular ones, so follows c
 them as in the generator's graph. Environment: ``LOAD_FOLLOWS`` (mean follows per user, default
 20), ``LOAD_SEED``, ``LOAD_USERS_FILE`` (a JSON list of ``[user_id, token]``: act as these
 existing users instead of registering, e.g. over a pre-populated serving store in ``make bench``).
+
+The serving target is Locust configuration like any other option (``locust.conf``, ``LOCUST_*``,
+the command line): ``--max-read-p99-ms`` and ``--max-fail-ratio``. When the run misses it, Locust
+exits with status 1 (``environment.process_exit_code``), so ``make load`` fails.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import numpy as np
 from locust import FastHttpUser, between, events, task
 
 from app_sim import graph
+from app_sim.load import target_misses
 
 FOLLOWS = int(os.environ.get("LOAD_FOLLOWS", "20"))
 SEED = int(os.environ.get("LOAD_SEED", "0"))
@@ -159,6 +164,24 @@ class SocialUser(FastHttpUser):
                 )
 
 
+@events.init_command_line_parser.add_listener
+def _serving_target(parser) -> None:
+    parser.add_argument(
+        "--max-read-p99-ms",
+        type=float,
+        default=0.0,
+        env_var="LOCUST_MAX_READ_P99_MS",
+        help="exit 1 when the reads' p99 (all GET endpoints merged) is above this; 0: no check",
+    )
+    parser.add_argument(
+        "--max-fail-ratio",
+        type=float,
+        default=1.0,
+        env_var="LOCUST_MAX_FAIL_RATIO",
+        help="exit 1 when failed requests / requests is above this (1: no check)",
+    )
+
+
 @events.test_start.add_listener
 def _reset(**_kwargs) -> None:
     with _lock:
@@ -167,11 +190,11 @@ def _reset(**_kwargs) -> None:
 
 @events.quitting.add_listener
 def _write_summary(environment, **_kwargs) -> None:
-    """Reads vs writes, each merged over its endpoints (exact percentiles), for ``load``/``bench``."""
-    path = os.environ.get("LOAD_SUMMARY_JSON")
-    if not path or environment.stats is None:
+    """Reads vs writes, each merged over its endpoints (exact percentiles); the target's verdict."""
+    if environment.stats is None:
         return
     import json
+    import logging
 
     from locust.stats import StatsEntry
 
@@ -193,5 +216,16 @@ def _write_summary(environment, **_kwargs) -> None:
             "p50_ms": g.get_response_time_percentile(0.5),
             "p99_ms": g.get_response_time_percentile(0.99),
         }
-    with open(path, "w") as f:
-        json.dump(out, f, indent=2)
+    options = environment.parsed_options
+    target = {
+        "max_read_p99_ms": getattr(options, "max_read_p99_ms", 0.0),
+        "max_fail_ratio": getattr(options, "max_fail_ratio", 1.0),
+    }
+    misses = target_misses(out, **target)
+    out["target"] = {**target, "met": not misses, "misses": misses}
+    if misses:
+        logging.getLogger("locust").error("serving target missed: %s", "; ".join(misses))
+        environment.process_exit_code = 1
+    if path := os.environ.get("LOAD_SUMMARY_JSON"):
+        with open(path, "w") as f:
+            json.dump(out, f, indent=2)

@@ -1,6 +1,7 @@
 """batch_layer: Lambda's batch layer, every hour: every view recomputed from the Delta archive.
 
-Thin: each task runs a ``python -m`` entrypoint in a child process (``infra.airflow.run_module``):
+Thin: each task runs a ``python -m`` entrypoint in a child process
+(:class:`infra.airflow_job.JobOperator`):
 recompute (``pipelines.batch_layer``: the archive up to what it covers -> ``<ns>-batch``), then
 cross-check (``pipelines.batch_layer.verify``: the live keyed state == the batch layer at the
 live state's position).
@@ -8,15 +9,11 @@ live state's position).
 
 from __future__ import annotations
 
-import sys
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
-from airflow.sdk import Param, dag, task
+from airflow.sdk import Param, dag
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from infra.airflow_job import JobOperator
 
 DOC = """
 ### batch_layer
@@ -51,30 +48,20 @@ position; a disagreement fails the run (no retries: a verdict) and names view, k
     },
 )
 def batch_layer():
-    def _ns(context) -> list[str]:
-        ns = context["params"].get("namespace")
-        return ["--namespace", ns] if ns else []
-
-    @task(execution_timeout=timedelta(hours=2))
-    def recompute(**context) -> None:
-        from infra.airflow import run_module
-
-        run_module(
-            "pipelines.batch_layer", [*_ns(context), "--upto", context["params"].get("upto") or "archived"]
-        )
-
-    @task(execution_timeout=timedelta(hours=1))
-    def cross_check(**context) -> None:
-        from airflow.sdk.exceptions import AirflowFailException
-
-        from infra.airflow import TaskFailed, run_module
-
-        try:
-            run_module("pipelines.batch_layer.verify", _ns(context))
-        except TaskFailed as exc:
-            raise AirflowFailException(f"the keyed state and the batch layer disagree ({exc})") from exc
-
-    recompute() >> cross_check()
+    recompute = JobOperator(
+        task_id="recompute",
+        module="pipelines.batch_layer",
+        flag_params={"namespace": "--namespace", "upto": "--upto"},
+        execution_timeout=timedelta(hours=2),
+    )
+    cross_check = JobOperator(
+        task_id="cross_check",
+        module="pipelines.batch_layer.verify",
+        flag_params={"namespace": "--namespace"},
+        verdict="the keyed state and the batch layer disagree: see var/reports/verify/",
+        execution_timeout=timedelta(hours=1),
+    )
+    recompute >> cross_check
 
 
 batch_layer()

@@ -1,38 +1,37 @@
-"""data_quality: every day, Great Expectations checkpoints over the event archive and every view.
+"""data_quality: every day and right after a rebuild's switch, the Great Expectations checkpoints.
 
-Thin: one task runs ``python -m pipelines.quality`` in a child process. Suites are data in
-``quality/expectations/``; Data Docs under ``var/reports/quality/``.
+Thin: one task runs ``python -m pipelines.quality`` in a child process
+(:class:`infra.airflow_job.JobOperator`). Suites and checkpoints are GX's own files in
+``quality/``; Data Docs under ``var/reports/quality/``.
 """
 
 from __future__ import annotations
 
-import sys
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
-from airflow.sdk import Param, dag, task
+from airflow.sdk import Param, dag
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from infra.airflow_job import JobOperator, on_cron_or_switch
 
 DOC = """
 ### data_quality
 
-One GX checkpoint per suite in `quality/expectations/`: schema and types, non-null and unique
-keys, ranges, `event_id` unique among non-duplicates, timelines reference live posts of followed
-authors, `unread_counts` equals the unread inbox rows, accounting, quarantine rate
-(`SOCIAL_QUALITY_MAX_QUARANTINE_PCT`) and freshness (`SOCIAL_QUALITY_MAX_STALENESS_S`).
+Runs every named GX checkpoint of the File Data Context in `quality/`: schema and types,
+non-null and unique keys, ranges, `event_id` unique among non-duplicates, timelines reference
+live posts of followed authors, `unread_counts` equals the unread inbox rows (failures name the
+user), accounting, quarantine rate (`SOCIAL_QUALITY_MAX_QUARANTINE_PCT`) and freshness
+(`SOCIAL_QUALITY_MAX_STALENESS_S`).
 
-* Fails when any suite fails (no retries); Data Docs: `var/reports/quality/index.html`,
+* Runs daily and whenever `rebuild_views` switches the live namespace (the `live_views` asset).
+* Fails when any checkpoint fails (no retries); Data Docs: `var/reports/quality/index.html`,
   summary: `var/reports/quality/latest.json`.
-* By hand: `python -m pipelines.quality [--namespace NS] [--suite NAME]`.
+* By hand: `social-quality [--namespace NS] [--suite NAME]` (`python -m pipelines.quality`).
 """
 
 
 @dag(
     dag_id="data_quality",
-    schedule="@daily",
+    schedule=on_cron_or_switch("0 0 * * *"),
     start_date=datetime(2026, 1, 1, tzinfo=UTC),
     catchup=False,
     max_active_runs=1,
@@ -45,27 +44,13 @@ authors, `unread_counts` equals the unread inbox rows, accounting, quarantine ra
     },
 )
 def data_quality():
-    @task(execution_timeout=timedelta(hours=1))
-    def validate(**context) -> dict:
-        from infra.airflow import TaskFailed, run_module
-        from infra.settings import get_settings
-
-        params = context["params"]
-        args = [*(["--namespace", params["namespace"]] if params.get("namespace") else [])]
-        args += ["--topic", params["topic"]] if params.get("topic") else []
-        docs = Path(get_settings().reports_dir) / "quality"
-        try:
-            run_module("pipelines.quality", args)
-        except TaskFailed as exc:
-            from airflow.sdk.exceptions import AirflowFailException
-
-            raise AirflowFailException(
-                f"a data-quality suite failed: see {docs / 'index.html'} ({exc})"
-            ) from exc
-        print(f"Data Docs: file://{docs / 'index.html'}")
-        return {"data_docs": str(docs / "index.html"), "summary": str(docs / "latest.json")}
-
-    validate()
+    JobOperator(
+        task_id="validate",
+        module="pipelines.quality",
+        flag_params={"namespace": "--namespace", "topic": "--topic"},
+        verdict="a data-quality checkpoint failed: see var/reports/quality/index.html",
+        execution_timeout=timedelta(hours=1),
+    )
 
 
 data_quality()

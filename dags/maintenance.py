@@ -1,19 +1,16 @@
 """maintenance: every day, Delta OPTIMIZE + VACUUM, retired namespaces, old reports, checkpoints.
 
-Thin: each task runs one step of ``python -m pipelines.maintenance`` in a child process.
+Thin: each task runs one step of ``python -m pipelines.maintenance`` in a child process
+(:class:`infra.airflow_job.JobOperator`).
 """
 
 from __future__ import annotations
 
-import sys
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
-from airflow.sdk import dag, task
+from airflow.sdk import dag
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from infra.airflow_job import JobOperator
 
 DOC = """
 ### maintenance
@@ -26,18 +23,17 @@ DOC = """
 * `reports`: prunes reports and Airflow logs older than `SOCIAL_REPORT_RETENTION_DAYS`.
 * `checkpoints`: removes Spark checkpoints of namespaces that no longer exist, stale temp files.
 
-By hand: `python -m pipelines.maintenance [--step NAME] [--dry-run]`.
+By hand: `social-maintenance [--step NAME] [--dry-run]` (`python -m pipelines.maintenance`).
 """
 
 
-def _step(name: str):
-    @task(task_id=name, execution_timeout=timedelta(hours=2))
-    def step() -> None:
-        from infra.airflow import run_module
-
-        run_module("pipelines.maintenance", ["--step", name])
-
-    return step()
+def _step(name: str) -> JobOperator:
+    return JobOperator(
+        task_id=name,
+        module="pipelines.maintenance",
+        args=["--step", name],
+        execution_timeout=timedelta(hours=2),
+    )
 
 
 @dag(

@@ -1,21 +1,19 @@
 """rebuild_views: Kappa reprocessing (blue/green), triggered by hand.
 
-Thin: each task runs one step of ``python -m pipelines.rebuild`` in a child process:
-plan -> build (a fresh speed layer from the earliest offset into a new namespace) -> verify ->
-switch (atomic pointer + restart of the stack's speed layer) -> retire versions past retention.
+Thin: ``plan`` names the new namespace; every other task runs one step of
+``python -m pipelines.rebuild`` in a child process (:class:`infra.airflow_job.JobOperator`):
+build (a fresh speed layer from the earliest offset into a new namespace) -> verify -> switch
+(atomic pointer + restart of the stack's speed layer; emits the ``live_views`` asset) -> retire
+versions past retention.
 """
 
 from __future__ import annotations
 
-import sys
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 from airflow.sdk import Param, dag, task
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from infra.airflow_job import LIVE_VIEWS, JobOperator
 
 DOC = """
 ### rebuild_views
@@ -24,13 +22,17 @@ Computes a new version of every view from offset 0 with the current code into a 
 namespace (its own Delta tables, checkpoint and Redis keys), verifies it against a replay of the
 log, then switches the serving side atomically (`var/lake/ACTIVE` + Redis `active_namespace`,
 which the API reads per request) and restarts the stack's speed layer on it, if it runs.
+The switch updates the `live_views` asset: `verify_views` and `data_quality` run right after it.
 
 The old namespace is kept (frozen) for rollback until `maintenance` removes it after
-`SOCIAL_NAMESPACE_RETENTION_DAYS`. Rollback: `python -m pipelines.rebuild rollback`.
+`SOCIAL_NAMESPACE_RETENTION_DAYS`. Rollback: `social-rebuild rollback` (`python -m pipelines.rebuild`).
 
-Params: `namespace` (empty = next `vN`), `topic`, `switch` (false = build and verify only).
-By hand: `python -m pipelines.rebuild run [--namespace NEW]`.
+Params: `namespace` (empty = next `vN`), `topic`, `switch` (false = build and verify only; the
+switch is then skipped).
+By hand: `social-rebuild run [--namespace NEW]`.
 """
+
+NEW = "{{ ti.xcom_pull(task_ids='plan') }}"
 
 
 @dag(
@@ -60,48 +62,36 @@ def rebuild_views():
         print(f"new namespace: {name}")
         return name
 
-    def _topic(context) -> list[str]:
-        topic = context["params"].get("topic")
-        return ["--topic", topic] if topic else []
-
-    @task(execution_timeout=timedelta(hours=6))
-    def build(namespace: str, **context) -> str:
-        from infra.airflow import run_module
-
-        run_module("pipelines.rebuild", ["build", "--namespace", namespace, *_topic(context)])
-        return namespace
-
-    @task(execution_timeout=timedelta(hours=2))
-    def verify(namespace: str, **context) -> str:
-        from airflow.sdk.exceptions import AirflowFailException
-
-        from infra.airflow import TaskFailed, run_module
-
-        try:
-            run_module("pipelines.rebuild", ["verify", "--namespace", namespace, *_topic(context)])
-        except TaskFailed as exc:
-            raise AirflowFailException(
-                f"{namespace} does not verify; the live namespace is unchanged"
-            ) from exc
-        return namespace
-
-    @task(retries=0)
-    def switch(namespace: str, **context) -> None:
-        from airflow.sdk.exceptions import AirflowSkipException
-
-        from infra.airflow import run_module
-
-        if not context["params"].get("switch", True):
-            raise AirflowSkipException(f"switch=false: {namespace} built and verified, not live")
-        run_module("pipelines.rebuild", ["switch", "--namespace", namespace, "--reason", "rebuild_views"])
-
-    @task(trigger_rule="none_failed")
-    def retire_old_versions() -> None:
-        from infra.airflow import run_module
-
-        run_module("pipelines.maintenance", ["--step", "namespaces", "--step", "checkpoints"])
-
-    switch(verify(build(plan()))) >> retire_old_versions()
+    build = JobOperator(
+        task_id="build",
+        module="pipelines.rebuild",
+        args=["build", "--namespace", NEW],
+        flag_params={"topic": "--topic"},
+        execution_timeout=timedelta(hours=6),
+    )
+    verify = JobOperator(
+        task_id="verify",
+        module="pipelines.rebuild",
+        args=["verify", "--namespace", NEW],
+        flag_params={"topic": "--topic"},
+        verdict="the new namespace does not verify; the live namespace is unchanged",
+        execution_timeout=timedelta(hours=2),
+    )
+    switch = JobOperator(
+        task_id="switch",
+        module="pipelines.rebuild",
+        args=["switch", "--namespace", NEW, "--reason", "rebuild_views"],
+        enabled_param="switch",
+        retries=0,  # an atomic decision, not retried blindly
+        outlets=[LIVE_VIEWS],
+    )
+    retire = JobOperator(
+        task_id="retire_old_versions",
+        module="pipelines.maintenance",
+        args=["--step", "namespaces", "--step", "checkpoints"],
+        trigger_rule="none_failed",  # also after a skipped switch
+    )
+    plan() >> build >> verify >> switch >> retire
 
 
 rebuild_views()

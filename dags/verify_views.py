@@ -1,39 +1,37 @@
-"""verify_views: every hour, prove the live views equal a replay of the log at the live position.
+"""verify_views: every hour and right after a rebuild's switch, prove the live views equal a replay of the log.
 
 Thin: one task runs ``python -m pipelines.verify`` (the same entrypoint as by hand) in a child
-process. A mismatch fails the run without retries (a verdict, not a glitch); the report is
-``var/reports/verify/latest.json`` and ``latest.html``.
+process (:class:`infra.airflow_job.JobOperator`). A mismatch fails the run without retries (a
+verdict, not a glitch); the report is ``var/reports/verify/latest.json`` and ``latest.html``.
 """
 
 from __future__ import annotations
 
-import sys
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
-from airflow.sdk import Param, dag, task
+from airflow.sdk import Param, dag
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # tasks import the project's (light) infra package
-    sys.path.insert(0, str(REPO))
+from infra.airflow_job import JobOperator, on_cron_or_switch
 
 DOC = """
 ### verify_views
 
-Recomputes every view from the earliest offset up to the position P the live views cover (the
-last committed micro-batch) with the same fold code, and compares them row for row; also Redis
-against Delta and the accounting `read = applied + duplicates + quarantined`.
+Replays the log up to the position P the live state covers (the keyed state's fences in Redis,
+the Delta views' last committed micro-batch) with the same code into a scratch namespace, and
+compares them key for key and row for row; also Redis against Delta and the accounting
+`read = applied + duplicates + rejected + quarantined`.
 
+* Runs hourly and whenever `rebuild_views` switches the live namespace (the `live_views` asset).
 * Fails on any mismatch (no retries: rerunning gives the same answer).
 * Report: `var/reports/verify/latest.json` (contract) and `latest.html` (readable, with a
   freshness plot); timestamped JSON copies beside them, pruned by `maintenance`.
-* By hand: `python -m pipelines.verify [--namespace NS] [--topic T]`.
+* By hand: `social-verify [--namespace NS] [--topic T]` (`python -m pipelines.verify`).
 """
 
 
 @dag(
     dag_id="verify_views",
-    schedule="@hourly",
+    schedule=on_cron_or_switch("0 * * * *"),
     start_date=datetime(2026, 1, 1, tzinfo=UTC),
     catchup=False,
     max_active_runs=1,
@@ -46,27 +44,13 @@ against Delta and the accounting `read = applied + duplicates + quarantined`.
     },
 )
 def verify_views():
-    @task(execution_timeout=timedelta(hours=1))
-    def verify(**context) -> dict:
-        from infra.airflow import TaskFailed, run_module
-        from infra.settings import get_settings
-
-        params = context["params"]
-        args = [*(["--namespace", params["namespace"]] if params.get("namespace") else [])]
-        args += ["--topic", params["topic"]] if params.get("topic") else []
-        report_dir = Path(get_settings().reports_dir) / "verify"
-        try:
-            run_module("pipelines.verify", args)
-        except TaskFailed as exc:
-            from airflow.sdk.exceptions import AirflowFailException
-
-            raise AirflowFailException(
-                f"live views do not equal the replay: see {report_dir / 'latest.html'} ({exc})"
-            ) from exc
-        print(f"report: {report_dir / 'latest.json'}\nreadable: file://{report_dir / 'latest.html'}")
-        return {"report": str(report_dir / "latest.json"), "html": str(report_dir / "latest.html")}
-
-    verify()
+    JobOperator(
+        task_id="verify",
+        module="pipelines.verify",
+        flag_params={"namespace": "--namespace", "topic": "--topic"},
+        verdict="the live state does not equal the replay: see var/reports/verify/latest.html",
+        execution_timeout=timedelta(hours=1),
+    )
 
 
 verify_views()

@@ -2,14 +2,13 @@
 
 ``python -m infra.airflow env`` prints the environment (``eval "$(python -m infra.airflow env)"``
 then any ``airflow ...`` command uses this project's Airflow); ``db`` migrates the metadata DB;
-``test DAG_ID [--conf JSON]`` runs one DAG run in-process (``airflow dags test``), which is what the
-demo and the integration tests do; ``standalone`` runs scheduler + API server + UI in the
-foreground (``SOCIAL_AIRFLOW_STANDALONE=1 make up`` starts it in the background, see
-:class:`AirflowService`).
+``test DAG_ID [--conf JSON]`` runs one DAG run with ``dag.test()`` (exit 1 when the run failed),
+which is what the demo and the integration tests do; ``standalone`` runs scheduler + API server +
+UI in the foreground (``make airflow``; ``SOCIAL_AIRFLOW_STANDALONE=1 make up`` starts it in the
+background, :class:`infra.stack.AirflowService`).
 
-DAG tasks call :func:`run_module`: the same ``python -m ...`` entrypoint a person would run, in a
-child process, so Spark never runs inside an Airflow worker and the task log shows its output.
-This module is imported by the DAG files: keep it light (no pyspark, no great_expectations).
+The DAG tasks themselves are :class:`infra.airflow_job.JobOperator`: the same ``python -m ...``
+entrypoint a person would run, in a child process. Light: no pyspark, no great_expectations.
 """
 
 from __future__ import annotations
@@ -17,21 +16,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shlex
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from infra.settings import REPO_ROOT, Settings, get_settings
 
 DAGS_FOLDER = REPO_ROOT / "dags"
 AIRFLOW_BIN = Path(sys.executable).with_name("airflow")
-
-
-class TaskFailed(RuntimeError):
-    """A verdict (exit status 1: mismatch, failed suite): retrying will not change it."""
 
 
 def airflow_env(settings: Settings | None = None, base: dict | None = None) -> dict[str, str]:
@@ -41,16 +34,21 @@ def airflow_env(settings: Settings | None = None, base: dict | None = None) -> d
     env = dict(os.environ if base is None else base)
     env.update(
         {
+            # `airflow standalone` starts its scheduler, API server, ... as `airflow` from PATH
+            "PATH": os.pathsep.join(p for p in (str(AIRFLOW_BIN.parent), env.get("PATH", "")) if p),
             "AIRFLOW_HOME": str(home),
             "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS_FOLDER),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
             "AIRFLOW__API__PORT": str(settings.airflow_port),
-            "AIRFLOW__API__HOST": "127.0.0.1",
+            # where task processes report to: the API server on this port, not Airflow's default 8080
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{settings.airflow_port}/execution/",
+            # 127.0.0.1 unless told otherwise (the compose container binds 0.0.0.0)
+            "AIRFLOW__API__HOST": env.get("AIRFLOW__API__HOST", "127.0.0.1"),
+            # a local, single-person Airflow: no login (README: Airflow); DAGs still start paused
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
             "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(home / "logs"),
-            # tasks run `python -m pipelines...` from the repository with the project's settings
-            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p),
             "SOCIAL_VAR_DIR": str(settings.var_dir),
         }
     )
@@ -87,16 +85,21 @@ def dags_test(
     conf: dict | None = None,
     timeout_s: float | None = None,
     capture: bool = False,
+    base_env: dict | None = None,
 ) -> subprocess.CompletedProcess:
-    """``airflow dags test DAG_ID`` against this project's Airflow; returns the finished process."""
+    """One run of ``dag_id`` with ``dag.test()`` in a child process with this project's Airflow.
+
+    Exit status 0 when the run succeeded, 1 when it failed; its last output line is the run as
+    JSON (``{"dag_id", "state", "tasks": {task_id: state}}``).
+    """
     settings = settings or get_settings()
     ensure_db(settings)
-    cmd = [str(AIRFLOW_BIN), "dags", "test", dag_id]
+    cmd = [sys.executable, "-m", "infra.airflow", "run-in-process", dag_id]
     if conf:
         cmd += ["--conf", json.dumps(conf)]
     return subprocess.run(
         cmd,
-        env=airflow_env(settings),
+        env=airflow_env(settings, base=base_env),
         cwd=REPO_ROOT,
         timeout=timeout_s,
         capture_output=capture,
@@ -104,100 +107,19 @@ def dags_test(
     )
 
 
-def dag_run_state(output: str) -> str | None:
-    """The final state (``success``/``failed``) from ``airflow dags test`` output, None if it never finished.
+def run_in_process(dag_id: str, conf: dict | None = None) -> dict:
+    """``dag.test()`` of one DAG of ``dags/`` in this process (its environment: :func:`airflow_env`)."""
+    from airflow.dag_processing.dagbag import DagBag
 
-    Read from the "DagRun Finished: ... state=..." line, not from task lines (``new_state=success``
-    of an upstream task says nothing about the run).
-    """
-    state = None
-    for line in output.splitlines():
-        if "DagRun Finished" in line:
-            m = re.search(r"[ ,]state=(\w+)", line)
-            state = m.group(1) if m else state
-    return state
-
-
-def run_module(module: str, args: list[str] | None = None, *, timeout_s: float | None = None) -> int:
-    """Run ``python -m module args`` from the repository, streaming its output into the task log.
-
-    Exit status 0 returns 0; 1 is a verdict (mismatch, failed suite): :class:`TaskFailed`, which a
-    DAG turns into a failure without retries; anything else (a crash) is a RuntimeError, retried.
-    """
-    cmd = [sys.executable, "-m", module, *(args or [])]
-    print(f"$ {shlex.join(cmd)}", flush=True)
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p),
+    bag = DagBag(dag_folder=str(DAGS_FOLDER))
+    if bag.import_errors:
+        raise RuntimeError(f"DAG import errors: {bag.import_errors}")
+    run = bag.dags[dag_id].test(run_conf=conf or {})
+    return {
+        "dag_id": dag_id,
+        "state": str(run.state),
+        "tasks": {ti.task_id: str(ti.state) for ti in run.get_task_instances()},
     }
-    started = time.monotonic()
-    proc = subprocess.Popen(
-        cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        print(line.rstrip("\n"), flush=True)
-    try:
-        code = proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        raise RuntimeError(f"{module} did not finish within {timeout_s}s") from None
-    print(f"{module} exited {code} after {time.monotonic() - started:.0f}s", flush=True)
-    if code == 1:
-        raise TaskFailed(f"{module} {shlex.join(args or [])}: exit 1")
-    if code != 0:
-        raise RuntimeError(f"{module} {shlex.join(args or [])}: exit {code}")
-    return code
-
-
-# Opt-in service for `make up` ----------------------------------------------------------------------
-
-try:
-    from infra.stack import Service, StackError, port_listening
-
-    class AirflowService(Service):
-        """``airflow standalone`` (scheduler, DAG processor, API server + UI) on 127.0.0.1.
-
-        Opt-in: started by ``make up`` only with ``SOCIAL_AIRFLOW_STANDALONE=1``. Metadata in
-        SQLite under ``var/airflow``; the admin password standalone generates is in
-        ``var/airflow/simple_auth_manager_passwords.json.generated``.
-        """
-
-        name = "airflow"
-        marker = "airflow"
-        ready_timeout_s = 240.0
-        stop_timeout_s = 60.0
-
-        def ports(self) -> list[int]:
-            return [self.settings.airflow_port] if self.settings.airflow_standalone else []
-
-        def start(self) -> str:
-            if not self.settings.airflow_standalone and not self.is_running():
-                return "disabled (SOCIAL_AIRFLOW_STANDALONE=1 enables it)"
-            return super().start()
-
-        def env(self):
-            return airflow_env(self.settings)
-
-        def prepare(self) -> None:
-            ensure_db(self.settings)
-
-        def command(self) -> list[str]:
-            return [str(AIRFLOW_BIN), "standalone"]
-
-        def wait_ready(self, deadline: float) -> None:
-            while not port_listening(self.settings.airflow_port):
-                if not self.is_running():
-                    raise self._died()
-                if time.monotonic() > deadline:
-                    raise StackError(
-                        f"airflow did not listen on {self.settings.airflow_port}; see {self.log_file}"
-                    )
-                time.sleep(1)
-
-except ImportError:  # pragma: no cover - infra.stack needs confluent_kafka at call time only
-    AirflowService = None  # type: ignore[assignment,misc]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -205,9 +127,12 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("env", help="print `export` lines for this project's Airflow")
     sub.add_parser("db", help="create/migrate the metadata DB")
-    t = sub.add_parser("test", help="airflow dags test DAG_ID")
+    t = sub.add_parser("test", help="one run of DAG_ID (dag.test() in a child process); exit 1 if it failed")
     t.add_argument("dag_id")
     t.add_argument("--conf", help="JSON params for the run")
+    r = sub.add_parser("run-in-process", help="dag.test() of DAG_ID in this process (what `test` runs)")
+    r.add_argument("dag_id")
+    r.add_argument("--conf", help="JSON params for the run")
     sub.add_parser("standalone", help="airflow standalone in the foreground")
     args = p.parse_args(argv)
     settings = get_settings()
@@ -218,6 +143,10 @@ def main(argv: list[str] | None = None) -> int:
         print(ensure_db(settings))
     elif args.command == "test":
         return dags_test(args.dag_id, settings, json.loads(args.conf) if args.conf else None).returncode
+    elif args.command == "run-in-process":
+        run = run_in_process(args.dag_id, json.loads(args.conf) if args.conf else None)
+        print(json.dumps(run))
+        return 0 if run["state"] == "success" else 1
     elif args.command == "standalone":
         ensure_db(settings)
         os.execve(str(AIRFLOW_BIN), [str(AIRFLOW_BIN), "standalone"], airflow_env(settings))

@@ -27,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+from infra.reports import write_index
 from infra.settings import REPO_ROOT, Settings, get_settings
 
 
@@ -126,16 +127,17 @@ def analytics_alerts(settings: Settings, user: int, timeout_s: float) -> dict[st
 def run_job(dag_id: str, module: str, settings: Settings, use_airflow: bool) -> tuple[bool, float]:
     started = time.monotonic()
     if use_airflow:
-        from infra.airflow import dag_run_state, dags_test
+        from infra.airflow import dags_test
 
         done = dags_test(dag_id, settings, capture=True)
         out = done.stdout + done.stderr
-        state = dag_run_state(out)
+        lines = done.stdout.strip().splitlines()
+        run = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {}
         for line in out.splitlines():
-            if " exited " in line or line.startswith("$ "):
+            if "Running command:" in line or "Command exited with return code" in line:
                 print(f"  {line.strip()}")
-        print(f"  DAG run {dag_id}: {state or 'did not finish'}")
-        ok = done.returncode == 0 and state == "success"
+        print(f"  DAG run {dag_id}: {run.get('state', 'did not finish')} {run.get('tasks', '')}")
+        ok = done.returncode == 0
         if not ok:
             log = Path(settings.var_dir) / "log" / f"demo-{dag_id}.log"
             log.parent.mkdir(parents=True, exist_ok=True)
@@ -267,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         ("analytics rows", analytics_rows(Path(settings.reports_dir)) if page else "-"),
         ("verify report", f"{verify_json} (+ latest.html)"),
         ("quality Data Docs", str(reports / "quality" / "index.html")),
+        ("every report", str(write_index(settings))),
         ("total", f"{time.monotonic() - t0:.0f}s"),
     ]
     for k, v in rows:
@@ -284,9 +287,11 @@ def main(argv: list[str] | None = None) -> int:
         ("python -m pipelines.rebuild run", "blue/green rebuild of every view (undo: ... rollback)"),
         ('eval "$(python -m infra.airflow env)"; airflow dags list', "this project's Airflow"),
         (
-            "SOCIAL_AIRFLOW_STANDALONE=1 make up",
-            f"Airflow UI on 127.0.0.1:{settings.airflow_port} (password in var/airflow/)",
+            "make airflow",
+            f"Airflow UI on 127.0.0.1:{settings.airflow_port} (no login; DAGs start paused)",
         ),
+        ("make tail", "the log, record by record (Kafka's console consumer)"),
+        ("make history", "Spark History Server on the finished jobs: 127.0.0.1:18080"),
         ("make down", "stop everything"),
     ]
     width = max(len(cmd) for cmd, _ in hints)

@@ -140,7 +140,7 @@ class Settings:
         "1: `make up` also starts `airflow standalone` (scheduler + UI); off by default",
     )
     airflow_port: int = _setting(
-        "SOCIAL_AIRFLOW_PORT", 8080, "Airflow UI/API port when SOCIAL_AIRFLOW_STANDALONE=1"
+        "SOCIAL_AIRFLOW_PORT", 8080, "Airflow UI/API port (`make airflow`, SOCIAL_AIRFLOW_STANDALONE=1)"
     )
     quality_max_quarantine_pct: int = _setting(
         "SOCIAL_QUALITY_MAX_QUARANTINE_PCT",

@@ -637,10 +637,76 @@ class ApiServer(Service):
         return outcome
 
 
+class AirflowService(Service):
+    """``airflow standalone`` (scheduler, DAG processor, API server + UI) on 127.0.0.1:airflow_port.
+
+    Opt-in: started by ``up`` only with ``SOCIAL_AIRFLOW_STANDALONE=1`` (``make airflow`` runs it
+    in the foreground). The environment is :func:`infra.airflow.airflow_env`: metadata in SQLite
+    under ``var/airflow``, DAGs from ``dags/`` (paused at creation), no login. Ready when the API
+    server answers its health endpoint.
+    """
+
+    name = "airflow"
+    marker = "airflow"
+    ready_timeout_s = 300.0
+    stop_timeout_s = 60.0
+
+    def ports(self) -> list[int]:
+        return [self.settings.airflow_port] if self.settings.airflow_standalone else []
+
+    def start(self) -> str:
+        if not self.settings.airflow_standalone and not self.is_running():
+            return "off (SOCIAL_AIRFLOW_STANDALONE=1 starts it)"
+        return super().start()
+
+    def env(self) -> Mapping[str, str]:
+        from infra.airflow import airflow_env
+
+        return airflow_env(self.settings, base=settings_env(self.settings))
+
+    def prepare(self) -> None:
+        from infra.airflow import ensure_db
+
+        ensure_db(self.settings)
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "infra.airflow", "standalone"]  # execs `airflow standalone`
+
+    @property
+    def health_url(self) -> str:
+        return f"http://127.0.0.1:{self.settings.airflow_port}/api/v2/monitor/health"
+
+    def wait_ready(self, deadline: float) -> None:
+        import urllib.error
+        import urllib.request
+
+        while True:
+            if not self.is_running():
+                raise self._died()
+            try:
+                with urllib.request.urlopen(self.health_url, timeout=2) as answer:
+                    if answer.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                raise StackError(f"airflow did not answer {self.health_url} in time; see {self.log_file}")
+            time.sleep(1)
+
+    def stop(self) -> str:
+        pid = self.pid()
+        outcome = super().stop()
+        if pid is not None and outcome in ("stopped", "killed after timeout"):
+            # standalone's scheduler, DAG processor, triggerer and API server are in its session
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        return outcome
+
+
 # The registry. `up` starts these in order, `down` stops them in reverse order.
-# Extension point: the speed layer (pipelines/) and the app API (app_sim/) become Service
-# subclasses (ports, command, wait_ready) and are appended here, after the stores they need.
-SERVICES: list[type[Service]] = [KafkaBroker, RedisServer, SpeedLayer, Archiver, Analytics, ApiServer]
+SERVICES: list[type[Service]] = [KafkaBroker, RedisServer, SpeedLayer, Archiver, Analytics, ApiServer, AirflowService]
 BACKBONE: tuple[type[Service], ...] = (KafkaBroker, RedisServer)  # what the other parts need first
 
 

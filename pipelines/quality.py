@@ -5,19 +5,24 @@ Where it sits: after the speed layer (reads one views namespace in Delta), besid
 see being wrong in the same way twice (schemas, keys, ranges, referential integrity, the unread
 invariant, the quarantine rate, freshness), and leaves human-readable Data Docs.
 
-- The suites are data: ``quality/expectations/<suite>.json`` (GX's own suite format); each names
-  the *check frame* it validates in ``meta.frame``. Thresholds that depend on the deployment are
-  suite parameters (``{"$PARAMETER": ...}``) filled from settings at run time.
-- A check frame is a table of the namespace, or a derived frame computed here in Spark when a
-  rule spans tables (GX validates one batch at a time): ``home_timeline_references`` and
-  ``unread_invariant`` carry one boolean column per rule, ``log_health`` one row of accounting
-  and freshness from ``batches``.
+- The suites, validation definitions and checkpoints are a GX File Data Context committed in
+  ``quality/gx/`` (GX's own files; only ``uncommitted/`` is ignored). Each suite names the *check
+  frame* it validates in ``meta.frame``; one checkpoint per suite, of the same name, runs it.
+  Thresholds that depend on the deployment are suite parameters (``{"$PARAMETER": ...}``) filled
+  from settings at run time. Checkpoints name the columns that identify an offending row
+  (``unexpected_index_column_names``), so Data Docs list e.g. the user, the counter and the
+  inbox count of a broken unread counter, not "False x N".
+- A check frame is a table of the namespace, a stream-analytics table (``analytics_<query>``;
+  their suites are left out, and listed as skipped, when the analytics never wrote the table), or
+  a derived frame computed here in Spark when a rule spans tables (GX validates one batch at a
+  time): ``home_timeline_references`` (one boolean column per rule), ``unread_invariant`` (the
+  counter beside the inbox count), ``log_health`` (one row of accounting and freshness).
 - Tables are read at one consistent snapshot: the versions the last micro-batch recorded, unless
   a table was written since by something other than the speed layer (a repair, a corruption, a
   maintenance commit): then its latest version, since that is what readers see.
-- One GX checkpoint per suite (each validates its own in-memory Spark DataFrame) with an
-  ``UpdateDataDocsAction``; the GX file context lives under ``var/quality/`` (run state, not
-  source) and the Data Docs site under ``var/reports/quality/``. A summary goes to
+- Each checkpoint validates its frame as an in-memory Spark DataFrame (batch parameter) and
+  updates the Data Docs site under ``var/reports/quality/`` (``QUALITY_DATA_DOCS_DIR`` in
+  ``great_expectations.yml``, set here from the settings). A summary goes to
   ``var/reports/quality/latest.json``.
 
 CLI: ``python -m pipelines.quality [--namespace NS] [--topic T] [--suite NAME ...]``; exit 1 when a
@@ -40,8 +45,10 @@ from infra.settings import REPO_ROOT, Settings, get_settings
 
 log = logging.getLogger("quality")
 
-SUITES_DIR = REPO_ROOT / "quality" / "expectations"
+CONTEXT_ROOT = REPO_ROOT / "quality"  # the GX project: quality/gx/
+SUITES_DIR = CONTEXT_ROOT / "gx" / "expectations"
 DOCS_SITE = "reports"
+ANALYTICS = "analytics_"  # frame prefix of the stream-analytics tables: analytics_<query>
 DAY_MS = 24 * 3600 * 1000
 
 
@@ -58,19 +65,6 @@ def load_suite_specs(names: Iterable[str] | None = None, suites_dir: Path = SUIT
             raise ValueError(f"unknown suite(s): {', '.join(sorted(unknown))}")
         specs = [s for s in specs if s["name"] in wanted]
     return specs
-
-
-def build_suite(spec: dict):
-    """A GX ExpectationSuite from its JSON document."""
-    import great_expectations as gx
-    from great_expectations.expectations.expectation_configuration import ExpectationConfiguration
-
-    suite = gx.ExpectationSuite(name=spec["name"], meta=spec.get("meta") or {})
-    for e in spec["expectations"]:
-        suite.add_expectation_configuration(
-            ExpectationConfiguration(type=e["type"], kwargs=e["kwargs"], meta=e.get("meta"))
-        )
-    return suite
 
 
 def suite_parameters(settings: Settings, now_ms: int | None = None) -> dict:
@@ -277,7 +271,15 @@ FRAMES: dict[str, Callable] = {
 }
 
 
+def analytics_table(settings: Settings, namespace: str, frame: str) -> Path:
+    """Where the stream analytics keep the table of frame ``analytics_<query>``."""
+    return Path(settings.lake_dir) / namespace / "analytics" / frame.removeprefix(ANALYTICS)
+
+
 def check_frame(name: str, snap: Snapshot, settings: Settings, log_end: dict[int, int] | None = None):
+    if name.startswith(ANALYTICS):
+        spark = snap.tables["batches"].sparkSession
+        return spark.read.format("delta").load(str(analytics_table(settings, snap.namespace, name)))
     if name == "log_health":
         return log_health(snap, settings, log_end)
     if name in FRAMES:
@@ -315,6 +317,7 @@ class QualityResult:
     namespace: str
     batch_id: int | None
     suites: list[SuiteResult]
+    skipped: dict[str, str]  # suite -> why it did not run
     data_docs: str
     generated_at: str
     seconds: float
@@ -324,24 +327,14 @@ class QualityResult:
 
 
 def _context(settings: Settings):
+    """The committed GX File Data Context (quality/gx), its Data Docs site under the reports dir."""
+    import os
+
     import great_expectations as gx
 
-    root = Path(settings.var_dir) / "quality"
-    root.mkdir(parents=True, exist_ok=True)
-    ctx = gx.get_context(mode="file", project_root_dir=str(root))
     docs_dir = Path(settings.reports_dir) / "quality"
-    site = {
-        "class_name": "SiteBuilder",
-        "show_how_to_buttons": False,
-        "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(docs_dir)},
-        "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
-    }
-    sites = ctx.get_config().data_docs_sites or {}
-    if DOCS_SITE not in sites:
-        ctx.add_data_docs_site(site_name=DOCS_SITE, site_config=site)
-    elif sites[DOCS_SITE]["store_backend"]["base_directory"] != str(docs_dir):
-        ctx.update_data_docs_site(site_name=DOCS_SITE, site_config=site)
-    return ctx, docs_dir
+    os.environ["QUALITY_DATA_DOCS_DIR"] = str(docs_dir)  # ${QUALITY_DATA_DOCS_DIR} in great_expectations.yml
+    return gx.get_context(mode="file", project_root_dir=str(CONTEXT_ROOT)), docs_dir
 
 
 def _failures(validation) -> list[dict]:
@@ -358,6 +351,8 @@ def _failures(validation) -> list[dict]:
                 "observed": result.get("observed_value"),
                 "unexpected_count": result.get("unexpected_count"),
                 "examples": (result.get("partial_unexpected_list") or [])[:5],
+                # the offending rows, by the checkpoint's unexpected_index_column_names
+                "rows": (result.get("partial_unexpected_index_list") or [])[:20],
                 "exception": (r.exception_info or {}).get("exception_message")
                 if isinstance(r.exception_info, dict)
                 else None,
@@ -374,47 +369,29 @@ def run_suites(
     parameters: dict | None = None,
     data_docs: bool = True,
 ) -> tuple[list[SuiteResult], Path]:
-    """Run one checkpoint per suite over its frame (``frames[spec.meta.frame]``); Data Docs updated."""
-    import great_expectations as gx
-    from great_expectations.checkpoint import UpdateDataDocsAction
-
+    """Run each suite's named checkpoint over its frame (``frames[spec.meta.frame]``)."""
     ctx, docs_dir = _context(settings)
-    source = ctx.data_sources.add_or_update_spark(name="lake")
     results = []
     for spec in specs:
         frame_name = spec["meta"]["frame"]
         df = frames[frame_name]
-        suite = ctx.suites.add_or_update(build_suite(spec))
-        try:
-            asset = source.get_asset(frame_name)
-        except LookupError:
-            asset = source.add_dataframe_asset(name=frame_name)
-        try:
-            batch_def = asset.get_batch_definition("whole")
-        except (KeyError, LookupError, ValueError):
-            batch_def = asset.add_batch_definition_whole_dataframe("whole")
-        definition = ctx.validation_definitions.add_or_update(
-            gx.ValidationDefinition(name=spec["name"], data=batch_def, suite=suite)
-        )
-        checkpoint = ctx.checkpoints.add_or_update(
-            gx.Checkpoint(
-                name=spec["name"],
-                validation_definitions=[definition],
-                actions=[UpdateDataDocsAction(name="update_data_docs", site_names=[DOCS_SITE])]
-                if data_docs
-                else [],
-                result_format={"result_format": "SUMMARY", "partial_unexpected_count": 5},
-            )
-        )
+        checkpoint = ctx.checkpoints.get(spec["name"])
         df = df.cache()  # GX computes its metrics in several Spark jobs over the same frame
         try:
             rows = df.count()
-            outcome = checkpoint.run(
-                batch_parameters={"dataframe": df}, expectation_parameters=parameters or {}
-            )
+            batch = {"dataframe": df}
+            if data_docs:
+                outcome = checkpoint.run(batch_parameters=batch, expectation_parameters=parameters or {})
+                validation = next(iter(outcome.run_results.values()))
+            else:  # the checkpoint's validation, without its Data Docs action (rendering is slow)
+                (definition,) = checkpoint.validation_definitions
+                validation = definition.run(
+                    batch_parameters=batch,
+                    expectation_parameters=parameters or {},
+                    result_format=checkpoint.result_format,
+                )
         finally:
             df.unpersist()
-        validation = next(iter(outcome.run_results.values()))
         stats = validation.statistics
         results.append(
             SuiteResult(
@@ -452,6 +429,15 @@ def run(
         spark = build_spark("data-quality", settings)
     specs = load_suite_specs(suites)
     snap = snapshot(spark, settings, namespace)
+    skipped = {}
+    for spec in specs:
+        frame = spec["meta"]["frame"]
+        path = analytics_table(settings, namespace, frame)
+        if frame.startswith(ANALYTICS) and not (path / "_delta_log").exists():
+            if suites is not None:
+                raise FileNotFoundError(f"suite {spec['name']}: no analytics table {path}")
+            skipped[spec["name"]] = f"no table {path} (the stream analytics did not write it)"
+    specs = [s for s in specs if s["name"] not in skipped]
     if log_end is None and any(s["meta"]["frame"] == "log_health" for s in specs):
         log_end = log_end_offsets(settings, topic or settings.events_topic)
     frames = {s["meta"]["frame"]: check_frame(s["meta"]["frame"], snap, settings, log_end) for s in specs}
@@ -461,12 +447,16 @@ def run(
         namespace=namespace,
         batch_id=snap.batch_id,
         suites=results,
+        skipped=skipped,
         data_docs=str(docs_dir / "index.html"),
         generated_at=datetime.now(UTC).isoformat(timespec="seconds"),
         seconds=round(time.monotonic() - started, 1),
     )
     docs_dir.mkdir(parents=True, exist_ok=True)
     (docs_dir / "latest.json").write_text(json.dumps(report.as_dict(), indent=2, default=str) + "\n")
+    from infra.reports import write_index
+
+    write_index(settings)
     return report
 
 
@@ -480,8 +470,11 @@ def summary(report: QualityResult) -> str:
         )
         for f in r.failures:
             lines.append(
-                f"         - {f['expectation']} {f['column'] or ''}: observed {f['observed']} examples {f['examples']}"
+                f"         - {f['expectation']} {f['column'] or ''}: observed {f['observed']} "
+                f"examples {f['examples']} rows {f['rows']}"
             )
+    for name, why in report.skipped.items():
+        lines.append(f"  skipped {name}: {why}")
     lines.append(f"  Data Docs: {report.data_docs}")
     return "\n".join(lines)
 

@@ -113,12 +113,36 @@ def _python_module(module: str, args: list[str], settings: Settings, timeout_s: 
         raise RebuildError(f"{module} did not finish within {timeout_s}s") from None
 
 
+def _build_progress(settings: Settings, namespace: str, topic: str):
+    """A progress bar of the build on a terminal: the new namespace's fences against the log's end."""
+    import threading
+
+    from infra.stack import end_offsets
+    from pipelines.progress import log_position
+    from pipelines.serving import connect
+    from pipelines.speed import functions
+
+    try:
+        log_end = sum(end_offsets(settings, topic).values())
+        client = connect(settings.redis_url)
+    except Exception:  # noqa: BLE001 - no bar then; the build reports its own errors
+        return threading.Event()
+    return log_position(
+        lambda: sum(functions.fences(client, namespace).values()), log_end, f"build {namespace}"
+    )
+
+
 def build(settings: Settings, namespace: str, topic: str | None = None) -> None:
     """Compute the new views from the earliest offset until caught up (a fresh speed layer)."""
     if namespace == namespaces.active(settings):
         raise RebuildError(f"{namespace!r} is the live namespace; rebuild into a new one")
     args = ["--namespace", namespace, "--available-now", *(["--topic", topic] if topic else [])]
-    if _python_module("pipelines.speed_layer", args, settings) != 0:
+    stop = _build_progress(settings, namespace, topic or settings.events_topic)
+    try:
+        code = _python_module("pipelines.speed_layer", args, settings)
+    finally:
+        stop.set()
+    if code != 0:
         raise RebuildError(f"building namespace {namespace!r} failed (see the output above)")
     # its Delta archive and views: everything the new keyed state's changelog holds, compacted
     if _python_module("pipelines.archiver", [*args[:2], "--once", *args[3:]], settings) != 0:

@@ -99,6 +99,7 @@ def recompute(
 
 
 def main(argv: list[str] | None = None) -> int:
+    from pipelines.progress import spark_tasks
     from pipelines.spark import build_spark
     from pipelines.views import view_config
 
@@ -108,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     settings = get_settings()
     spark = build_spark("replay", settings)
+    spark_tasks(spark, "replay")  # a progress bar on a terminal
     until = {int(k): v for k, v in json.loads(args.until).items()} if args.until else None
     started = time.time()
     replay = recompute(spark, settings, args.topic or settings.events_topic, until, view_config(settings))

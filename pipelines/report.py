@@ -80,11 +80,10 @@ def _views_table(views: dict) -> str:
 
 
 def freshness_plot(freshness: dict) -> str | None:
-    """A PNG (base64) of the freshness distribution, or None when there is nothing to plot.
+    """A PNG (base64) of the freshness over the verified micro-batches, or None when there is nothing to plot.
 
-    Uses what the report carries, best first: ``samples_ms`` (a list of latencies), ``hist``
-    (latency bucket in ms -> count), ``per_batch`` (list of {batch_id, p50_ms, p99_ms}); else a
-    bar of p50/p99.
+    Verify's Delta freshness carries ``series`` (per micro-batch: when it became visible and its
+    slowest event's delay); the keyed freshness only p50/p99, drawn as two bars.
     """
     import matplotlib
 
@@ -93,18 +92,7 @@ def freshness_plot(freshness: dict) -> str | None:
 
     fig, ax = plt.subplots(figsize=(8, 3), dpi=100)
     try:
-        if freshness.get("samples_ms"):
-            samples = [float(s) / 1000 for s in freshness["samples_ms"]]
-            ax.hist(samples, bins=min(50, max(5, len(samples) // 20)), color="#4c78a8")
-            ax.set_xlabel("server receive -> visible (s)")
-            ax.set_ylabel("events")
-        elif freshness.get("hist"):
-            items = sorted((float(k) / 1000, int(v)) for k, v in freshness["hist"].items())
-            width = (items[1][0] - items[0][0]) * 0.9 if len(items) > 1 else 0.1
-            ax.bar([k for k, _ in items], [v for _, v in items], width=width, color="#4c78a8")
-            ax.set_xlabel("server receive -> visible (s)")
-            ax.set_ylabel("events")
-        elif freshness.get("series"):
+        if freshness.get("series"):
             pts = sorted(freshness["series"], key=lambda b: b.get("visible_at") or b.get("batch_id", 0))
             t0 = pts[0].get("visible_at") or 0
             xs = [((b.get("visible_at") or t0) - t0) / 1000 for b in pts]
@@ -117,14 +105,6 @@ def freshness_plot(freshness: dict) -> str | None:
             ax.set_ylabel("receive -> visible (s)")
             ax.set_ylim(bottom=0)
             ax.legend()
-        elif freshness.get("per_batch"):
-            pts = sorted(freshness["per_batch"], key=lambda b: b.get("batch_id", 0))
-            xs = [b.get("batch_id", i) for i, b in enumerate(pts)]
-            for key, color in (("p50_ms", "#4c78a8"), ("p99_ms", "#e45756")):
-                ax.plot(xs, [(b.get(key) or 0) / 1000 for b in pts], marker=".", label=key[:3], color=color)
-            ax.set_xlabel("micro-batch")
-            ax.set_ylabel("freshness (s)")
-            ax.legend()
         elif freshness.get("p50_ms") is not None or freshness.get("p99_ms") is not None:
             labels = [k for k in ("p50_ms", "p99_ms") if freshness.get(k) is not None]
             ax.bar(
@@ -135,11 +115,6 @@ def freshness_plot(freshness: dict) -> str | None:
             ax.set_ylabel("freshness (s)")
         else:
             return None
-        for key, style in (("p50_ms", "--"), ("p99_ms", ":")):
-            if freshness.get(key) is not None and (freshness.get("samples_ms") or freshness.get("hist")):
-                ax.axvline(freshness[key] / 1000, color="#333", linestyle=style, label=key[:3])
-        if freshness.get("samples_ms") or freshness.get("hist"):
-            ax.legend()
         ax.set_title("freshness: server receive time -> visible in the serving store")
         fig.tight_layout()
         buf = io.BytesIO()

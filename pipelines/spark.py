@@ -78,6 +78,18 @@ def build_spark(
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
         )
     )
+    if not testing:
+        # Event logs of every job (the speed layer, verify, replays, ...) for the Spark History
+        # Server after the application ended: `make history` (README: Reading the reports).
+        events = Path(settings.var_dir) / "spark-events"
+        events.mkdir(parents=True, exist_ok=True)
+        builder = (
+            builder.config("spark.eventLog.enabled", "true")
+            .config("spark.eventLog.dir", events.resolve().as_uri())
+            .config("spark.eventLog.compress", "true")
+            .config("spark.eventLog.rolling.enabled", "true")  # a long-running stream: bounded files
+            .config("spark.eventLog.rolling.maxFileSize", "64m")
+        )
     if testing:
         builder = (
             builder.config("spark.sql.shuffle.partitions", "2")

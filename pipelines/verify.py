@@ -317,6 +317,7 @@ def write_report(report: dict, directory: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from pipelines.progress import spark_tasks
     from pipelines.spark import build_spark
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -332,6 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     settings = get_settings()
     spark = build_spark("verify", settings)
+    spark_tasks(spark, "verify")  # a progress bar on a terminal (pipelines/progress.py)
     if args.keyed_only:
         namespace = args.namespace or namespaces.active(settings)
         keyed = verify_keyed(spark, settings, namespace, args.topic or settings.events_topic)

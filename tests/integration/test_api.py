@@ -8,7 +8,10 @@ events or views. "Nothing appended" is checked on the topic's end offsets, befor
 from __future__ import annotations
 
 import dataclasses
+import json
 import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -22,7 +25,7 @@ import uvicorn
 
 from app_sim import contract
 from app_sim.auth import TokenSigner, load_secret
-from infra.settings import Settings
+from infra.settings import REPO_ROOT, Settings
 
 pytestmark = pytest.mark.integration
 
@@ -711,11 +714,7 @@ def _wait_visible(c: httpx.Client, path: str, write: dict, timeout_s: float = 30
         time.sleep(0.2)
 
 
-def test_end_to_end_users_see_exactly_their_own_writes(request, api_factory, topic_factory):
-    try:
-        speed_layer_factory = request.getfixturevalue("speed_layer_factory")
-    except pytest.FixtureLookupError:
-        pytest.skip("needs the speed_layer_factory fixture (tests/integration/conftest.py), not there yet")
+def test_end_to_end_users_see_exactly_their_own_writes(api_factory, topic_factory, speed_layer_factory):
     topic = topic_factory()
     namespace = f"e2e-{uuid.uuid4().hex[:8]}"
     api = api_factory(events_topic=topic, views_namespace=namespace)
@@ -765,3 +764,39 @@ def test_end_to_end_users_see_exactly_their_own_writes(request, api_factory, top
     finally:
         for client in (a, b, c):
             client.close()
+
+
+# --- make load: Locust's exit status is the serving target's verdict ------------------------------------
+
+
+def test_make_load_fails_through_locusts_exit_code_when_the_target_is_missed(api_factory, tmp_path):
+    """`python -m app_sim.load` with locust.conf: Locust's exit status 1 when the target is missed."""
+    api = api_factory()
+    run = ["--users", "4", "--spawn-rate", "4", "--run-time", "6s"]
+
+    def load(out: str, *target: str) -> tuple[int, dict]:
+        done = subprocess.run(
+            [sys.executable, "-m", "app_sim.load", "--host", api.url, "--out", str(tmp_path / out), "--"]
+            + run
+            + list(target),
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        summary = json.loads((tmp_path / out / "summary.json").read_text())
+        return done.returncode, summary
+
+    code, summary = load("missed", "--max-read-p99-ms", "0.001")  # no read is that fast
+    assert code == 1, summary
+    assert summary["reads"]["requests"] > 0
+    assert summary["target"]["met"] is False
+    assert summary["target"]["misses"][0].startswith("reads p99 ")
+    code, summary = load("met", "--max-read-p99-ms", "60000", "--max-fail-ratio", "0.5")
+    assert code == 0, summary
+    assert summary["target"] == {
+        "max_read_p99_ms": 60000.0,
+        "max_fail_ratio": 0.5,
+        "met": True,
+        "misses": [],
+    }

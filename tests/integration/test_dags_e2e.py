@@ -4,11 +4,11 @@ quality suite), and rebuild_views repairs it by blue/green reprocessing; rollbac
 One story in order (module-scoped state), because every step needs the previous one's lake:
 
 1. a few thousand generated events -> the speed layer (catch-up mode) into namespace A;
-2. ``airflow dags test verify_views``: success;
+2. ``verify_views`` (``dag.test()``): success;
 3. one ``unread_counts`` row of A is changed through Delta (what a buggy writer or a dual write
    would do); the quality suite catches it at once; after the next micro-batch (which touches
    another user) ``verify_views`` fails;
-4. ``airflow dags test rebuild_views`` (namespace B): build from offset 0, verify, switch: B is
+4. ``rebuild_views`` (namespace B): build from offset 0, verify, switch: B is
    live (file + Redis pointer) and verifies; A is kept;
 5. ``python -m pipelines.rebuild rollback``: A is live again.
 """
@@ -23,7 +23,6 @@ import textwrap
 import time
 import uuid
 from dataclasses import fields
-from pathlib import Path
 
 import pytest
 
@@ -37,7 +36,6 @@ def settings_env(settings: Settings) -> dict[str, str]:
     env = dict(os.environ)
     for f in fields(Settings):
         env[f.metadata["env"]] = str(getattr(settings, f.name))
-    env["PYTHONPATH"] = str(REPO_ROOT)
     return env
 
 
@@ -61,20 +59,11 @@ def speed_layer(settings: Settings, namespace: str, topic: str) -> None:
 
 
 def dags_test(settings: Settings, dag_id: str, conf: dict) -> tuple[bool, str]:
-    from infra.airflow import airflow_env, dag_run_state, ensure_db
+    """One ``dag.test()`` run through ``python -m infra.airflow test``: its exit status is the verdict."""
+    from infra.airflow import dags_test as run_dag
 
-    base = settings_env(settings)
-    ensure_db(settings)
-    done = subprocess.run(
-        [str(Path(sys.executable).with_name("airflow")), "dags", "test", dag_id, "--conf", json.dumps(conf)],
-        cwd=REPO_ROOT,
-        env=airflow_env(settings, base=base),
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    out = done.stdout + done.stderr
-    return dag_run_state(out) == "success", out
+    done = run_dag(dag_id, settings, conf, timeout_s=900, capture=True, base_env=settings_env(settings))
+    return done.returncode == 0, done.stdout + done.stderr
 
 
 def spark_job(settings: Settings, body: str) -> str:

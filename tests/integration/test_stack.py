@@ -158,6 +158,7 @@ def test_up_twice_with_every_service_is_fast_and_reads_no_log(kafka_stack):
             "speed_layer": "started",
             "analytics": "off (SOCIAL_ANALYTICS=0)",
             "api": "started",
+            "airflow": "off (SOCIAL_AIRFLOW_STANDALONE=1 starts it)",
         }
         assert speed_layer.application() == f"speed-layer-{settings.views_namespace}"
         pids = {s.name: s.pid() for s in stack.services}
@@ -165,7 +166,11 @@ def test_up_twice_with_every_service_is_fast_and_reads_no_log(kafka_stack):
             service.log_file.write_bytes(b"")  # readiness must not depend on what a log says
         started = time.monotonic()
         running = {name: "already running" for name in pids}
-        assert stack.up() == {**running, "analytics": "off (SOCIAL_ANALYTICS=0)"}
+        off = {
+            "analytics": "off (SOCIAL_ANALYTICS=0)",
+            "airflow": "off (SOCIAL_AIRFLOW_STANDALONE=1 starts it)",
+        }
+        assert stack.up() == {**running, **off}
         assert time.monotonic() - started < 10
         assert {s.name: s.pid() for s in stack.services} == pids
     finally:
@@ -233,3 +238,30 @@ def test_a_failed_start_never_stops_what_a_running_service_needs(tmp_path, priva
         assert not redis_server.is_running() and not sleeper(settings).is_running()
     finally:
         Stack(settings, service_types=(RedisServer, sleeper, broken)).down()
+
+
+def test_make_tail_prints_the_log_with_kafkas_console_consumer(kafka_stack, topic_factory):
+    from confluent_kafka import Producer
+
+    from infra.settings import REPO_ROOT
+    from infra.stack import settings_env
+
+    topic = topic_factory(partitions=1)
+    producer = Producer({"bootstrap.servers": kafka_stack.bootstrap})
+    for i in range(3):
+        producer.produce(topic, f'{{"n": {i}}}'.encode(), f"k{i}".encode())
+    assert producer.flush(30) == 0
+    done = subprocess.run(
+        [sys.executable, "-m", "infra.tail", "--topic", topic, "--from-beginning", "--max-messages", "3"],
+        cwd=REPO_ROOT,
+        env=settings_env(kafka_stack.settings),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [ln for ln in done.stdout.splitlines() if ln.strip()]
+    assert len(lines) == 3, done.stdout
+    for i, line in enumerate(lines):
+        assert "Partition:0" in line and f"Offset:{i}" in line and "Time:" in line, line
+        assert line.endswith(f'k{i}\t{{"n": {i}}}'), line

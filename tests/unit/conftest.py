@@ -1,8 +1,35 @@
-"""Unit-test fixtures: one small local SparkSession (the test baseline of pipelines.spark)."""
+"""Unit-test fixtures: one small local SparkSession (the test baseline of pipelines.spark), and a
+private Airflow (its metadata DB in a temporary AIRFLOW_HOME) for the DAG tests."""
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
 import pytest
+
+from infra.airflow import airflow_env
+from infra.settings import get_settings
+
+# Airflow reads its configuration once, at its first import in this process: every unit test
+# that imports it gets the project's Airflow environment with a private home, never var/airflow.
+_AIRFLOW_VAR = Path(tempfile.mkdtemp(prefix="unit-airflow-"))
+atexit.register(shutil.rmtree, _AIRFLOW_VAR, ignore_errors=True)
+AIRFLOW_SETTINGS = get_settings(var_dir=_AIRFLOW_VAR)
+os.environ.update(
+    {k: v for k, v in airflow_env(AIRFLOW_SETTINGS, base={}).items() if k.startswith("AIRFLOW")}
+)
+
+
+@pytest.fixture(scope="session")
+def airflow_db():
+    """The private Airflow's metadata DB, migrated (once per session, ~30 s)."""
+    from infra.airflow import ensure_db
+
+    return ensure_db(AIRFLOW_SETTINGS)
 
 
 @pytest.fixture(scope="module")

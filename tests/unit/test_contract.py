@@ -63,7 +63,7 @@ def test_schema_is_consistent():
     assert contract.MAX_TEXT_LENGTH == Settings().max_text_length == 280
 
 
-def test_partition_keys_per_brief():
+def test_partition_keys_per_contract():
     assert contract.PARTITION_KEY == {
         "user_registered": "user_id",
         "status_updated": "user_id",
@@ -209,7 +209,6 @@ def test_validate_is_fast():
 
 
 def test_spark_schema_is_the_union_of_fields():
-    pytest.importorskip("pyspark")
     from pyspark.sql.types import LongType, StringType
 
     st = contract.spark_schema()

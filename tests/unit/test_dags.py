@@ -18,13 +18,8 @@ HEAVY = ("pyspark", "great_expectations", "delta", "pandas", "confluent_kafka")
 
 
 @pytest.fixture(scope="module")
-def dagbag(tmp_path_factory):
-    import os
-
-    home = tmp_path_factory.mktemp("airflow-home")
-    os.environ.setdefault("AIRFLOW_HOME", str(home))
-    os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
-    from airflow.dag_processing.dagbag import DagBag
+def dagbag():
+    from airflow.dag_processing.dagbag import DagBag  # the private AIRFLOW_HOME of tests/unit/conftest.py
 
     return DagBag(dag_folder=str(REPO_ROOT / "dags"))
 
@@ -46,14 +41,26 @@ def test_tags_retries_docs(dagbag):
 
 
 def test_schedules(dagbag):
-    schedules = {dag_id: dagbag.dags[dag_id].schedule for dag_id in DAG_IDS}
-    assert schedules == {
-        "verify_views": "@hourly",
-        "rebuild_views": None,  # manual only
-        "data_quality": "@daily",
-        "maintenance": "@daily",
-        "batch_layer": "@hourly",
-    }
+    from infra.airflow_job import LIVE_VIEWS
+
+    assert dagbag.dags["rebuild_views"].schedule is None  # manual only
+    assert dagbag.dags["maintenance"].schedule == "@daily"
+    assert dagbag.dags["batch_layer"].schedule == "@hourly"
+    # verify and quality: on their clock, and right after a rebuild's switch (the live_views asset)
+    for dag_id, cron in (("verify_views", "0 * * * *"), ("data_quality", "0 0 * * *")):
+        timetable = dagbag.dags[dag_id].timetable
+        assert timetable.timetable.expression == cron, dag_id
+        assert list(timetable.asset_condition.objects) == [LIVE_VIEWS], dag_id
+    assert dagbag.dags["rebuild_views"].get_task("switch").outlets == [LIVE_VIEWS]
+
+
+def test_every_job_task_is_a_job_operator(dagbag):
+    from infra.airflow_job import JobOperator
+
+    for dag_id in DAG_IDS:
+        for t in dagbag.dags[dag_id].tasks:
+            if t.task_id != "plan":  # rebuild's plan only names the namespace, in-process
+                assert isinstance(t, JobOperator), f"{dag_id}.{t.task_id}"
 
 
 def test_batch_layer_order(dagbag):

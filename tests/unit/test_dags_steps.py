@@ -119,4 +119,4 @@ def test_dry_run_changes_nothing(settings):
     out = maintenance.run(settings, ["namespaces", "reports", "checkpoints"], dry_run=True)
     assert out["namespaces"]["v5"] == "would remove"
     assert (settings.lake_dir / "v5").exists()
-    assert json.dumps(out)
+    assert json.loads(json.dumps(out)) == out  # the task's return value is JSON (an XCom) as it is

@@ -38,7 +38,7 @@ def test_write_html_is_atomic_and_escapes(tmp_path):
         **REPORT,
         "ok": True,
         "namespace": "<v2>",
-        "freshness": {"hist": {"500": 3, "1000": 5}, "p50_ms": 900, "p99_ms": 1000},
+        "freshness": {"p50_ms": 900, "p99_ms": 1000},
     }
     out = write_html(report, tmp_path / "verify" / "latest.html")
     text = out.read_text()

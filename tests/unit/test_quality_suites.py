@@ -161,6 +161,53 @@ def test_each_break_fails_exactly_its_suite(spark, lake_copy):
     assert not report.ok
     for r in report.suites:
         assert bool(r.failures) == (r.suite in BREAKS), r
+    # cross-table rules name the offending rows (the checkpoint's unexpected_index_column_names)
+    (unread,) = next(r for r in report.suites if r.suite == "unread_invariant").failures
+    assert unread["rows"] == [{"user_id": 1, "unread": 5, "inbox_unread": 1}], unread
+    timeline = next(r for r in report.suites if r.suite == "home_timeline_references").failures
+    assert {"user_id": 2, "post_id": 101, "author_id": 1, "author_followed": False} in [
+        row for f in timeline for row in f["rows"]
+    ], timeline
+    assert report.skipped == {
+        name: f"no table {lake_copy.lake_dir / NS / 'analytics' / query} (the stream analytics did not write it)"
+        for name, query in ANALYTICS_SUITES.items()
+    }
+
+
+ANALYTICS_SUITES = {
+    "analytics_activity_per_minute": "activity_per_minute",
+    "analytics_alerts": "alerts",
+    "analytics_late_events": "late_events",
+    "analytics_message_reads": "message_reads",
+    "analytics_sessions": "sessions",
+}
+
+
+def test_analytics_tables_have_suites_that_name_the_broken_rows(spark, lake_copy):
+    """The stream-analytics tables (pipelines/analytics/) are checked once the analytics wrote them."""
+    from pipelines.analytics.runner import ALERTS_DDL
+
+    base = lake_copy.lake_dir / NS / "analytics"
+    window = "timestamp('2026-01-01 00:00:00'), timestamp('2026-01-01 00:00:10')"
+    alerts = spark.createDataFrame([], ALERTS_DDL)
+    alerts.write.format("delta").save(str(base / "alerts"))
+    spark.sql(
+        f"INSERT INTO delta.`{base / 'alerts'}` VALUES "
+        f"('burst:7:0', 'burst', 7, {window}, 12, 10, array('e1'), 0, 0, 0), "
+        f"('burst:7:0', 'burst', 7, {window}, 12, 10, array('e1'), 0, 0, 1), "  # twice: not exactly once
+        f"('burst:8:0', 'burst', 8, {window}, 3, 10, array('e2'), 0, 0, 1)"  # under its threshold
+    )
+    report = _run(spark, lake_copy, "analytics_alerts")
+    (result,) = report.suites
+    assert not result.success
+    failed = {f["expectation"]: f for f in result.failures}
+    assert set(failed) == {
+        "expect_column_values_to_be_unique",
+        "expect_column_pair_values_a_to_be_greater_than_b",
+    }
+    under = failed["expect_column_pair_values_a_to_be_greater_than_b"]["rows"]
+    assert [(row["alert_id"], row["value"], row["threshold"]) for row in under] == [("burst:8:0", 3, 10)]
+    assert {row["alert_id"] for row in failed["expect_column_values_to_be_unique"]["rows"]} == {"burst:7:0"}
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,97 @@
+"""``var/reports/index.html``: one page linking every report, with its time and verdict.
+
+``python -m infra.reports`` (``make reports``) rebuilds it; ``make load``, ``pipelines.quality``
+and the demo rebuild it after writing theirs. Each report is found by its machine-readable file;
+the verdict is the report's own (``ok`` / the load test's target), the time its ``generated_at``
+or, when it has none, the file's modification time (UTC).
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+from infra.settings import Settings, get_settings
+
+# name, machine-readable file, page a person opens (relative to the reports dir), verdict of the JSON
+REPORTS: tuple[tuple[str, str, str, object], ...] = (
+    ("verify", "verify/latest.json", "verify/latest.html", lambda r: r.get("ok")),
+    ("data quality", "quality/latest.json", "quality/index.html", lambda r: r.get("ok")),
+    ("load test", "load/summary.json", "load/report.html", lambda r: (r.get("target") or {}).get("met")),
+    ("step load", "load/summary.json", "load/steps.html", lambda r: r.get("target_holds_up_to_users")),
+    ("stream analytics", "analytics/summary.json", "analytics/index.html", lambda r: None),
+    ("benchmarks", "bench/latest.json", "bench/latest.json", lambda r: None),
+    ("dual writes vs. the log", "dual_write/latest.json", "dual_write/latest.html", lambda r: None),
+)
+
+
+def _verdict(value) -> tuple[str, str]:
+    if value is True:
+        return "ok", "ok"
+    if value is False:
+        return "FAILED", "bad"
+    if value is None:
+        return "-", "muted"
+    return f"holds up to {value} users", "muted"
+
+
+def entries(reports_dir: Path) -> list[dict]:
+    """The reports that exist, in the order of REPORTS."""
+    out = []
+    for name, data, page, verdict in REPORTS:
+        data_path, page_path = reports_dir / data, reports_dir / page
+        if not data_path.exists() or not page_path.exists():
+            continue
+        try:
+            report = json.loads(data_path.read_text())
+        except ValueError:
+            report = {}
+        when = report.get("generated_at") or datetime.fromtimestamp(data_path.stat().st_mtime, UTC).isoformat(
+            timespec="seconds"
+        )
+        out.append({"name": name, "href": page, "time": when, "verdict": verdict(report)})
+    return out
+
+
+def write_index(settings: Settings | None = None) -> Path:
+    settings = settings or get_settings()
+    reports_dir = Path(settings.reports_dir)
+    reports_dir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for e in entries(reports_dir):
+        text, css = _verdict(e["verdict"])
+        rows.append(
+            f"<tr><td><a href='{html.escape(e['href'])}'>{html.escape(e['name'])}</a></td>"
+            f"<td>{html.escape(str(e['time']))}</td><td class='{css}'>{html.escape(text)}</td></tr>"
+        )
+    page = (
+        "<!doctype html><html><head><meta charset='utf-8'><title>reports</title><style>"
+        "body{font-family:system-ui,sans-serif;margin:2rem auto;max-width:50rem}"
+        "td,th{border:1px solid #ddd;padding:.35rem .6rem;text-align:left} table{border-collapse:collapse}"
+        ".ok{color:#137333;font-weight:600}.bad{color:#b3261e;font-weight:600}.muted{color:#666}"
+        "</style></head><body><h1>Reports</h1>"
+        "<table><tr><th>report</th><th>time (UTC)</th><th>verdict</th></tr>"
+        + ("".join(rows) or "<tr><td colspan=3>no reports yet</td></tr>")
+        + "</table></body></html>\n"
+    )
+    index = reports_dir / "index.html"
+    tmp = index.with_suffix(".tmp")
+    tmp.write_text(page)
+    tmp.replace(index)
+    return index
+
+
+def main(argv: list[str] | None = None) -> int:
+    argparse.ArgumentParser(prog="python -m infra.reports", description=__doc__.splitlines()[0]).parse_args(
+        argv
+    )
+    print(write_index())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
