@@ -706,7 +706,15 @@ class AirflowService(Service):
 
 
 # The registry. `up` starts these in order, `down` stops them in reverse order.
-SERVICES: list[type[Service]] = [KafkaBroker, RedisServer, SpeedLayer, Archiver, Analytics, ApiServer, AirflowService]
+SERVICES: list[type[Service]] = [
+    KafkaBroker,
+    RedisServer,
+    SpeedLayer,
+    Archiver,
+    Analytics,
+    ApiServer,
+    AirflowService,
+]
 BACKBONE: tuple[type[Service], ...] = (KafkaBroker, RedisServer)  # what the other parts need first
 
 
