@@ -209,9 +209,13 @@ def advice(r: dict) -> list[str]:
         min(lam["recompute_seconds"], k["recompute_seconds"]), 1e-3
     )
     p99 = k["freshness"].get("p99_ms")
-    fresh = f"{p99} ms p99" if p99 is not None else "sub-second to seconds (run `make bench` for the figure)"
+    fresh = (
+        f"the speed layer serves every view within {p99} ms p99"
+        if p99 is not None
+        else "the speed layer's p99 was not measured here (run `make bench`, section keyed)"
+    )
     return [
-        f"Freshness: the speed layer serves every view within {fresh}; the batch layer's views are "
+        f"Freshness: {fresh}; the batch layer's views are "
         f"{lam['staleness']['mean_s']} s old on average at an hourly schedule. Only the speed layer can serve reads.",
         f"Recompute: {faster} recomputed this log {ratio:.1f}x faster "
         f"(Kappa {k['recompute_seconds']} s, Lambda {lam['recompute_seconds']} s, plus {lam['archive_seconds']} s "

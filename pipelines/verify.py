@@ -5,7 +5,8 @@
 2. Recompute every view from the earliest offset up to P with the same fold (``pipelines.replay``).
 3. Compare row for row (every column), per table; also the accounting (events read = applied +
    duplicates + quarantined = the number of records below P) and the Redis serving store against
-   the Delta views (when it covers the same batch).
+   the Delta views (when it covers the same batch), and the keyed state against the batch layer
+   at the keyed state's position (:mod:`pipelines.batch_layer.verify`).
 4. Write ``var/reports/verify/latest.json`` (+ a timestamped copy and an HTML page); exit 1 on
    any mismatch.
 
