@@ -149,7 +149,7 @@ def test_flushall_then_restore_from_delta(kafka_stack, topic_factory, speed_laye
         assert sl.redis_position() == covered  # the fences: the position the views covered
         # more events after the restore; the speed layer reads only the log after that position
         # the same users and graph, another generator worker id: post and message ids stay unique
-        cfg2 = dataclasses.replace(cfg, seed=10, emit_bootstrap=False, worker_id=cfg.worker_id + 1)
+        cfg2 = dataclasses.replace(cfg, seed=10, emit_bootstrap=False, worker_id=cfg.worker_id - 1)
         second = produce(3_000, cfg2, topic=topic, bootstrap=kafka_stack.bootstrap, progress=False)
         sl.restart()
         sl.wait_caught_up(timeout=600)
