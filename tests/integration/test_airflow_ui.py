@@ -15,7 +15,7 @@ import pytest
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-DAG_IDS = {"verify_views", "rebuild_views", "data_quality", "maintenance"}
+DAG_IDS = {"verify_views", "rebuild_views", "data_quality", "maintenance", "batch_layer"}
 
 
 @pytest.fixture(scope="module")
