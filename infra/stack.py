@@ -552,8 +552,8 @@ class Archiver(SparkDriverService):
     """The archiver (``python -m pipelines.archiver``): the speed layer's changelog and the raw log
     appended to Delta every few seconds, compacted into the Delta views every few minutes.
 
-    Off the serving path, so it runs at a lower CPU priority (``nice 10``): when both want the
-    cores, the speed layer gets them.
+    Off the serving path, so it runs at a lower CPU priority (it sets ``nice 10`` on itself, and
+    its JVM inherits it): when both want the cores, the speed layer gets them.
     """
 
     name = "archiver"
@@ -561,7 +561,7 @@ class Archiver(SparkDriverService):
     APP_PREFIX = "archiver-"
 
     def command(self) -> list[str]:
-        return ["nice", "-n", "10", sys.executable, "-m", "pipelines.archiver"]
+        return [sys.executable, "-m", "pipelines.archiver"]  # it lowers its own priority
 
 
 class Analytics(SparkDriverService):

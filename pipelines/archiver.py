@@ -1,7 +1,7 @@
 """The archiver: the keyed speed layer's changelog and the raw log into Delta, off the serving path.
 
-A process of its own beside the speed layer (``make up`` starts it at a lower CPU priority, so
-the serving path keeps the cores when both want them). Every ``SOCIAL_ARCHIVE_INTERVAL_S`` it
+A process of its own beside the speed layer, at a lower CPU priority (it sets ``nice 10`` on
+itself at start; its JVM inherits it), so the serving path keeps the cores when both want them. Every ``SOCIAL_ARCHIVE_INTERVAL_S`` it
 archives one consistent cut of the keyed state (:func:`pipelines.speed.changelog.cut`, read
 atomically from Redis), with one fenced Delta append per table (docs/architecture.md, "Where
 state lives"):
@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -331,7 +332,11 @@ def run(
     log.info("stopping")
 
 
+NICE = 10  # off the serving path: when both want the cores, the speed layer gets them
+
+
 def main(argv: list[str] | None = None) -> int:
+    os.nice(NICE)  # before the JVM starts: it inherits the priority
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--namespace", help="views version to archive (default: the active one)")
     p.add_argument("--topic", help="event topic (default: SOCIAL_EVENTS_TOPIC)")

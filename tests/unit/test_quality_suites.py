@@ -24,7 +24,7 @@ T = 1_767_225_600_000  # 2026-01-01T00:00:00Z, like the generator's simulated cl
 def _rows(spark, lake, table, rows):
     from pipelines.tables import TABLES
 
-    lake._append(table, spark.createDataFrame(rows, TABLES[table].ddl))
+    lake.append(table, spark.createDataFrame(rows, TABLES[table].ddl))
 
 
 def _bronze(event_id, type_, user_id, offset, disposition="applied", event_time=T, reason=None):
