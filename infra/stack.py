@@ -585,7 +585,43 @@ class Analytics(SparkDriverService):
         return super().start()
 
 
-class ApiServer(Service):
+class HttpService(Service):
+    """A server of process trees (uvicorn's workers; Airflow's scheduler, DAG processor, API
+    server): ready when ``health_url`` answers 200, and stopped with its whole session, which only
+    our processes are in (a child outliving its parent is still in the process group it led)."""
+
+    health_url: str = ""
+    poll_s: float = 0.2
+
+    def wait_ready(self, deadline: float) -> None:
+        import urllib.error
+        import urllib.request
+
+        while True:
+            if not self.is_running():
+                raise self._died()
+            try:
+                with urllib.request.urlopen(self.health_url, timeout=2) as answer:
+                    if answer.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                raise StackError(f"{self.name} did not answer {self.health_url} in time; see {self.log_file}")
+            time.sleep(self.poll_s)
+
+    def stop(self) -> str:
+        pid = self.pid()
+        outcome = super().stop()
+        if pid is not None and outcome in ("stopped", "killed after timeout"):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        return outcome
+
+
+class ApiServer(HttpService):
     """The app API (``python -m app_sim.api``: uvicorn, ``api_workers`` processes) on api_host:api_port."""
 
     name = "api"
@@ -607,37 +643,8 @@ class ApiServer(Service):
     def health_url(self) -> str:
         return f"http://{self.settings.api_host}:{self.settings.api_port}/v1/health"
 
-    def wait_ready(self, deadline: float) -> None:
-        import urllib.error
-        import urllib.request
 
-        while True:
-            if not self.is_running():
-                raise self._died()
-            try:
-                with urllib.request.urlopen(self.health_url, timeout=2) as answer:
-                    if answer.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            if time.monotonic() > deadline:
-                raise StackError(f"the API did not answer {self.health_url} in time; see {self.log_file}")
-            time.sleep(0.2)
-
-    def stop(self) -> str:
-        pid = self.pid()
-        outcome = super().stop()
-        if pid is not None and outcome in ("stopped", "killed after timeout"):
-            # uvicorn stops its workers on SIGTERM; should one outlive its parent, it is still in
-            # the session (process group) the parent led, which only our processes are in
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        return outcome
-
-
-class AirflowService(Service):
+class AirflowService(HttpService):
     """``airflow standalone`` (scheduler, DAG processor, API server + UI) on 127.0.0.1:airflow_port.
 
     Opt-in: started by ``up`` only with ``SOCIAL_AIRFLOW_STANDALONE=1`` (``make airflow`` runs it
@@ -648,6 +655,7 @@ class AirflowService(Service):
 
     name = "airflow"
     marker = "airflow"
+    poll_s = 1.0
     ready_timeout_s = 300.0
     stop_timeout_s = 60.0
 
@@ -675,34 +683,6 @@ class AirflowService(Service):
     @property
     def health_url(self) -> str:
         return f"http://127.0.0.1:{self.settings.airflow_port}/api/v2/monitor/health"
-
-    def wait_ready(self, deadline: float) -> None:
-        import urllib.error
-        import urllib.request
-
-        while True:
-            if not self.is_running():
-                raise self._died()
-            try:
-                with urllib.request.urlopen(self.health_url, timeout=2) as answer:
-                    if answer.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            if time.monotonic() > deadline:
-                raise StackError(f"airflow did not answer {self.health_url} in time; see {self.log_file}")
-            time.sleep(1)
-
-    def stop(self) -> str:
-        pid = self.pid()
-        outcome = super().stop()
-        if pid is not None and outcome in ("stopped", "killed after timeout"):
-            # standalone's scheduler, DAG processor, triggerer and API server are in its session
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        return outcome
 
 
 # The registry. `up` starts these in order, `down` stops them in reverse order.
