@@ -3,7 +3,8 @@ quality suite), and rebuild_views repairs it by blue/green reprocessing; rollbac
 
 One story in order (module-scoped state), because every step needs the previous one's lake:
 
-1. a few thousand generated events -> the speed layer (catch-up mode) into namespace A;
+1. a few thousand generated events -> the speed layer (catch-up mode) into namespace A, and the
+   archiver once (its Delta archive and views);
 2. ``verify_views`` (``dag.test()``): success;
 3. one ``unread_counts`` row of A is changed through Delta (what a buggy writer or a dual write
    would do); the quality suite catches it at once; after the next micro-batch (which touches
@@ -51,11 +52,11 @@ def run_py(settings: Settings, args: list[str], timeout: float = 600) -> subproc
 
 
 def speed_layer(settings: Settings, namespace: str, topic: str) -> None:
-    done = run_py(
-        settings,
-        ["-m", "pipelines.speed_layer", "--namespace", namespace, "--topic", topic, "--available-now"],
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    """The speed layer up to the log's end (Redis), then the archiver once (the Delta archive and
+    views), as a rebuild's build step runs them."""
+    for module, flag in (("pipelines.speed_layer", "--available-now"), ("pipelines.archiver", "--once")):
+        done = run_py(settings, ["-m", module, "--namespace", namespace, "--topic", topic, flag])
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 
 def dags_test(settings: Settings, dag_id: str, conf: dict) -> tuple[bool, str]:
