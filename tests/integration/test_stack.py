@@ -140,7 +140,7 @@ def test_up_twice_with_every_service_is_fast_and_reads_no_log(kafka_stack):
     import dataclasses
     import time
 
-    from infra.stack import ApiServer, SpeedLayer
+    from infra.stack import ApiServer, Archiver, SpeedLayer
     from tests.conftest import _free_port
 
     settings = dataclasses.replace(
@@ -150,19 +150,21 @@ def test_up_twice_with_every_service_is_fast_and_reads_no_log(kafka_stack):
         analytics=0,  # one JVM fewer: the analytics' own start is tested in test_analytics
     )
     stack = Stack(settings)
-    speed_layer, api = SpeedLayer(settings), ApiServer(settings)
+    speed_layer, archiver, api = SpeedLayer(settings), Archiver(settings), ApiServer(settings)
     try:
         assert stack.up() == {
             "kafka": "already running",
             "redis": "already running",
             "speed_layer": "started",
+            "archiver": "started",
             "analytics": "off (SOCIAL_ANALYTICS=0)",
             "api": "started",
             "airflow": "off (SOCIAL_AIRFLOW_STANDALONE=1 starts it)",
         }
         assert speed_layer.application() == f"speed-layer-{settings.views_namespace}"
+        assert archiver.application() == f"archiver-{settings.views_namespace}"
         pids = {s.name: s.pid() for s in stack.services}
-        for service in (speed_layer, api):
+        for service in (speed_layer, archiver, api):
             service.log_file.write_bytes(b"")  # readiness must not depend on what a log says
         started = time.monotonic()
         running = {name: "already running" for name in pids}
@@ -175,6 +177,7 @@ def test_up_twice_with_every_service_is_fast_and_reads_no_log(kafka_stack):
         assert {s.name: s.pid() for s in stack.services} == pids
     finally:
         api.stop()
+        archiver.stop()
         speed_layer.stop()
 
 
