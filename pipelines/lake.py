@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -97,6 +98,11 @@ class Lake:
         for t in TABLES.values():
             if DeltaTable.isDeltaTable(self.spark, self.path(t.name)):
                 continue
+            leftover = Path(self.path(t.name))
+            if leftover.exists() and not any((leftover / "_delta_log").glob("*.json")):
+                # a creation killed half-way (kill -9 of the archiver at start): no commit was
+                # ever made, so nothing was ever in it; start the table again
+                shutil.rmtree(leftover)
             builder = DeltaTable.createIfNotExists(self.spark).location(self.path(t.name))
             for col in t.ddl.split(","):
                 name, typ = col.strip().split(" ", 1)
