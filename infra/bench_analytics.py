@@ -34,7 +34,6 @@ Measured:
 from __future__ import annotations
 
 import dataclasses
-import io
 import json
 import shutil
 import tempfile
@@ -48,6 +47,7 @@ import redis
 from infra.bench import BenchContext, section
 from infra.bench_keyed import _pct, _SpeedLayer, _wait_fences
 from infra.settings import Settings
+from pipelines.report import png_bytes
 from pipelines.speed.processor import FRESHNESS_CAP_MS
 
 ANALYTICS_LATENESS_S = 10  # so windows close within the run (the default, 120 s, would not)
@@ -316,10 +316,7 @@ def plot_curves(samples: list[dict], batches: list[dict], seconds: int) -> bytes
             f"the analytics beside the keyed speed layer: {seconds} s of load, sampled until it caught up",
             fontsize=10,
         )
-        fig.tight_layout()
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png")
-        return buf.getvalue()
+        return png_bytes(fig)
     finally:
         plt.close(fig)
 

@@ -54,7 +54,6 @@ from __future__ import annotations
 import argparse
 import base64
 import html
-import io
 import json
 import os
 import shutil
@@ -69,6 +68,7 @@ from pathlib import Path
 
 from app_sim.api.dual_write import FAILURE, FAULTS, corrected_time, journal_key
 from infra.settings import Settings, get_settings
+from pipelines.report import png_bytes
 
 MODES = ("log", "dual")
 TOPIC = "dw.events"  # both runs append here, one after the other; each mode's truth is its span
@@ -664,10 +664,7 @@ def plot(report: dict) -> bytes:
         ax.set_ylabel("divergences from the log")
         ax.set_title("the same workload and faults: dual writes vs. the log design")
         ax.legend()
-        fig.tight_layout()
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png")
-        return buf.getvalue()
+        return png_bytes(fig)
     finally:
         plt.close(fig)
 
@@ -726,10 +723,7 @@ def plot_sweep(report: dict) -> bytes:
         axes[0].set_ylabel("divergences per 1,000 writes")
         axes[0].legend(fontsize=8)
         fig.suptitle(f"fault-rate sweep ({report['sweep']['run_time_s']} s of Locust per run)", fontsize=10)
-        fig.tight_layout()
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png")
-        return buf.getvalue()
+        return png_bytes(fig)
     finally:
         plt.close(fig)
 

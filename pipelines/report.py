@@ -116,12 +116,17 @@ def freshness_plot(freshness: dict) -> str | None:
         else:
             return None
         ax.set_title("freshness: server receive time -> visible in the serving store")
-        fig.tight_layout()
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png")
-        return base64.b64encode(buf.getvalue()).decode()
+        return base64.b64encode(png_bytes(fig)).decode()
     finally:
         plt.close(fig)
+
+
+def png_bytes(fig) -> bytes:
+    """A matplotlib figure as PNG bytes (laid out tight), for the reports' embedded plots."""
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
 
 
 def render(report: dict) -> str:
