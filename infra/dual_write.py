@@ -58,7 +58,6 @@ import json
 import os
 import shutil
 import socket
-import subprocess
 import sys
 import time
 from collections import Counter, defaultdict
@@ -68,6 +67,7 @@ from pathlib import Path
 
 from app_sim.api.dual_write import FAILURE, FAULTS, corrected_time, journal_key
 from infra.settings import Settings, get_settings
+from infra.speed_layer_process import SpeedLayerProcess
 from pipelines.report import png_bytes
 
 MODES = ("log", "dual")
@@ -360,73 +360,6 @@ def say(msg: str) -> None:
     print(f"==> [{time.monotonic() - _T0:5.0f} s] {msg}", file=sys.stderr, flush=True)
 
 
-class SpeedLayerRun:
-    """``python -m pipelines.speed_layer --topic T --namespace N`` as a child process."""
-
-    READY = b"speed layer running"
-
-    def __init__(self, settings: Settings, topic: str, namespace: str):
-        from infra.stack import settings_env
-
-        self.settings, self.topic, self.namespace = settings, topic, namespace
-        settings.log_dir.mkdir(parents=True, exist_ok=True)
-        self.log_path = settings.log_dir / f"speed_layer-{namespace}.log"
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [
-                    *(sys.executable, "-m", "pipelines.speed_layer"),
-                    *("--topic", topic, "--namespace", namespace),
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=settings_env(settings),
-                start_new_session=True,
-            )
-
-    def _check(self) -> None:
-        if self.proc.poll() is not None:
-            tail = self.log_path.read_text(errors="replace")[-3000:]
-            raise RuntimeError(f"speed layer ({self.namespace}) exited {self.proc.returncode}:\n{tail}")
-
-    def wait_ready(self, timeout_s: float = 240) -> None:
-        deadline = time.monotonic() + timeout_s
-        while self.READY not in self.log_path.read_bytes():
-            self._check()
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"speed layer ({self.namespace}) did not start; see {self.log_path}")
-            time.sleep(0.5)
-
-    def wait_caught_up(self, r, timeout_s: float = 240) -> None:
-        """Until the namespace's fences (the keyed state's log position) reach the topic's end."""
-        from infra.stack import end_offsets
-        from pipelines.speed.functions import fences
-
-        target = end_offsets(self.settings, self.topic)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            got = fences(r, self.namespace)
-            if all(got.get(p, 0) >= end for p, end in target.items()):
-                return
-            self._check()
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"speed layer ({self.namespace}) at {got}, log end {target}; see {self.log_path}"
-                )
-            time.sleep(0.5)
-
-    def stop(self) -> None:
-        import signal
-
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-
-
 @dataclass(frozen=True)
 class RunSpec:
     """One Locust run against the API in one mode: its own users, its own span of the log."""
@@ -518,7 +451,7 @@ def run(
     stack = Stack(base, service_types=BACKBONE)
     say(f"private stack: Kafka {base.kafka_bootstrap}, Redis {base.redis_url}, state under {base.var_dir}")
     stack.up()
-    live: list[SpeedLayerRun] = []
+    live: list[SpeedLayerProcess] = []
     try:
         r = connect(base.redis_url)
         create_topic(base, TOPIC, base.events_partitions)
@@ -561,9 +494,15 @@ def run(
         if sweep:
             phase("sweep_runs")
         say(f"the speed layer: {TOPIC} -> namespace {REPLAY!r}, in one micro-batch")
-        speed_layer = SpeedLayerRun(mode_settings(base, "log", rates, seed), TOPIC, REPLAY)
+        speed_layer = SpeedLayerProcess(
+            mode_settings(base, "log", rates, seed),
+            TOPIC,
+            REPLAY,
+            base.log_dir / f"speed_layer-{REPLAY}.log",
+            archive=False,
+        ).start()
         live.append(speed_layer)
-        speed_layer.wait_caught_up(r)
+        speed_layer.wait_caught_up(timeout=240)
         speed_layer.stop()
         phase("speed_layer")
         points = []

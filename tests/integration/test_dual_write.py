@@ -152,7 +152,7 @@ def _run_mode(mode: str, base, topic: str, namespace: str) -> None:
 @pytest.fixture(scope="module")
 def runs(kafka_stack, tmp_path_factory):
     """mode -> (divergences, attribution, journal) after the seeded scenarios."""
-    from infra.dual_write import SpeedLayerRun
+    from infra.speed_layer_process import SpeedLayerProcess
     from infra.stack import create_topic, delete_topic
     from pipelines.serving import connect
 
@@ -171,10 +171,16 @@ def runs(kafka_stack, tmp_path_factory):
     # the log design's store: the real speed layer over the whole topic (one micro-batch, the
     # cheapest on a busy machine; the views are a function of the log, not of when it runs),
     # starting while the dual mode runs
-    speed_layer = SpeedLayerRun(replace(base, events_topic=topics["log"]), topics["log"], f"log{tag}")
+    speed_layer = SpeedLayerProcess(
+        replace(base, events_topic=topics["log"]),
+        topics["log"],
+        f"log{tag}",
+        base.var_dir / f"speed_layer-log{tag}.log",
+        archive=False,
+    ).start()
     try:
         _run_mode("dual", base, topics["dual"], f"dual{tag}")
-        speed_layer.wait_caught_up(r, timeout_s=420)
+        speed_layer.wait_caught_up(timeout=420)
     finally:
         speed_layer.stop()
     out = {}
