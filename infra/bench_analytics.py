@@ -4,11 +4,11 @@ Two phases, one after the other on one broker and one Redis, each on its own top
 namespace, each the same generated traffic: registrations and follows of 2,000 users (not
 measured), then ``analytics_rate`` events/s of the default mix for ``analytics_seconds``:
 
-1. the keyed speed layer alone (``python -m pipelines.speed_layer --no-views``, as in the
-   ``keyed`` section, :class:`infra.bench_keyed._SpeedLayer`);
+1. the keyed speed layer alone (``python -m pipelines.speed_layer``, as in the
+   ``keyed`` section, :class:`infra.speed_layer_process.SpeedLayerProcess`);
 2. the same, with every analytics query (:data:`pipelines.analytics.runner.QUERIES`) running
-   beside it in this process's Spark driver, as ``make up``'s analytics service runs them (its
-   own JVM, the settings' trigger), and the three alert patterns injected every 15 s. The load
+   beside it as ``make up``'s analytics service runs them (``python -m pipelines.analytics``: its
+   own process and JVM at nice 10, the settings' trigger), and the three alert patterns injected every 15 s. The load
    starts once every query has finished a micro-batch that read the bootstrap (their start-up,
    minutes on a busy machine, is not steady state), or after ``WARM_UP_S``.
 
@@ -35,7 +35,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -45,8 +49,9 @@ from pathlib import Path
 import redis
 
 from infra.bench import BenchContext, section
-from infra.bench_keyed import _pct, _SpeedLayer, _wait_fences
+from infra.bench_keyed import _pct, _wait_fences
 from infra.settings import Settings
+from infra.speed_layer_process import SpeedLayerProcess
 from pipelines.report import png_bytes
 from pipelines.speed.processor import FRESHNESS_CAP_MS
 
@@ -72,65 +77,83 @@ def _generator(seed: int, bootstrap: bool):
 
 
 class _AnalyticsBeside:
-    """Every analytics query in this process's Spark driver; samples their progress every 5 s
-    and injects the alert patterns every 15 s, from start() to stop()."""
+    """``python -m pipelines.analytics`` beside the speed layer, as ``make up`` runs it (its own
+    process and JVM, nice 10, the settings' trigger); from its progress file
+    (:class:`pipelines.analytics.runner.ProgressLog`) it samples the queries every 5 s, and it
+    injects the alert patterns every 15 s, from measure() to stop()."""
 
     def __init__(self, spark, settings: Settings, namespace: str):
-        from pipelines.analytics.runner import Paths
+        from pipelines.analytics.runner import Paths, ProgressLog
 
         self.spark, self.settings, self.namespace = spark, settings, namespace
         self.paths = Paths.for_namespace(settings, namespace)
-        self.queries: list = []
+        self.progress_path = ProgressLog.path_for(settings, namespace)
+        self.log_path = Path(settings.log_dir) / f"analytics-{namespace}.log"
+        self.proc: subprocess.Popen | None = None
         self.samples: list[dict] = []
         self.batches: dict[tuple[str, int], dict] = {}  # (query, batch id) -> its progress
         self.measuring_since: float | None = None
         self.done = threading.Event()
         self.threads: list[threading.Thread] = []
         self.injected = 0
+        self._read_to = 0  # bytes of the progress file already parsed
+        self._last: dict[str, dict] = {}  # query -> its last progress
 
     def start(self) -> None:
-        from pipelines.analytics import source
-        from pipelines.analytics.config import AnalyticsConfig
-        from pipelines.analytics.runner import QUERIES, start
+        from infra.stack import settings_env
 
-        s = self.settings
-        self.queries = start(
-            self.spark,
-            lambda: source.kafka_records(self.spark, s, s.events_topic),
-            self.paths,
-            AnalyticsConfig.from_settings(s),
-            names=QUERIES,
-            namespace=self.namespace,
-            views_root=Path(s.lake_dir) / self.namespace,
-            kafka=(s.kafka_bootstrap, s.alerts_topic),
-            trigger=s.analytics_trigger_interval,
-        )
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "pipelines.analytics", "--namespace", self.namespace],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=settings_env(self.settings),
+                start_new_session=True,
+            )
+
+    def _progress(self) -> list[dict]:
+        """The progress lines written since the last call (whole lines only)."""
+        if self.proc is not None and self.proc.poll() is not None:
+            raise RuntimeError(f"the analytics exited with {self.proc.returncode}; see {self.log_path}")
+        try:
+            with self.progress_path.open("rb") as f:
+                f.seek(self._read_to)
+                chunk = f.read()
+        except FileNotFoundError:
+            return []
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        self._read_to += len(complete)
+        out = [json.loads(line) for line in complete.splitlines() if line.strip()]
+        for p in out:
+            self._last[p["name"]] = p
+        return out
 
     def warm_up(self, ends: dict[int, int], timeout_s: float) -> bool:
         """Until every query has a finished micro-batch that read up to ``ends`` (the bootstrap):
         the load is then measured beside queries in their steady state, not their start-up."""
+        from pipelines.analytics.runner import QUERIES
+
         topic = self.settings.events_topic
+        covered: set[str] = set()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            covered = 0
-            for q in self.queries:
-                for source in (q.lastProgress or {}).get("sources", []):
+            for p in self._progress():
+                for source in p.get("sources", []):
                     end = source.get("endOffset")
                     got = (json.loads(end) if isinstance(end, str) else end or {}).get(topic, {})
-                    if all(int(got.get(str(p), 0)) >= o for p, o in ends.items()):
-                        covered += 1
-                        break
-            if covered == len(self.queries):
+                    if all(int(got.get(str(part), 0)) >= o for part, o in ends.items()):
+                        covered.add(p["name"])
+            if len(covered) == len(QUERIES):
                 return True
             time.sleep(2)
         return False
 
     def measure(self) -> None:
         """From now on: sample every 5 s, inject the patterns every 15 s."""
+        self._progress()  # the bootstrap's batches are not the run's
         self.measuring_since = time.monotonic()
-        for q in self.queries:  # the bootstrap's batches are not the run's
-            for p in q.recentProgress:
-                self.batches[(q.name, p["batchId"])] = {"t_s": -1}
         self.threads = [threading.Thread(target=f, daemon=True) for f in (self._sample, self._inject)]
         for t in self.threads:
             t.start()
@@ -140,19 +163,16 @@ class _AnalyticsBeside:
 
     def _sample(self) -> None:
         while not self.done.wait(SAMPLE_S):
+            for p in self._progress():
+                self.batches[(p["name"], p["batchId"])] = {
+                    "t_s": self._t(),
+                    "query": p["name"],
+                    "batch_id": p["batchId"],
+                    "ms": p["durationMs"].get("triggerExecution"),
+                    "rows": p.get("numInputRows", 0),
+                }
             row = {"t_s": self._t(), "state_rows": 0, "state_bytes": 0, "state_sst_bytes": 0}
-            for q in self.queries:
-                for p in q.recentProgress:
-                    key = (q.name, p["batchId"])
-                    if key not in self.batches:
-                        self.batches[key] = {
-                            "t_s": self._t(),
-                            "query": q.name,
-                            "batch_id": p["batchId"],
-                            "ms": p["durationMs"].get("triggerExecution"),
-                            "rows": p.get("numInputRows", 0),
-                        }
-                last = q.lastProgress or {}
+            for last in self._last.values():
                 for op in last.get("stateOperators", []):
                     row["state_rows"] += op.get("numRowsTotal", 0)
                     row["state_bytes"] += op.get("memoryUsedBytes", 0)
@@ -176,11 +196,13 @@ class _AnalyticsBeside:
         self.done.set()
         for t in self.threads:
             t.join(timeout=60)
-        for q in self.queries:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
             try:
-                q.stop()
-            except Exception as exc:  # noqa: BLE001 - stopping the others matters more
-                print(f"warning: stopping {q.name}: {exc}")
+                self.proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
 
     def alert_latencies_ms(self) -> list[int]:
         """Record time on the alerts topic - receive time of the newest event that fired it."""
@@ -239,7 +261,7 @@ def _phase(
     from pipelines.verify import keyed_freshness
 
     topic, ns = settings.events_topic, settings.views_namespace
-    sl = _SpeedLayer(settings, topic, ns, log_path)
+    sl = SpeedLayerProcess(settings, topic, ns, log_path, archive=False).start()
     try:
         if beside is not None:
             beside.start()

@@ -1,25 +1,23 @@
 """Start the analytics queries: one Spark Structured Streaming query per output, one driver.
 
 ``python -m pipelines.analytics [--only NAME ...] [--available-now]``; ``make up`` runs it in the
-background (log: ``var/log/analytics.log``) unless ``SOCIAL_ANALYTICS=0``.
+background (log: ``var/log/analytics.log``) unless ``SOCIAL_ANALYTICS=0``. Every finished
+micro-batch of every query is one JSON line (Spark's ``StreamingQueryProgress``: durations, rows,
+offsets, state store size) in ``var/log/analytics-progress-<namespace>.jsonl``.
 
-Each query reads ``social.events`` itself (its own offsets, its own checkpoint under
-``var/checkpoints/<namespace>/analytics/<query>``) and writes a Delta table under
-``var/lake/<namespace>/analytics/<query>`` (the rules: the one ``alerts`` table and the
-``social.alerts`` topic). The state of the windows, sessions, join and rules lives in Spark's
-RocksDB state store (set for every session by :mod:`pipelines.spark`).
+Off the serving path: the process sets ``nice 10`` on itself before its JVM starts, as the
+archiver does, so when the speed layer and the analytics both want the two cores the speed layer
+gets them and the analytics' windows close a little later instead (docs/architecture.md, "The
+stream analytics").
 
-Exactly once: the window, session and join tables are Delta streaming sinks (Delta records the
-query's batch ids); the ``foreachBatch`` sinks fence every append with ``txnAppId`` =
-``analytics_<query>:<namespace>``, ``txnVersion`` = batch id. Alerts go to Kafka before Delta and
-are keyed by ``alert_id``: a batch re-run after a crash may send one again (at least once on the
-topic, exactly once in the table).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -30,7 +28,7 @@ from pathlib import Path
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 
 from infra.settings import Settings, get_settings
 from pipelines import namespaces
@@ -159,6 +157,37 @@ class AlertSink:
         _fenced_append(new, self.paths.table("alerts"), self.app_id, batch_id)
 
 
+class ProgressLog(StreamingQueryListener):
+    """Appends every query's progress, one JSON object per finished micro-batch, to ``path``.
+
+    The file is how a person (``tail -f``) and the ``analytics`` benchmark watch the queries run
+    in another process: batch durations, input rows, the Kafka offsets read, state rows and bytes.
+    """
+
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def path_for(settings: Settings, namespace: str) -> Path:
+        return Path(settings.log_dir) / f"analytics-progress-{namespace}.jsonl"
+
+    def onQueryStarted(self, event) -> None:
+        pass
+
+    def onQueryProgress(self, event) -> None:
+        line = json.dumps(json.loads(event.progress.json), separators=(",", ":"))
+        with self._lock, self.path.open("a") as f:
+            f.write(line + "\n")
+
+    def onQueryIdle(self, event) -> None:
+        pass
+
+    def onQueryTerminated(self, event) -> None:
+        pass
+
+
 def start(
     spark,
     records: Callable[[], DataFrame],
@@ -221,6 +250,7 @@ def run(
     namespace = namespace or namespaces.active(settings)
     topic = topic or settings.events_topic
     spark = build_spark(f"analytics-{namespace}", settings)
+    spark.streams.addListener(ProgressLog(ProgressLog.path_for(settings, namespace)))
     create_topic(settings, settings.alerts_topic, 4)
     paths = Paths.for_namespace(settings, namespace)
     queries = start(
@@ -261,7 +291,11 @@ def run(
     spark.stop()
 
 
+NICE = 10  # off the serving path: when both want the cores, the speed layer gets them
+
+
 def main(argv: list[str] | None = None) -> int:
+    os.nice(NICE)  # before the JVM starts: it inherits the priority
     p = argparse.ArgumentParser(prog="python -m pipelines.analytics", description=__doc__.splitlines()[0])
     p.add_argument("--namespace", help="lake namespace to write under (default: the active one)")
     p.add_argument("--topic", help="event topic (default: SOCIAL_EVENTS_TOPIC)")
