@@ -27,6 +27,8 @@ README, "Lambda vs Kappa").
 
 Then the cross-check: the live keyed state in Redis against the batch layer at the live state's
 position; a disagreement fails the run (no retries: a verdict) and names view, key, both values.
+Beside it, the data-quality suites on the batch views (`social-quality --batch`), as
+`data_quality` runs them on the live ones.
 
 * By hand: `python -m pipelines.batch_layer --namespace v1 --upto archived` and
   `python -m pipelines.batch_layer.verify --namespace v1`.
@@ -61,7 +63,15 @@ def batch_layer():
         verdict="the keyed state and the batch layer disagree: see var/reports/verify/",
         execution_timeout=timedelta(hours=1),
     )
-    recompute >> cross_check
+    quality = JobOperator(
+        task_id="quality",
+        module="pipelines.quality",
+        args=["--batch"],
+        flag_params={"namespace": "--namespace"},
+        verdict="a data-quality checkpoint failed on the batch views: see var/reports/quality/index.html",
+        execution_timeout=timedelta(hours=1),
+    )
+    recompute >> [cross_check, quality]
 
 
 batch_layer()

@@ -26,7 +26,8 @@ invariant, the quarantine rate, freshness), and leaves human-readable Data Docs.
   ``var/reports/quality/latest.json``.
 
 CLI: ``python -m pipelines.quality [--namespace NS] [--topic T] [--suite NAME ...]``; exit 1 when a
-suite fails. The ``data_quality`` DAG runs exactly this.
+suite fails. ``--batch`` (or ``--namespace <ns>-batch``) checks the batch layer's views with the
+same suites (:func:`batch_snapshot`). The ``data_quality`` DAG runs exactly this.
 """
 
 from __future__ import annotations
@@ -146,9 +147,12 @@ def consistent_versions(spark, lake, last) -> dict[str, int | None]:
 
 
 def snapshot(spark, settings: Settings, namespace: str) -> Snapshot:
-    """Every table of ``namespace`` as of its last micro-batch (see the module docstring)."""
-    from pipelines.lake import Lake
+    """Every table of ``namespace`` as of its last micro-batch (see the module docstring); for a
+    batch layer's namespace, :func:`batch_snapshot`."""
+    from pipelines.lake import Lake, latest_metadata
 
+    if latest_metadata(Path(settings.lake_dir) / namespace / "accounting", "source") is not None:
+        return batch_snapshot(spark, settings, namespace)
     lake = Lake(spark, settings.lake_dir, namespace)
     if not lake.exists():
         raise FileNotFoundError(f"no views namespace {namespace!r} under {settings.lake_dir}")
@@ -161,6 +165,54 @@ def snapshot(spark, settings: Settings, namespace: str) -> Snapshot:
         end_offsets=dict(last.end_offsets) if last else {},
         versions=versions,
     )
+
+
+def batch_snapshot(spark, settings: Settings, namespace: str) -> Snapshot:
+    """The batch layer's views (``<ns>-batch``, ``pipelines/batch_layer/``) as the suites see the
+    speed layer's: the same suites, the same frames, so both paths are checked alike.
+
+    A batch run overwrites every view and writes ``accounting`` last, with the log position P and
+    the archive namespace it read in the commit metadata: the views are read at their latest
+    versions, ``events_bronze`` and ``quarantine`` from that archive below P (what the batch
+    layer read), and ``batches`` is one row made from ``accounting`` (``quarantined`` = rejected
+    + quarantined, as the speed layer counts them; visible when ``accounting`` was committed), so
+    ``log_health`` checks the batch run's accounting and its staleness.
+    """
+    from pyspark.sql import functions as F
+
+    from pipelines.lake import Lake, latest_metadata
+
+    root = Path(settings.lake_dir) / namespace
+    meta = latest_metadata(root / "accounting", "source")
+    position = {int(p): int(o) for p, o in meta["position"].items()}
+    archive = Lake(spark, settings.lake_dir, meta["source"])
+    ends = spark.createDataFrame(sorted(position.items()), "partition INT, _end BIGINT")
+
+    def below_p(name: str):
+        df = archive.read(name, None)
+        return df.join(F.broadcast(ends), "partition").where(F.col("offset") < F.col("_end")).drop("_end")
+
+    tables = {
+        name: spark.read.format("delta").load(str(root / name))
+        for name in ("users", "follows", "posts", "home_timeline", "inbox", "unread_counts", "user_status")
+    }
+    acct = spark.read.format("delta").load(str(root / "accounting"))
+    committed = max(
+        json.loads(line)["commitInfo"]["timestamp"]
+        for f in (root / "accounting" / "_delta_log").glob("*.json")
+        for line in f.read_text().splitlines()
+        if "commitInfo" in line
+    )
+    tables["batches"] = acct.agg(
+        F.lit(0).cast("bigint").alias("batch_id"),
+        F.sum("records").cast("bigint").alias("events_read"),
+        F.sum("applied").cast("bigint").alias("applied"),
+        F.sum("duplicates").cast("bigint").alias("duplicates"),
+        (F.sum("rejected") + F.sum("quarantined")).cast("bigint").alias("quarantined"),
+        F.lit(committed).cast("bigint").alias("visible_at"),
+    )
+    tables["events_bronze"], tables["quarantine"] = below_p("events_bronze"), below_p("quarantine")
+    return Snapshot(namespace=namespace, tables=tables, batch_id=None, end_offsets=position)
 
 
 # Check frames: one boolean column per cross-table rule -----------------------------------------------
@@ -484,10 +536,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--namespace", help="views version to check (default: the active one)")
     p.add_argument("--topic", help="event topic, for freshness (default: SOCIAL_EVENTS_TOPIC)")
     p.add_argument("--suite", action="append", help="run only this suite (repeatable)")
+    p.add_argument(
+        "--batch", action="store_true", help="check the batch layer's views of the namespace (<ns>-batch)"
+    )
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("great_expectations").setLevel(logging.WARNING)
-    report = run(get_settings(), namespace=args.namespace, topic=args.topic, suites=args.suite)
+    settings = get_settings()
+    namespace = args.namespace
+    if args.batch:
+        from pipelines import namespaces
+        from pipelines.batch_layer.job import SUFFIX
+
+        namespace = (namespace or namespaces.active(settings)) + SUFFIX
+    report = run(settings, namespace=namespace, topic=args.topic, suites=args.suite)
     print(summary(report))
     return 0 if report.ok else 1
 

@@ -373,6 +373,57 @@ def test_job_writes_every_view_with_the_position_in_its_commits(spark, tmp_path)
         parse_position("{not json")
 
 
+def test_quality_suites_check_the_batch_views_alike(spark, tmp_path):
+    """The data-quality suites run on the batch layer's namespace as on the speed layer's (the same
+    suites and frames); a batch view broken by hand fails exactly the suite that checks it."""
+    from infra.settings import get_settings
+    from pipelines import quality
+    from pipelines.batch_layer.job import run
+
+    log = [
+        ev("user_registered", 1, 0, handle="ann", display_name="Ann"),
+        ev("user_registered", 2, 0, handle="bob", display_name="Bob"),
+        ev("followed", 1, 1, followee_id=2),
+        ev("post_created", 2, 2, post_id=7, text="hi"),
+        ev("message_sent", 2, 3, message_id=9, recipient_id=1, text="yo"),
+        ev("status_updated", 1, 4, text="busy"),
+    ]
+    bronze, quarantine, position, _ = archive(spark, log)
+    root = tmp_path / "lake" / "arch"
+    meta = json.dumps({"end_offsets": {str(p): o for p, o in position.items()}})
+    bronze.withColumn("disposition", F_lit_null()).write.format("delta").option("userMetadata", meta).save(
+        str(root / "events_bronze")
+    )
+    quarantine.write.format("delta").option("userMetadata", meta).save(str(root / "quarantine"))
+    settings = get_settings(var_dir=tmp_path)
+    assert run(spark, settings, namespace="arch")["ok"]
+    # the view suites and the cross-table frames (this hand-made archive has the batch layer's
+    # input columns only, not the whole bronze schema its own suite checks)
+    suites = ["users", "follows", "posts", "home_timeline", "home_timeline_references", "inbox"]
+    suites += ["unread_counts", "unread_invariant", "user_status", "log_health"]
+    got = quality.run(
+        settings, namespace="arch-batch", suites=suites, spark=spark, data_docs=False, log_end=position
+    )
+    assert got.ok, quality.summary(got)
+    assert {r.suite for r in got.suites} == set(suites)
+    rows = {r.suite: r.rows for r in got.suites}
+    # 2 users, 1 edge, 1 post in both home timelines (bob's own, ann follows bob), 1 inbox row
+    assert (rows["users"], rows["follows"], rows["posts"], rows["home_timeline"], rows["inbox"]) == (
+        2,
+        1,
+        1,
+        2,
+        1,
+    )
+
+    counts = tmp_path / "lake" / "arch-batch" / "unread_counts"
+    spark.sql(f"UPDATE delta.`{counts}` SET unread = unread + 1 WHERE user_id = 1")
+    broken = quality.run(
+        settings, namespace="arch-batch", suites=suites, spark=spark, data_docs=False, log_end=position
+    )
+    assert [r.suite for r in broken.suites if not r.success] == ["unread_invariant"]
+
+
 def F_lit_null():  # noqa: N802
     from pyspark.sql import functions as F
 

@@ -65,6 +65,9 @@ def test_every_job_task_is_a_job_operator(dagbag):
 
 def test_batch_layer_order(dagbag):
     assert dagbag.dags["batch_layer"].get_task("cross_check").upstream_task_ids == {"recompute"}
+    quality = dagbag.dags["batch_layer"].get_task("quality")
+    assert quality.upstream_task_ids == {"recompute"}
+    assert quality.command({"namespace": "v3"})[-4:] == ["pipelines.quality", "--batch", "--namespace", "v3"]
 
 
 def test_rebuild_order(dagbag):
