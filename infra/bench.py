@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -438,6 +439,7 @@ def run(only: list[str] | None, events: int, settings: Settings | None = None, *
             try:
                 results[name] = SECTIONS[name](ctx)
             except Exception as exc:  # one failing section must not lose the others
+                traceback.print_exc()  # where it failed, on stderr; the report keeps the message
                 results[name] = {"error": f"{type(exc).__name__}: {exc}"}
             results[name]["seconds"] = round(time.perf_counter() - t, 1)
     finally:
