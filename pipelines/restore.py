@@ -119,9 +119,13 @@ def restore(spark, settings: Settings, namespace: str, *, force: bool = False) -
     )
     load("N", at("unread_counts"), "user_id", "unread")
 
+    # the erased users (tombstones, kept forever): their applied user_erased events below P
+    bronze = below_position(at("events_bronze"))
+    erased = bronze.where((F.col("type") == "user_erased") & (F.col("disposition") == "applied"))
+    load("E", erased.select("user_id").distinct(), "user_id")
+
     # the dedup memory: per partition, each event id's newest received_time, for the ids within
     # the window + grace of the partition's newest received_time (the Redis function's rule)
-    bronze = below_position(at("events_bronze"))
     hwm = bronze.groupBy("partition").agg(F.max("received_time").alias("hwm"))
     load("H", hwm, "partition", "hwm")
     horizon = settings.dedup_window_ms + settings.dedup_grace_ms
