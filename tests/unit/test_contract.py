@@ -73,6 +73,7 @@ def test_partition_keys_per_contract():
         "post_deleted": "user_id",
         "message_sent": "recipient_id",
         "message_read": "user_id",
+        "user_erased": "user_id",
     }
     assert contract.record_key(ev("message_sent")) == b"9"
     assert contract.partition_key(ev("post_created")) == 7
