@@ -331,7 +331,7 @@ def definition(records, n, threshold, window):
     from app_sim import contract
 
     follows, posts, pids, inbox, status = defaultdict(set), {}, defaultdict(dict), defaultdict(dict), {}
-    seen = defaultdict(dict)
+    seen, erased, sender = defaultdict(dict), set(), {}
     for p, _o, raw in sorted(records, key=lambda x: (x[0], x[1])):  # per partition, in log order
         e, reason = contract.parse_and_validate(raw)
         if reason:
@@ -342,7 +342,11 @@ def definition(records, n, threshold, window):
             continue
         u, t = e["user_id"], e["type"]
         et = e["device_time"] + e["received_time"] - e["sent_time"]
-        if t == "followed":
+        if (e["recipient_id"] if t == "message_sent" else u) in erased:
+            continue  # after its key user's erasure in this partition: rejected
+        if t == "user_erased":
+            erased.add(u)
+        elif t == "followed":
             follows[u].add(e["followee_id"])
         elif t == "unfollowed":
             follows[u].discard(e["followee_id"])
@@ -354,10 +358,20 @@ def definition(records, n, threshold, window):
             del posts[e["post_id"]]
         elif t == "message_sent" and e["message_id"] not in inbox[e["recipient_id"]]:
             inbox[e["recipient_id"]][e["message_id"]] = False
+            sender[e["message_id"]] = (u, e["text"])
         elif t == "message_read" and e["message_id"] in inbox[u]:
             inbox[u][e["message_id"]] = True
         elif t == "status_updated":
             status[u] = e["text"]
+    # erasure: the erased users' rows, their posts and the edges to them leave every view
+    follows = {u: {a for a in fs if a not in erased} for u, fs in follows.items() if u not in erased}
+    follows = defaultdict(set, follows)
+    posts = {pid: (a, et) for pid, (a, et) in posts.items() if a not in erased}
+    inbox = {r: box for r, box in inbox.items() if r not in erased}
+    status = {u: text for u, text in status.items() if u not in erased}
+    messages = {
+        r: {m: (0, None) if sender[m][0] in erased else sender[m] for m in box} for r, box in inbox.items()
+    }
     followers = defaultdict(int)
     for fs in follows.values():
         for a in fs:
@@ -369,7 +383,7 @@ def definition(records, n, threshold, window):
         mine = sorted(((et, pid) for pid, (a, et) in posts.items() if a in sources), reverse=True)[:n]
         tls[u] = [pid for _, pid in mine]
     unread = {u: sum(not read for read in box.values()) for u, box in inbox.items()}
-    return tls, unread, status, follows
+    return tls, unread, status, follows, messages
 
 
 def state_of(url, ns, n):
@@ -383,17 +397,28 @@ def state_of(url, ns, n):
     follows = {
         int(k.rsplit(":", 1)[1]): {int(x) for x in r.smembers(k)} for k in r.scan_iter(f"{ns}:following:*")
     }
-    return tls, unread, status, follows
+    messages = {}
+    for k in r.scan_iter(f"{ns}:msgs:*"):
+        box = {int(m): json.loads(v) for m, v in r.hgetall(k).items()}
+        messages[int(k.rsplit(":", 1)[1])] = {m: (b["sender_id"], b["text"]) for m, b in box.items()}
+    return tls, unread, status, follows, messages
 
 
-def test_any_interleaving_and_batching_gives_the_definition(redis_url):
+@pytest.mark.parametrize("erasure_share", [0.0, 0.003])
+def test_any_interleaving_and_batching_gives_the_definition(redis_url, erasure_share):
     from app_sim.generator import GeneratorConfig, generate
 
-    cfg = GeneratorConfig(users=40, seed=11, mean_followers=6, invalid_share=0.02, duplicate_share=0.03)
+    cfg = GeneratorConfig(
+        users=40, seed=11, mean_followers=6, invalid_share=0.02, duplicate_share=0.03, erasure_share=erasure_share
+    )
     evs = [(k, v) for k, v, _inj in generate(3000, cfg)]
     recs = to_records(evs)
     n, threshold, window = 20, 8, 24 * 3600 * 1000
-    want_tl, want_unread, want_status, want_follows = definition(recs, n, threshold, window)
+    want_tl, want_unread, want_status, want_follows, want_msgs = definition(recs, n, threshold, window)
+    erasures = sum(1 for _k, v in evs if isinstance(v, dict) and v["type"] == "user_erased")
+    assert (erasures >= 3) == (erasure_share > 0), erasures
+    if erasure_share:  # the log exercises the erasure: anonymised messages are left in inboxes
+        assert any(s == (0, None) for box in want_msgs.values() for s in box.values())
     assert sum(map(len, want_tl.values())) > 100 and any(len(t) == n for t in want_tl.values())
     per_p = defaultdict(list)
     for p, o, raw in recs:
@@ -417,11 +442,12 @@ def test_any_interleaving_and_batching_gives_the_definition(redis_url):
             k = rng.randint(1, 400)
             proc.process(p, per_p[p][cursors[p] : cursors[p] + k])
             cursors[p] += k
-        tls, unread, status, follows = state_of(redis_url, ns, n)
+        tls, unread, status, follows, msgs = state_of(redis_url, ns, n)
         assert {u: t for u, t in tls.items() if t} == {u: t for u, t in want_tl.items() if t}
         assert {u: c for u, c in unread.items() if c} == {u: c for u, c in want_unread.items() if c}
         assert status == want_status
         assert {u: f for u, f in follows.items() if f} == {u: f for u, f in want_follows.items() if f}
+        assert {u: m for u, m in msgs.items() if m} == {u: m for u, m in want_msgs.items() if m}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -562,26 +588,26 @@ def test_erasing_a_user_with_messages_in_both_directions(redis_url, ns):
     assert reasons(r, ns) == ["user_erased", "user_erased"]
 
 
+def erasure_reregister_log():
+    return [
+        ev("user_registered", 7, 0, handle="alice", display_name="Alice"),
+        ev("user_erased", 7, 1),
+        ev("user_registered", 9, 2, handle="alice", display_name="Alice again"),  # a new id
+        ev("user_registered", 7, 3, handle="alice", display_name="Alice"),  # the old id: user_erased
+    ]
+
+
 def test_erase_then_register_the_same_handle_again(redis_url, ns):
     r, step = stepper(redis_url, ns)
-    step(
-        [
-            ev("user_registered", 7, 0, handle="alice", display_name="Alice"),
-            ev("user_erased", 7, 1),
-            ev("user_registered", 9, 2, handle="alice", display_name="Alice again"),  # a new id
-            ev("user_registered", 7, 3, handle="alice", display_name="Alice"),  # the old id: user_erased
-        ]
-    )
+    step(erasure_reregister_log())
     assert r.hgetall(functions.key(ns, "users")) == {"9": json.dumps({"handle": "alice", "display_name": "Alice again"}, separators=(",", ":"))}
     assert reasons(r, ns) == ["user_erased"]
 
 
-def test_an_erasure_applied_before_earlier_events_of_another_partition(redis_url):
+def erasure_cross_partition_log():
     """1's erasure (partition 1) and, in partition 0, a message from 1 to 2 and 2's follow of 1,
-    both with earlier event times: whichever partition Redis applies first, the same state."""
-    from pipelines.speed.compare import compare_namespaces
-
-    log = [
+    both with earlier event times."""
+    return [
         ev("user_registered", 1, 0, handle="one", display_name="One"),
         ev("post_created", 1, 1, post_id=11, text="by 1"),
         ev("user_erased", 1, 5),
@@ -589,7 +615,14 @@ def test_an_erasure_applied_before_earlier_events_of_another_partition(redis_url
         ev("followed", 2, 3, followee_id=1),
         ev("post_created", 2, 4, post_id=21, text="by 2"),
     ]
-    recs = to_records(log)
+
+
+def test_an_erasure_applied_before_earlier_events_of_another_partition(redis_url):
+    """Whichever partition Redis applies first, the same state (and nothing of partition 0 is
+    rejected)."""
+    from pipelines.speed.compare import compare_namespaces
+
+    recs = to_records(erasure_cross_partition_log())
     states = []
     for order in ((1, 0), (0, 1)):
         ns = f"order{order[0]}{uuid.uuid4().hex[:6]}"
