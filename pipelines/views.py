@@ -17,7 +17,7 @@ All functions are pure ``DataFrame -> DataFrame``; nothing here reads or writes 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from pyspark import StorageLevel
@@ -79,6 +79,9 @@ class BatchOutput:
     unread_counts: DataFrame  # upserts (absolute counts)
     user_status: DataFrame  # upserts
     celebrities: DataFrame  # (author_id, followers, celebrity) for authors whose count changed
+    # view -> keys to delete (users, user_status, posts, inbox, unread_counts): the compaction's
+    # erasures; the whole-prefix fold below leaves the erased out instead and has none
+    deletes: dict[str, DataFrame] = field(default_factory=dict)
 
 
 def empty_table(spark: SparkSession, name: str) -> DataFrame:
