@@ -68,7 +68,12 @@ async def erase(user_id: int, settings: Settings) -> dict:
         finally:
             log.close()
         await auth.revoke(client, user_id)
-        return {"user_id": user_id, "event_id": event["event_id"], "partition": at.partition, "offset": at.offset}
+        return {
+            "user_id": user_id,
+            "event_id": event["event_id"],
+            "partition": at.partition,
+            "offset": at.offset,
+        }
     finally:
         await client.aclose()
 

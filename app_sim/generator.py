@@ -824,7 +824,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duplicate-share", type=float, default=d.duplicate_share)
     p.add_argument("--offline-share", type=float, default=d.offline_share)
     p.add_argument(
-        "--erasure-share", type=float, default=d.erasure_share, help="share of activity slots erasing their actor"
+        "--erasure-share",
+        type=float,
+        default=d.erasure_share,
+        help="share of activity slots erasing their actor",
     )
     p.add_argument("--worker-id", type=int, default=d.worker_id, help="snowflake worker id (0-1023)")
     p.add_argument(

@@ -221,13 +221,19 @@ def validate_stateful(events: DataFrame, state: State) -> DataFrame:
     )
     # after its key user's erasure (earlier in the batch, or in the prior state): user_erased,
     # whatever else it would be
-    erasures = _of_type(events, "user_erased").groupBy(F.col("user_id").alias("key_user")).agg(
-        F.min("offset").alias("erased_at")
+    erasures = (
+        _of_type(events, "user_erased")
+        .groupBy(F.col("user_id").alias("key_user"))
+        .agg(F.min("offset").alias("erased_at"))
     )
     gone = (
         events.select("partition", "offset", _key_user().alias("key_user"))
         .join(F.broadcast(erasures), "key_user", "left")
-        .join(F.broadcast(_erased(state.events_bronze).withColumnRenamed("user_id", "key_user")), "key_user", "left")
+        .join(
+            F.broadcast(_erased(state.events_bronze).withColumnRenamed("user_id", "key_user")),
+            "key_user",
+            "left",
+        )
         .where(F.col("prior_erased") | (F.col("offset") > F.col("erased_at")))
         .select("partition", "offset", F.lit("user_erased").alias("erased_reason"))
     )

@@ -642,9 +642,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     # -- reads (serving store only; as_of read first, so the data covers at least as_of) -----------
 
-    @app.delete(
-        "/v1/users/me", status_code=202, response_model=m.Accepted, responses=WRITES, tags=["writes"]
-    )
+    @app.delete("/v1/users/me", status_code=202, response_model=m.Accepted, responses=WRITES, tags=["writes"])
     async def erase_me(request: Request, me: Caller, client: Client):
         """Erase yourself (event ``user_erased``, docs/views.md "Erasure"): your profile, status,
         posts, follows, inbox and unread count leave every view, messages you sent stay with their

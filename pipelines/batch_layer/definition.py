@@ -247,7 +247,9 @@ def inbox_view(applied: DataFrame, erased: DataFrame) -> DataFrame:
         .join(gone, "sender_id", "left")
         .select(
             *key,
-            F.when(F.col("sender_erased"), F.lit(0).cast("bigint")).otherwise(F.col("sender_id")).alias("sender_id"),
+            F.when(F.col("sender_erased"), F.lit(0).cast("bigint"))
+            .otherwise(F.col("sender_id"))
+            .alias("sender_id"),
             F.when(F.col("sender_erased"), F.lit(None).cast("string")).otherwise(F.col("text")).alias("text"),
             "event_time",
         )
@@ -333,7 +335,9 @@ def compute(
     dups = keep(duplicates(events, cfg.dedup_window_ms))
     fresh = events.join(F.broadcast(dups), ["partition", "offset"], "left_anti")
     erasure = after_erasure(fresh)
-    live = fresh.join(F.broadcast(erasure.select("partition", "offset")), ["partition", "offset"], "left_anti")
+    live = fresh.join(
+        F.broadcast(erasure.select("partition", "offset")), ["partition", "offset"], "left_anti"
+    )
     rejected = keep(erasure.unionByName(rejections(live)))
     applied = fresh.join(F.broadcast(rejected), ["partition", "offset"], "left_anti")
     erased = keep(erased_users(applied))

@@ -326,7 +326,9 @@ def test_generated_log_batch_layer_equals_speed_layer(spark, redis_url):  # noqa
     assert all(acct.values()), acct
     # ... erasures, and events after them (the reasons are in the dispositions compared above)
     assert sum(1 for _k, v in evs if isinstance(v, dict) and v["type"] == "user_erased") >= 3
-    assert sum(1 for d in changelog_dispositions(r, ns, list(range(PARTITIONS))) if d[3] == "user_erased") > 10
+    assert (
+        sum(1 for d in changelog_dispositions(r, ns, list(range(PARTITIONS))) if d[3] == "user_erased") > 10
+    )
     assert got["views"]["home_timeline"]["batch_rows"] > 100
     assert got["views"]["dispositions"]["batch_rows"] == 3000
 

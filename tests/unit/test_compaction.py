@@ -127,7 +127,9 @@ def erased(spark, redis_url, ns):  # noqa: F811 - pytest fixtures
 
 def test_an_erasure_compacts_into_deletes(erased):
     assert rows(erased.users(), "user_id") == [] and rows(erased.deletes("users"), "user_id") == [(1,)]
-    assert rows(erased.user_status(), "user_id") == [] and rows(erased.deletes("user_status"), "user_id") == [(1,)]
+    assert rows(erased.user_status(), "user_id") == [] and rows(erased.deletes("user_status"), "user_id") == [
+        (1,)
+    ]
     assert rows(erased.posts(), "author_id", "post_id") == [(2, 20)]
     assert rows(erased.deletes("posts"), "author_id", "post_id") == [(1, 10)]
     # 1's inbox goes; the message 1 sent stays in 2's inbox, from sender 0 with no text

@@ -409,7 +409,12 @@ def test_any_interleaving_and_batching_gives_the_definition(redis_url, erasure_s
     from app_sim.generator import GeneratorConfig, generate
 
     cfg = GeneratorConfig(
-        users=40, seed=11, mean_followers=6, invalid_share=0.02, duplicate_share=0.03, erasure_share=erasure_share
+        users=40,
+        seed=11,
+        mean_followers=6,
+        invalid_share=0.02,
+        duplicate_share=0.03,
+        erasure_share=erasure_share,
     )
     evs = [(k, v) for k, v, _inj in generate(3000, cfg)]
     recs = to_records(evs)
@@ -514,7 +519,11 @@ def test_erasing_an_author_and_a_celebrity(redis_url, ns):
     for gone in ("tl:10", "tl:20", "posts:10", "posts:20", "pids:10", "following:10", "followers:10",
                  "followers:20", "p:101", "p:102", "p:103", "p:201"):  # fmt: skip
         assert not r.exists(functions.key(ns, *gone.split(":"))), gone
-    assert {u: r.smembers(functions.key(ns, "following", u)) for u in (1, 2, 3)} == {1: {"30"}, 2: set(), 3: set()}
+    assert {u: r.smembers(functions.key(ns, "following", u)) for u in (1, 2, 3)} == {
+        1: {"30"},
+        2: set(),
+        3: set(),
+    }
     assert r.smembers(functions.key(ns, "followers", 30)) == {"1"}
     assert r.smembers(functions.key(ns, "celebs")) == set()
     assert r.smembers(functions.key(ns, "erased")) == {"10", "20"}
@@ -584,7 +593,11 @@ def test_erasing_a_user_with_messages_in_both_directions(redis_url, ns):
     assert [int(m) for m in r.zrevrange(functions.key(ns, "inbox", 2), 0, -1)] == [602, 600]
     # unread == the unread rows of each inbox; 1's counter is gone
     assert r.hgetall(functions.key(ns, "unread")) == {"2": "0", "3": "2"}
-    assert {u: r.smembers(functions.key(ns, "sent", u)) for u in (1, 2, 3)} == {1: set(), 2: {"3:700"}, 3: set()}
+    assert {u: r.smembers(functions.key(ns, "sent", u)) for u in (1, 2, 3)} == {
+        1: set(),
+        2: {"3:700"},
+        3: set(),
+    }
     assert reasons(r, ns) == ["user_erased", "user_erased"]
 
 
@@ -600,7 +613,9 @@ def erasure_reregister_log():
 def test_erase_then_register_the_same_handle_again(redis_url, ns):
     r, step = stepper(redis_url, ns)
     step(erasure_reregister_log())
-    assert r.hgetall(functions.key(ns, "users")) == {"9": json.dumps({"handle": "alice", "display_name": "Alice again"}, separators=(",", ":"))}
+    assert r.hgetall(functions.key(ns, "users")) == {
+        "9": json.dumps({"handle": "alice", "display_name": "Alice again"}, separators=(",", ":"))
+    }
     assert reasons(r, ns) == ["user_erased"]
 
 
