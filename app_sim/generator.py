@@ -113,6 +113,7 @@ class GeneratorConfig:
     worker_id: int = GENERATOR_WORKER_ID
     chunk: int = 8192
     erasure_share: float = 0.0  # share of activity slots that erase their actor (item 5 above)
+    erased_users: tuple[int, ...] = ()  # continuing a world: users an earlier run erased
 
     def bootstrap_events(self) -> int:
         """Registrations plus the initial follow edges (approximate until the graph is drawn)."""
@@ -244,7 +245,7 @@ class EventGenerator:
         buffers: dict[int, list[dict]] = {}  # offline device -> buffered events, in order
         offline_until: dict[int, int] = {}
         flush_heap: list[tuple[int, int]] = []  # (comes back at, user)
-        erased: set[int] = set()  # users whose user_erased is in the log
+        erased: set[int] = set(cfg.erased_users)  # users whose user_erased is in the log
         erng = np.random.default_rng([cfg.seed, 20]) if cfg.erasure_share > 0 else None
 
         def rejected(ev: dict) -> str | None:
