@@ -4,7 +4,8 @@ The compacted views cover a log position P (the last ``batches`` row); everythin
 needs at P is in Delta at the versions that row records: the views (users, status, follows,
 posts, inbox, unread), ``timelines`` (the keyed timelines with their slack), the dedup memory
 (the event ids of ``events_bronze`` received within the dedup window and grace of each
-partition's newest, as the Redis function keeps them), the accounting (``changelog``
+partition's newest, as the Redis function keeps them), the erased users (their applied
+``user_erased`` events in ``events_bronze``; the ``sent:<u>`` index comes back with the inbox), the accounting (``changelog``
 dispositions below P) and the fences (P itself). They are written through the same Redis
 function library that the events write with (``social_restore``: the same JSON encoders), so
 the restored keys are the keys a replay up to P would have made. Then the speed layer, started
