@@ -27,7 +27,7 @@ import time
 
 import pytest
 
-from app_sim.generator import EventGenerator, GeneratorConfig, produce
+from app_sim.generator import GeneratorConfig, produce
 
 pytestmark = pytest.mark.integration
 
@@ -127,23 +127,10 @@ def test_flushall_then_restore_from_delta(kafka_stack, topic_factory, speed_laye
     store.start()
     try:
         topic = topic_factory(4)
-        # with rare erasures: the restore must bring back the tombstones and the anonymised messages
         cfg = GeneratorConfig(
-            users=300,
-            seed=9,
-            graph_seed=9,
-            mean_followers=10,
-            invalid_share=0.02,
-            duplicate_share=0.02,
-            erasure_share=0.001,
+            users=300, seed=9, graph_seed=9, mean_followers=10, invalid_share=0.02, duplicate_share=0.02
         )
         first = produce(12_000, cfg, topic=topic, bootstrap=kafka_stack.bootstrap, progress=False)
-        erased = tuple(
-            v["user_id"]
-            for _k, v, inj in EventGenerator(12_000, cfg).records()
-            if inj is None and isinstance(v, dict) and v["type"] == "user_erased"
-        )
-        assert len(erased) >= 3 and first.invalid["user_erased"] > 0
         private = {k: getattr(settings, k) for k in ("redis_port", "redis_url", "var_dir")}
         sl = speed_layer_factory(topic=topic, namespace="restored", **private)
         covered = sl.wait_caught_up(timeout=600)  # Redis and the compacted Delta views
@@ -162,9 +149,7 @@ def test_flushall_then_restore_from_delta(kafka_stack, topic_factory, speed_laye
         assert sl.redis_position() == covered  # the fences: the position the views covered
         # more events after the restore; the speed layer reads only the log after that position
         # the same users and graph, another generator worker id: post and message ids stay unique
-        cfg2 = dataclasses.replace(
-            cfg, seed=10, emit_bootstrap=False, worker_id=cfg.worker_id - 1, erased_users=erased
-        )
+        cfg2 = dataclasses.replace(cfg, seed=10, emit_bootstrap=False, worker_id=cfg.worker_id - 1)
         second = produce(3_000, cfg2, topic=topic, bootstrap=kafka_stack.bootstrap, progress=False)
         sl.restart()
         sl.wait_caught_up(timeout=600)
