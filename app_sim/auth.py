@@ -2,9 +2,13 @@
 
 Registration (``POST /v1/users``) returns ``token = issue(user_id)``; every other authenticated
 request sends ``Authorization: Bearer <token>`` and the API learns the caller's id from
-``verify(token)`` alone, with no lookup: a token is valid iff its signature matches and it is
-spelled exactly as ``issue`` spells it (no alternate base64 spelling, no leading zeros). Tokens do
-not expire (the simulated app has no sessions to revoke); rotating the secret invalidates all.
+``verify(token)``: a token is valid iff its signature matches and it is spelled exactly as
+``issue`` spells it (no alternate base64 spelling, no leading zeros), and its user is not revoked.
+Tokens do not expire; rotating the secret invalidates all. Erasing a user (``DELETE
+/v1/users/me``, ``social-erase``) revokes its tokens: the user id goes into the Redis set
+``api:revoked`` (:func:`revoke`) right after the ``user_erased`` event is in the log, and the API
+also refuses a user in the served namespace's ``erased`` set (:func:`revoked`), so a crash between
+the append and the revocation is covered as soon as the speed layer applies the erasure.
 
 The secret is ``SOCIAL_API_SECRET``, or, when that is empty, 32 random bytes generated once under
 ``<var_dir>/api/secret`` (created exclusively, mode 0600) and reused by every API process and
@@ -25,6 +29,7 @@ from itsdangerous import BadSignature, Signer
 from infra.settings import Settings
 
 SALT = "social-api-token-v1"  # a token of this API is useless as a signature anywhere else
+REVOKED_KEY = "api:revoked"  # user ids whose tokens no longer work (erased users), kept forever
 
 
 class InvalidToken(ValueError):
@@ -81,3 +86,24 @@ class TokenSigner:
         if not hmac.compare_digest(self.issue(user_id), token):
             raise InvalidToken("token is not in canonical form")
         return user_id
+
+
+def revoke_commands(user_id: int) -> list[tuple]:
+    """Redis commands that revoke a user's tokens and drop the API's hint that the user exists."""
+    return [("sadd", REVOKED_KEY, user_id), ("delete", f"api:recent:user:{user_id}")]
+
+
+async def revoke(client, user_id: int) -> None:
+    """Revoke every token of ``user_id`` (asyncio Redis client)."""
+    pipe = client.pipeline(transaction=False)
+    for name, *args in revoke_commands(user_id):
+        getattr(pipe, name)(*args)
+    await pipe.execute()
+
+
+async def revoked(client, user_id: int, namespace: str) -> bool:
+    """True if the user's tokens are revoked, or the served views hold the user as erased."""
+    pipe = client.pipeline(transaction=False)
+    pipe.sismember(REVOKED_KEY, user_id)
+    pipe.sismember(f"{namespace}:erased", user_id)
+    return any(await pipe.execute())

@@ -26,6 +26,11 @@ Model, in log order:
 4. Injected: ``invalid_share`` of all records are invalid (one of ``INVALID_KINDS``, each with the
    reason the speed layer must quarantine it with), ``duplicate_share`` are exact re-sends of a
    recent valid record (same key, same bytes).
+5. Erasures (``erasure_share``, 0 by default, so runs without it are unchanged): that share of the
+   activity slots erases its actor (``user_erased``, drawn from a random stream of its own).
+   Erased users keep turning up (buffered offline events, messages to them, a second erasure):
+   every later record keyed by an erased user is yielded with ``"user_erased"``, the reason the
+   speed layer rejects it with; messages they sent earlier stay valid (docs/views.md, "Erasure").
 
 Hot path: draws happen per chunk with numpy; per event only a dict, ``orjson.dumps`` and
 ``Producer.produce`` remain. ``generate`` is broker-free; ``produce`` writes to Kafka.
@@ -107,6 +112,8 @@ class GeneratorConfig:
     emit_bootstrap: bool = True
     worker_id: int = GENERATOR_WORKER_ID
     chunk: int = 8192
+    erasure_share: float = 0.0  # share of activity slots that erase their actor (item 5 above)
+    erased_users: tuple[int, ...] = ()  # continuing a world: users an earlier run erased
 
     def bootstrap_events(self) -> int:
         """Registrations plus the initial follow edges (approximate until the graph is drawn)."""
@@ -125,7 +132,8 @@ class Counts:
     follow_edges: int = 0
 
 
-_T_POST, _T_MSG, _T_READ, _T_FOLLOW, _T_STATUS, _T_DELETE, _T_UNFOLLOW = range(7)
+_T_POST, _T_MSG, _T_READ, _T_FOLLOW, _T_STATUS, _T_DELETE, _T_UNFOLLOW, _T_ERASE = range(8)
+ERASED = "user_erased"  # the reason a record keyed by an erased user is rejected with
 _TYPE_CODES = {
     "post_created": _T_POST,
     "message_sent": _T_MSG,
@@ -237,6 +245,22 @@ class EventGenerator:
         buffers: dict[int, list[dict]] = {}  # offline device -> buffered events, in order
         offline_until: dict[int, int] = {}
         flush_heap: list[tuple[int, int]] = []  # (comes back at, user)
+        erased: set[int] = set(cfg.erased_users)  # users whose user_erased is in the log
+        erng = np.random.default_rng([cfg.seed, 20]) if cfg.erasure_share > 0 else None
+
+        def rejected(ev: dict) -> str | None:
+            """``user_erased`` for a record keyed by a user erased earlier in the log."""
+            if not erased:
+                return None
+            key_user = ev["recipient_id"] if ev["type"] == "message_sent" else ev["user_id"]
+            return ERASED if key_user in erased else None
+
+        def settle(key: bytes, ev: dict, injected: str | None, now: int, read_delay: int, u1: float) -> None:
+            counts.records += 1
+            if injected is None:
+                after_write(key, ev, now, read_delay, u1)
+            else:
+                counts.invalid[injected] = counts.invalid.get(injected, 0) + 1
 
         def chunks(total: int):
             """Yield per-chunk pre-drawn randomness as plain lists (cheap to index)."""
@@ -274,6 +298,8 @@ class EventGenerator:
             """Bookkeeping once a valid event is in the log (order matters for later validity)."""
             t = ev["type"]
             per_type[t] += 1
+            if t == "user_erased":
+                erased.add(ev["user_id"])
             if len(recent_valid) < 256:
                 recent_valid.append((key, ev))
             else:
@@ -359,9 +385,9 @@ class EventGenerator:
                         ev["sent_time"] = now + offs[fu] - net
                         ev["received_time"] = now
                         k = contract.record_key(ev)
-                        yield k, ev, None
-                        counts.records += 1
-                        after_write(k, ev, now, c_read[i], u1)
+                        inj = rejected(ev)
+                        yield k, ev, inj
+                        settle(k, ev, inj, now, c_read[i], u1)
                     offline_until.pop(fu, None)
 
                 kind = inject.get(slot)
@@ -385,6 +411,8 @@ class EventGenerator:
                         flake,
                         texts,
                     )
+                    if reason in ("not_own_post", "not_in_inbox"):  # stateful: decided after erasure
+                        reason = rejected(value) or reason
                     yield k, value, reason
                     counts.records += 1
                     counts.invalid[reason] = counts.invalid.get(reason, 0) + 1
@@ -393,7 +421,10 @@ class EventGenerator:
                 t = c_type[i]
                 u = c_actor[i]
                 ev = None
-                if t == _T_READ:
+                if erng is not None and erng.random() < cfg.erasure_share:
+                    t = _T_ERASE
+                    ev = {"type": "user_erased", "user_id": u}
+                elif t == _T_READ:
                     if pending_reads and pending_reads[0][0] <= now:
                         _, mid, rcpt = heapq.heappop(pending_reads)
                         ev = {"type": "message_read", "user_id": rcpt, "message_id": mid}
@@ -472,9 +503,9 @@ class EventGenerator:
                 ev["sent_time"] = sent
                 ev["received_time"] = now
                 k = keys[ev["recipient_id"]] if t == _T_MSG else keys[u]
-                yield k, ev, None
-                counts.records += 1
-                after_write(k, ev, now, c_read[i], u1)
+                inj = rejected(ev)
+                yield k, ev, inj
+                settle(k, ev, inj, now, c_read[i], u1)
 
         # ---- 4. end of run: every device still offline comes back now --------------------------------
         now = clock(0.0)
@@ -484,9 +515,9 @@ class EventGenerator:
                 ev["sent_time"] = now + offs[fu] - 20
                 ev["received_time"] = now
                 k = contract.record_key(ev)
-                yield k, ev, None
-                counts.records += 1
-                after_write(k, ev, now, 0, 0.999)
+                inj = rejected(ev)
+                yield k, ev, inj
+                settle(k, ev, inj, now, 0, 0.999)
 
     def _invalid(self, kind, eid, now, actor, other, net, live_posts, recent_msgs, flake, texts):
         """One injected invalid record: (key, value, reason it must be quarantined with)."""
@@ -793,6 +824,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--invalid-share", type=float, default=d.invalid_share)
     p.add_argument("--duplicate-share", type=float, default=d.duplicate_share)
     p.add_argument("--offline-share", type=float, default=d.offline_share)
+    p.add_argument(
+        "--erasure-share",
+        type=float,
+        default=d.erasure_share,
+        help="share of activity slots erasing their actor",
+    )
     p.add_argument("--worker-id", type=int, default=d.worker_id, help="snowflake worker id (0-1023)")
     p.add_argument(
         "--realtime", action="store_true", help="received_time = wall clock at produce (freshness runs)"
@@ -814,6 +851,7 @@ def main(argv: list[str] | None = None) -> int:
         invalid_share=a.invalid_share,
         duplicate_share=a.duplicate_share,
         offline_share=a.offline_share,
+        erasure_share=a.erasure_share,
         worker_id=a.worker_id,
         realtime=a.realtime,
     )

@@ -7,7 +7,8 @@ takes the archives not compacted yet, up to the newest one, and writes
 
 - one MERGE per view of the last change per touched key (``users``, ``follows``, ``posts``,
   ``inbox``, ``unread_counts``, ``user_status``, and ``timelines``: every entry of the keyed
-  timelines, the slack beyond N included);
+  timelines, the slack beyond N included); a key whose last change is a removal (``F-``, a
+  timeline ``-``, and the erasure's ``U-``, ``S-``, ``P-``, ``I-``, ``N-``) is deleted;
 - ``home_timeline`` as the first N entries of ``timelines`` for the users whose timeline changed;
 - a ``batches`` row, last, with the log position the views now cover and the table versions.
 
@@ -69,18 +70,30 @@ class Changes:
     def _of(self, *kinds: str) -> DataFrame:
         return self.ch.where(F.col("kind").isin(*kinds))
 
+    def _last_upserts(self, kind: str, keys: list[str], *cols) -> DataFrame:
+        """The keys whose last change is ``kind`` (an absolute row), with their values."""
+        rows = self._of(kind, kind + "-").select("seq", "idx", "kind", *cols)
+        return _last(rows, keys, ["seq", "idx"]).where(F.col("kind") == kind).drop("seq", "idx", "kind")
+
+    def deletes(self, view: str) -> DataFrame:
+        """Keys of ``view`` whose last change is a removal (an erasure: ``U-``, ``S-``, ``P-``,
+        ``I-``, ``N-``), to delete."""
+        kind, keys = _REMOVALS[view]
+        rows = self._of(kind, kind + "-").select(
+            "seq", "idx", "kind", *[_g(i + 1).alias(k) for i, k in enumerate(keys)]
+        )
+        return _last(rows, keys, ["seq", "idx"]).where(F.col("kind") == kind + "-").select(*keys)
+
     def users(self) -> DataFrame:
-        rows = self._of("U").select(
-            "seq", "idx", _g(1).alias("user_id"), _g(2, "string").alias("handle"),
+        return self._last_upserts(
+            "U", ["user_id"], _g(1).alias("user_id"), _g(2, "string").alias("handle"),
             _g(3, "string").alias("display_name"), _g(4).alias("registered_time"),
         )  # fmt: skip
-        return _last(rows, ["user_id"], ["seq", "idx"]).drop("seq", "idx")
 
     def user_status(self) -> DataFrame:
-        rows = self._of("S").select(
-            "seq", "idx", _g(1).alias("user_id"), _g(2, "string").alias("text"), _g(3).alias("event_time")
+        return self._last_upserts(
+            "S", ["user_id"], _g(1).alias("user_id"), _g(2, "string").alias("text"), _g(3).alias("event_time")
         )
-        return _last(rows, ["user_id"], ["seq", "idx"]).drop("seq", "idx")
 
     def follows(self) -> tuple[DataFrame, DataFrame]:
         rows = self._of("F+", "F-").select(
@@ -96,22 +109,21 @@ class Changes:
         return upserts, last.where("kind = 'F-'").select("user_id", "followee_id")
 
     def posts(self) -> DataFrame:
-        rows = self._of("P").select(
-            "seq", "idx", _g(1).alias("author_id"), _g(2).alias("post_id"), _g(3).alias("event_time"),
-            _g(4, "string").alias("text"), (_g(5, "int") == 1).alias("deleted"), _g(6).alias("deleted_time"),
+        return self._last_upserts(
+            "P", ["author_id", "post_id"], _g(1).alias("author_id"), _g(2).alias("post_id"),
+            _g(3).alias("event_time"), _g(4, "string").alias("text"), (_g(5, "int") == 1).alias("deleted"),
+            _g(6).alias("deleted_time"),
         )  # fmt: skip
-        return _last(rows, ["author_id", "post_id"], ["seq", "idx"]).drop("seq", "idx")
 
     def inbox(self) -> DataFrame:
-        rows = self._of("I").select(
-            "seq", "idx", _g(1).alias("recipient_id"), _g(2).alias("message_id"), _g(3).alias("sender_id"),
-            _g(4, "string").alias("text"), _g(5).alias("event_time"), (_g(6, "int") == 1).alias("read"),
+        return self._last_upserts(
+            "I", ["recipient_id", "message_id"], _g(1).alias("recipient_id"), _g(2).alias("message_id"),
+            _g(3).alias("sender_id"), _g(4, "string").alias("text"), _g(5).alias("event_time"),
+            (_g(6, "int") == 1).alias("read"),
         )  # fmt: skip
-        return _last(rows, ["recipient_id", "message_id"], ["seq", "idx"]).drop("seq", "idx")
 
     def unread_counts(self) -> DataFrame:
-        rows = self._of("N").select("seq", "idx", _g(1).alias("user_id"), _g(2).alias("unread"))
-        return _last(rows, ["user_id"], ["seq", "idx"]).drop("seq", "idx")
+        return self._last_upserts("N", ["user_id"], _g(1).alias("user_id"), _g(2).alias("unread"))
 
     def timelines(self) -> tuple[DataFrame, DataFrame]:
         last = _last(self.tl, ["user_id", "post_id"], ["seq", "idx"])
@@ -120,6 +132,16 @@ class Changes:
 
     def timeline_users(self) -> DataFrame:
         return self.tl.select("user_id").distinct()
+
+
+# view -> (its upsert kind, the key columns of its removal kind ``<kind>-``)
+_REMOVALS = {
+    "users": ("U", ["user_id"]),
+    "user_status": ("S", ["user_id"]),
+    "posts": ("P", ["author_id", "post_id"]),
+    "inbox": ("I", ["recipient_id", "message_id"]),
+    "unread_counts": ("N", ["user_id"]),
+}
 
 
 def first_n(timelines: DataFrame, users: DataFrame, n: int) -> DataFrame:
@@ -184,6 +206,7 @@ def compact_once(spark, lake: Lake, settings: Settings) -> int | None:
         unread_counts=changes.unread_counts(),
         user_status=changes.user_status(),
         celebrities=empty_table(spark, "users"),
+        deletes={view: changes.deletes(view) for view in _REMOVALS},
     )
     hist = _merge_hist(archives)
     meta = {

@@ -182,13 +182,13 @@ class Lake:
         writes = [
             lambda: self.append("events_bronze", out.bronze),
             lambda: self.append("quarantine", quarantine.unionByName(rejected_q)),
-            lambda: self.upsert("users", out.users),
+            lambda: self.upsert("users", out.users, deletes=out.deletes.get("users")),
             lambda: self.upsert("follows", out.follows_upserts, deletes=out.follows_deletes),
-            lambda: self.upsert("posts", out.posts),
+            lambda: self.upsert("posts", out.posts, deletes=out.deletes.get("posts")),
             lambda: self.upsert("home_timeline", out.timeline_inserts, deletes=out.timeline_deletes),
-            lambda: self.upsert("inbox", out.inbox),
-            lambda: self.upsert("unread_counts", out.unread_counts),
-            lambda: self.upsert("user_status", out.user_status),
+            lambda: self.upsert("inbox", out.inbox, deletes=out.deletes.get("inbox")),
+            lambda: self.upsert("unread_counts", out.unread_counts, deletes=out.deletes.get("unread_counts")),
+            lambda: self.upsert("user_status", out.user_status, deletes=out.deletes.get("user_status")),
         ]
         started = time.time()
         with self.fenced(batch_id, {"batch_id": batch_id, "end_offsets": meta["end_offsets"]}):

@@ -4,7 +4,8 @@ The compacted views cover a log position P (the last ``batches`` row); everythin
 needs at P is in Delta at the versions that row records: the views (users, status, follows,
 posts, inbox, unread), ``timelines`` (the keyed timelines with their slack), the dedup memory
 (the event ids of ``events_bronze`` received within the dedup window and grace of each
-partition's newest, as the Redis function keeps them), the accounting (``changelog``
+partition's newest, as the Redis function keeps them), the erased users (their applied
+``user_erased`` events in ``events_bronze``; the ``sent:<u>`` index comes back with the inbox), the accounting (``changelog``
 dispositions below P) and the fences (P itself). They are written through the same Redis
 function library that the events write with (``social_restore``: the same JSON encoders), so
 the restored keys are the keys a replay up to P would have made. Then the speed layer, started
@@ -119,9 +120,13 @@ def restore(spark, settings: Settings, namespace: str, *, force: bool = False) -
     )
     load("N", at("unread_counts"), "user_id", "unread")
 
+    # the erased users (tombstones, kept forever): their applied user_erased events below P
+    bronze = below_position(at("events_bronze"))
+    erased = bronze.where((F.col("type") == "user_erased") & (F.col("disposition") == "applied"))
+    load("E", erased.select("user_id").distinct(), "user_id")
+
     # the dedup memory: per partition, each event id's newest received_time, for the ids within
     # the window + grace of the partition's newest received_time (the Redis function's rule)
-    bronze = below_position(at("events_bronze"))
     hwm = bronze.groupBy("partition").agg(F.max("received_time").alias("hwm"))
     load("H", hwm, "partition", "hwm")
     horizon = settings.dedup_window_ms + settings.dedup_grace_ms

@@ -58,20 +58,22 @@ TABLES: dict[str, Table] = {
             "users",
             "user_id BIGINT, handle STRING, display_name STRING, registered_time BIGINT",
             ("user_id",),
-            "Registered users (last `user_registered` per user in log order).",
+            "Registered users (last `user_registered` per user in log order), except erased users.",
         ),
         Table(
             "follows",
             "user_id BIGINT, followee_id BIGINT, since_time BIGINT",
             ("user_id", "followee_id"),
-            "follows(u): who u follows after applying u's followed/unfollowed in log order.",
+            "follows(u): who u follows after applying u's followed/unfollowed in log order; no edge "
+            "from or to an erased user.",
         ),
         Table(
             "posts",
             "author_id BIGINT, post_id BIGINT, event_time BIGINT, text STRING, deleted BOOLEAN, "
             "deleted_time BIGINT",
             ("author_id", "post_id"),
-            "Every post ever created; `deleted` marks a tombstone (a deleted post never comes back).",
+            "Every post ever created; `deleted` marks a tombstone (a deleted post never comes back). "
+            "An erased author's posts, deleted ones included, have no rows.",
         ),
         Table(
             "home_timeline",
@@ -87,19 +89,22 @@ TABLES: dict[str, Table] = {
             "recipient_id BIGINT, message_id BIGINT, sender_id BIGINT, text STRING, event_time BIGINT, "
             "read BOOLEAN",
             ("recipient_id", "message_id"),
-            "inbox(u): messages sent to u, with their read state.",
+            "inbox(u): messages sent to u, with their read state; none for an erased u. A message "
+            "whose sender is erased keeps its row with `sender_id` 0 (never a user id) and `text` "
+            "null.",
         ),
         Table(
             "unread_counts",
             "user_id BIGINT, unread BIGINT",
             ("user_id",),
-            "unread(u): messages in inbox(u) not read by u; always equals the count over inbox.",
+            "unread(u): messages in inbox(u) not read by u; always equals the count over inbox "
+            "(messages from erased senders included); none for an erased u.",
         ),
         Table(
             "user_status",
             "user_id BIGINT, text STRING, event_time BIGINT",
             ("user_id",),
-            "status(u): text of u's last status_updated in log order.",
+            "status(u): text of u's last status_updated in log order; none for an erased u.",
         ),
         Table(
             "changelog",
@@ -152,9 +157,51 @@ VIEWS = ("users", "follows", "posts", "home_timeline", "inbox", "unread_counts",
 ARCHIVES = ("events_bronze", "quarantine")
 
 
+ERASURE_DOC = """## Erasure
+
+`user_erased(u)` (docs/events.md; `DELETE /v1/users/me`, `social-erase --user-id N`) is part of
+the view semantics, so the live state, any replay and the batch layer agree. Let E be the set of
+users with an applied `user_erased`; every view is defined over the applied events with E taken
+out:
+
+- `users`, `user_status`, `inbox`, `unread_counts`: no row of a user in E (u's profile, status,
+  own inbox and unread counter are gone);
+- `posts`: no row of an author in E (deleted posts' tombstones included), so u's posts leave
+  every `home_timeline`, and each timeline is the latest N of what remains (refilled from older
+  posts exactly as after `post_deleted`); a celebrity's posts, merged at read time, are gone with
+  them;
+- `follows`: no edge from or to a user in E, so follower counts (and who is over the fan-out
+  threshold) follow;
+- messages u sent stay in their recipients' inboxes with `sender_id` 0 (ids are >= 1, so 0
+  names nobody) and `text` null; their read state and the recipients' unread counts are
+  unchanged (unread == the count of unread inbox rows).
+
+Events after the erasure. The erased id is a tombstone kept forever (user ids are minted and
+never reused: re-registering the same handle makes a new user). An event keyed by u (its
+partition key: `user_id`, or the recipient of a `message_sent`) that comes after u's
+`user_erased` in log order, a second erasure included, is rejected with reason `user_erased`:
+counted in `rejected`, with its row in `quarantine`. This is decided in u's partition, so it is
+the same live and on any replay. An event of another partition that names u (a `followed` of
+u, a `message_sent` by u) has no order relative to the erasure; it is applied, and its effect is
+what the definition above gives whatever the interleaving and whatever its event time: no edge
+to u, and the message lands with sender 0 and no text.
+
+Representation. The speed layer keeps E in `erased` (docs/architecture.md) and logs the
+removals as changelog kinds `U-`, `S-`, `P-`, `I-`, `N-` (a row deleted), `F-` (an edge), `I`
+(a message anonymised) and timeline `-` entries (`pipelines/speed/changelog.py`); the
+compaction deletes a key whose last change is a removal, and a restore rebuilds E from the
+applied `user_erased` events of `events_bronze`.
+
+What this does not remove: the erased user's events themselves stay in the log
+(`social.events`), in `events_bronze` and `quarantine`, and older versions of the Delta views
+keep their rows until Delta's history is vacuumed; the views and the serving state are what it
+clears.
+"""
+
+
 def views_doc() -> str:
     """Markdown documentation of every table (docs/views.md)."""
-    lines = ["# Derived tables", "", "Generated from `pipelines/tables.py`.", ""]
+    lines = ["# Derived tables", "", "Generated from `pipelines/tables.py`.", "", ERASURE_DOC]
     for t in TABLES.values():
         lines += [
             f"## `{t.name}`",

@@ -17,7 +17,7 @@ All functions are pure ``DataFrame -> DataFrame``; nothing here reads or writes 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from pyspark import StorageLevel
@@ -79,6 +79,9 @@ class BatchOutput:
     unread_counts: DataFrame  # upserts (absolute counts)
     user_status: DataFrame  # upserts
     celebrities: DataFrame  # (author_id, followers, celebrity) for authors whose count changed
+    # view -> keys to delete (users, user_status, posts, inbox, unread_counts): the compaction's
+    # erasures; the whole-prefix fold below leaves the erased out instead and has none
+    deletes: dict[str, DataFrame] = field(default_factory=dict)
 
 
 def empty_table(spark: SparkSession, name: str) -> DataFrame:
@@ -216,7 +219,63 @@ def validate_stateful(events: DataFrame, state: State) -> DataFrame:
         .unionByName(reads.select("partition", "offset", "reason"))
         .where(F.col("reason").isNotNull())
     )
-    return events.join(reasons, ["partition", "offset"], "left")
+    # after its key user's erasure (earlier in the batch, or in the prior state): user_erased,
+    # whatever else it would be
+    erasures = (
+        _of_type(events, "user_erased")
+        .groupBy(F.col("user_id").alias("key_user"))
+        .agg(F.min("offset").alias("erased_at"))
+    )
+    gone = (
+        events.select("partition", "offset", _key_user().alias("key_user"))
+        .join(F.broadcast(erasures), "key_user", "left")
+        .join(
+            F.broadcast(_erased(state.events_bronze).withColumnRenamed("user_id", "key_user")),
+            "key_user",
+            "left",
+        )
+        .where(F.col("prior_erased") | (F.col("offset") > F.col("erased_at")))
+        .select("partition", "offset", F.lit("user_erased").alias("erased_reason"))
+    )
+    return (
+        events.join(reasons, ["partition", "offset"], "left")
+        .join(gone, ["partition", "offset"], "left")
+        .withColumn("reason", F.coalesce("erased_reason", "reason"))
+        .drop("erased_reason")
+    )
+
+
+def _key_user() -> Column:
+    """The user an event is keyed by (its partition key): a message's recipient, else user_id."""
+    return F.when(F.col("type") == "message_sent", F.col("recipient_id")).otherwise(F.col("user_id"))
+
+
+def _erased(events: DataFrame) -> DataFrame:
+    """The users with an applied ``user_erased`` among ``events`` (user_id, prior_erased = true)."""
+    applied = events.where(F.col("disposition") == APPLIED) if "disposition" in events.columns else events
+    return (
+        _of_type(applied, "user_erased").select("user_id").distinct().withColumn("prior_erased", F.lit(True))
+    )
+
+
+def without_erased(applied: DataFrame, erased: DataFrame) -> DataFrame:
+    """The applied events as the views see them after the erasures (docs/views.md, "Erasure"):
+    nothing keyed by an erased user, no follow of one, and messages from one anonymised (sender
+    0, no text)."""
+    e = F.broadcast(erased.select("user_id"))
+    kept = applied.join(e.withColumnRenamed("user_id", "_k"), _key_user() == F.col("_k"), "left_anti")
+    kept = kept.join(
+        e.withColumnRenamed("user_id", "_f"),
+        F.col("type").isin("followed", "unfollowed") & (F.col("followee_id") == F.col("_f")),
+        "left_anti",
+    )
+    from_erased = F.col("_s").isNotNull() & (F.col("type") == "message_sent")
+    return (
+        kept.join(e.withColumnRenamed("user_id", "_s"), F.col("user_id") == F.col("_s"), "left")
+        .withColumn("text", F.when(from_erased, F.lit(None).cast("string")).otherwise(F.col("text")))
+        .withColumn("user_id", F.when(from_erased, F.lit(0).cast("bigint")).otherwise(F.col("user_id")))
+        .drop("_s")
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -505,6 +564,15 @@ def apply_batch(events: DataFrame, state: State, cfg: ViewConfig) -> BatchOutput
         .select(*bronze_cols)
     )
     rejected = checked.where(F.col("reason").isNotNull())
+
+    # erasure: the erased users (this batch's and the prior state's) leave every view. The prior
+    # state's rows of a user erased in this batch are not removed here: the fold supports
+    # erasures as a whole-prefix fold (the replay verify runs, from empty state) only.
+    erased = materialize(_erased(applied).unionByName(_erased(state.events_bronze)).distinct())
+    if not erased.isEmpty():
+        if not _erased(applied).isEmpty() and not state.events_bronze.isEmpty():
+            raise ValueError("an erasure in a fold step over prior state: fold the whole prefix instead")
+        applied = materialize(without_erased(applied, erased))
 
     follows_upserts, follows_deletes = map(materialize, follow_changes(applied))
     posts = materialize(posts_view(applied, state.posts))

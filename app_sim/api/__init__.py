@@ -19,10 +19,12 @@ Status codes (every error body is JSON ``{"error": <code>, "detail": <text>}``):
 400    a malformed or out-of-range header (``Idempotency-Key``, ``X-Device-Time``, ``X-Sent-Time``;
        the detail names it: ``bad_header``), or a body that cannot be decoded, e.g. not UTF-8
        (``undecodable_body``)
-401    missing, malformed or forged bearer token (``WWW-Authenticate: Bearer``)
-403    deleting a post someone else wrote (``not_your_post``)
+401    missing, malformed or forged bearer token, or the token of an erased user
+       (``WWW-Authenticate: Bearer``)
+403    deleting a post someone else wrote (``not_your_post``); erasing another user
+       (``not_yourself``: ``DELETE /v1/users/{id}`` erases only the caller, as ``/v1/users/me``)
 404    the thing named does not exist *as far as the API can tell*: unknown user (followee,
-       recipient, status), unknown or deleted post, a message not in the caller's inbox (404,
+       recipient, status, erasure), unknown or deleted post, a message not in the caller's inbox (404,
        not 403: whether someone else's message exists is not the caller's business)
 409    ``Idempotency-Key``: a request with it is still in progress (``request_in_progress``,
        ``Retry-After: 1``), or a registration repeated with it (``already_registered``, no token)

@@ -167,10 +167,14 @@ async def caller(
     challenge = {"WWW-Authenticate": "Bearer"}
     if credentials is None:
         raise ApiError(401, "unauthorized", "missing bearer token (Authorization: Bearer <token>)", challenge)
+    api = _api(request)
     try:
-        return _api(request).tokens.verify(credentials.credentials)
+        user_id = api.tokens.verify(credentials.credentials)
     except auth.InvalidToken as exc:
         raise ApiError(401, "unauthorized", f"invalid token: {exc}", challenge) from None
+    if await auth.revoked(api.redis, user_id, await api.namespace()):
+        raise ApiError(401, "unauthorized", f"invalid token: user {user_id} is erased", challenge)
+    return user_id
 
 
 Caller = Annotated[int, Depends(caller)]
@@ -637,6 +641,34 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return _json(out, 202)
 
     # -- reads (serving store only; as_of read first, so the data covers at least as_of) -----------
+
+    @app.delete("/v1/users/me", status_code=202, response_model=m.Accepted, responses=WRITES, tags=["writes"])
+    async def erase_me(request: Request, me: Caller, client: Client):
+        """Erase yourself (event ``user_erased``, docs/views.md "Erasure"): your profile, status,
+        posts, follows, inbox and unread count leave every view, messages you sent stay with their
+        recipients without sender and text; your token stops working (401)."""
+        return await _erase(_api(request), client, me)
+
+    @app.delete(
+        "/v1/users/{user_id}",
+        status_code=202,
+        response_model=m.Accepted,
+        responses=WRITES | NOT_FOUND | {403: {"model": m.Error, "description": "not yourself"}},
+        tags=["writes"],
+    )
+    async def erase_user(user_id: IdPath, request: Request, me: Caller, client: Client):
+        """Erase a user: only yourself (the same as ``DELETE /v1/users/me``)."""
+        api = _api(request)
+        if user_id != me:
+            if not await api.user_exists(user_id):
+                raise ApiError(404, "unknown_user", f"user {user_id} does not exist")
+            raise ApiError(403, "not_yourself", "only the user themself can be erased through the API")
+        return await _erase(api, client, me)
+
+    async def _erase(api: Api, client: ClientTimes, me: int):
+        out = await append(api, client, "user_erased", me, {})
+        await auth.revoke(api.redis, me)  # after the append: a failed append erases nothing
+        return _json(out, 202)
 
     @app.get("/v1/timeline", response_model=m.Timeline, responses=ERRORS, tags=["reads"])
     async def timeline(request: Request, me: Caller, limit: Limit = 50):

@@ -106,8 +106,8 @@ class Timeline(BaseModel):
 
 class Message(BaseModel):
     message_id: int
-    sender_id: int
-    text: str
+    sender_id: int = Field(description="0: sent by a user who has since been erased (docs/views.md)")
+    text: str | None = Field(description="null when the sender is erased")
     event_time: int
     read: bool
 

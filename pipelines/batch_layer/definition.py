@@ -9,8 +9,11 @@ each other (docs/architecture.md, "Verification").
 It trusts nothing the speed layer decided: the ``disposition`` and ``reason`` columns of the
 archive are ignored; dedup and the stateful rejections are recomputed from the event columns.
 Every rule that depends on order is scoped to one Kafka partition, where log order is defined
-(``offset``): dedup by ``(partition, event_id)``; a user's follows, posts and status, and a
-recipient's inbox, share a partition by the contract's partition keys (docs/events.md).
+(``offset``): dedup by ``(partition, event_id)``; a user's follows, posts, status and erasure,
+and a recipient's inbox, share a partition by the contract's partition keys (docs/events.md).
+Erasure (docs/views.md, "Erasure") is the set of applied ``user_erased`` events: an event keyed by
+an erased user at a higher offset is rejected (``user_erased``), and every view leaves the erased
+users out (their rows, the follow edges to them, messages from them anonymised).
 
 All functions are pure ``DataFrame -> DataFrame``; :mod:`pipelines.batch_layer.job` reads and
 writes storage.
@@ -93,7 +96,31 @@ def duplicates(events: DataFrame, window_ms: int) -> DataFrame:
 
 
 # --------------------------------------------------------------------------------------------
-# 2. Stateful validity: creates and uses of keyed things (posts by their author, messages in
+# 2. Erasure: an event keyed by a user erased at a lower offset of its partition has no effect.
+# --------------------------------------------------------------------------------------------
+def key_user(events: DataFrame) -> Column:
+    """The user an event is keyed by (its partition key): the recipient of a message, else user_id."""
+    return F.when(F.col("type") == "message_sent", F.col("recipient_id")).otherwise(F.col("user_id"))
+
+
+def after_erasure(fresh: DataFrame) -> DataFrame:
+    """``(partition, offset, reason)`` of the non-duplicate events after their key user's first
+    ``user_erased`` in log order (a second erasure included): ``user_erased``."""
+    first = (
+        _of_type(fresh, "user_erased")
+        .groupBy("partition", F.col("user_id").alias("key_user"))
+        .agg(F.min("offset").alias("erased_at"))
+    )
+    return (
+        fresh.select("partition", "offset", key_user(fresh).alias("key_user"))
+        .join(F.broadcast(first), ["partition", "key_user"])
+        .where(F.col("offset") > F.col("erased_at"))
+        .select("partition", "offset", F.lit("user_erased").alias("reason"))
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# 3. Stateful validity: creates and uses of keyed things (posts by their author, messages in
 #    their recipient's inbox), in log order per key.
 # --------------------------------------------------------------------------------------------
 def rejections(fresh: DataFrame) -> DataFrame:
@@ -152,30 +179,40 @@ def rejections(fresh: DataFrame) -> DataFrame:
 
 
 # --------------------------------------------------------------------------------------------
-# 3. The views, each a set function of the applied events.
+# 4. The views, each a set function of the applied events (``erased``: the erased user ids).
 # --------------------------------------------------------------------------------------------
-def users_view(applied: DataFrame) -> DataFrame:
+def erased_users(applied: DataFrame) -> DataFrame:
+    return _of_type(applied, "user_erased").select("user_id").distinct()
+
+
+def _not_erased(df: DataFrame, erased: DataFrame, col: str) -> DataFrame:
+    return df.join(F.broadcast(erased.select(F.col("user_id").alias(col))), col, "left_anti")
+
+
+def users_view(applied: DataFrame, erased: DataFrame) -> DataFrame:
     return (
-        _of_type(applied, "user_registered")
+        _not_erased(_of_type(applied, "user_registered"), erased, "user_id")
         .groupBy("user_id")
         .agg(_last(F.struct("handle", "display_name", "event_time")).alias("r"))
         .select("user_id", "r.handle", "r.display_name", F.col("r.event_time").alias("registered_time"))
     )
 
 
-def user_status_view(applied: DataFrame) -> DataFrame:
+def user_status_view(applied: DataFrame, erased: DataFrame) -> DataFrame:
     return (
-        _of_type(applied, "status_updated")
+        _not_erased(_of_type(applied, "status_updated"), erased, "user_id")
         .groupBy("user_id")
         .agg(_last(F.struct("text", "event_time")).alias("s"))
         .select("user_id", "s.text", "s.event_time")
     )
 
 
-def follows_view(applied: DataFrame) -> DataFrame:
-    """follows(u): the pairs whose last follow action in log order is ``followed``."""
+def follows_view(applied: DataFrame, erased: DataFrame) -> DataFrame:
+    """follows(u): the pairs whose last follow action in log order is ``followed``, neither of
+    them erased."""
+    actions = _not_erased(_of_type(applied, "followed", "unfollowed"), erased, "user_id")
     return (
-        _of_type(applied, "followed", "unfollowed")
+        _not_erased(actions, erased, "followee_id")
         .groupBy("user_id", "followee_id")
         .agg(_last(F.struct("type", "event_time")).alias("a"))
         .where(F.col("a.type") == "followed")
@@ -183,9 +220,11 @@ def follows_view(applied: DataFrame) -> DataFrame:
     )
 
 
-def posts_view(applied: DataFrame) -> DataFrame:
-    """Every post created, with its delete (a deleted post never comes back)."""
+def posts_view(applied: DataFrame, erased: DataFrame) -> DataFrame:
+    """Every post created, with its delete (a deleted post never comes back); none of an erased
+    author."""
     key = ["author_id", "post_id"]
+    applied = _not_erased(applied, erased, "user_id")
     created = _of_type(applied, "post_created").select(
         F.col("user_id").alias("author_id"), "post_id", "event_time", "text"
     )
@@ -197,10 +236,23 @@ def posts_view(applied: DataFrame) -> DataFrame:
     )
 
 
-def inbox_view(applied: DataFrame) -> DataFrame:
+def inbox_view(applied: DataFrame, erased: DataFrame) -> DataFrame:
+    """inbox(r) of every recipient not erased; a message from an erased sender keeps its place
+    with sender 0 and no text."""
     key = ["recipient_id", "message_id"]
-    sent = _of_type(applied, "message_sent").select(
-        *key, F.col("user_id").alias("sender_id"), "text", "event_time"
+    gone = F.broadcast(erased.select(F.col("user_id").alias("sender_id"), F.lit(True).alias("sender_erased")))
+    sent = (
+        _not_erased(_of_type(applied, "message_sent"), erased, "recipient_id")
+        .select(*key, F.col("user_id").alias("sender_id"), "text", "event_time")
+        .join(gone, "sender_id", "left")
+        .select(
+            *key,
+            F.when(F.col("sender_erased"), F.lit(0).cast("bigint"))
+            .otherwise(F.col("sender_id"))
+            .alias("sender_id"),
+            F.when(F.col("sender_erased"), F.lit(None).cast("string")).otherwise(F.col("text")).alias("text"),
+            "event_time",
+        )
     )
     read = (
         _of_type(applied, "message_read")
@@ -282,12 +334,17 @@ def compute(
     )
     dups = keep(duplicates(events, cfg.dedup_window_ms))
     fresh = events.join(F.broadcast(dups), ["partition", "offset"], "left_anti")
-    rejected = keep(rejections(fresh))
+    erasure = after_erasure(fresh)
+    live = fresh.join(
+        F.broadcast(erasure.select("partition", "offset")), ["partition", "offset"], "left_anti"
+    )
+    rejected = keep(erasure.unionByName(rejections(live)))
     applied = fresh.join(F.broadcast(rejected), ["partition", "offset"], "left_anti")
+    erased = keep(erased_users(applied))
 
-    follows = keep(follows_view(applied))
-    posts = keep(posts_view(applied))
-    inbox = inbox_view(applied)
+    follows = keep(follows_view(applied, erased))
+    posts = keep(posts_view(applied, erased))
+    inbox = inbox_view(applied, erased)
     celebrities = celebrities_view(follows, cfg)
 
     dispositions = (
@@ -312,13 +369,13 @@ def compute(
         )
     )
     return BatchViews(
-        users=users_view(applied),
+        users=users_view(applied, erased),
         follows=follows,
         posts=posts,
         home_timeline=home_timeline_view(follows, posts, celebrities, cfg),
         inbox=inbox,
         unread_counts=unread_view(inbox),
-        user_status=user_status_view(applied),
+        user_status=user_status_view(applied, erased),
         celebrities=celebrities,
         dispositions=dispositions,
         accounting=accounting(dispositions, position),

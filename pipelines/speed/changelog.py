@@ -16,7 +16,10 @@ and then trims the streams up to what Delta holds. Fields of an entry:
        ``F+`` user, followee, event_time | ``F-`` user, followee |
        ``P`` author, post, created_time, text, deleted 0/1, deleted_time |
        ``I`` recipient, message, sender, text, event_time, read 0/1 | ``N`` user, unread |
-       ``C`` author, celebrity 0/1, followers
+       ``C`` author, celebrity 0/1, followers |
+       removals by an erasure (docs/views.md, "Erasure"): ``U-`` user | ``S-`` user |
+       ``P-`` author, post | ``I-`` recipient, message | ``N-`` user (the row is deleted; a
+       message the erased user sent is an ``I`` with sender ``0`` and text null)
 ``t``  timeline changes, comma-separated: ``+user:post:author:event_time`` or ``-user:post``
        (post ids zero-padded to 19 digits, as the timelines hold them)
 =====  ==========================================================================================

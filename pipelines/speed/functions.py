@@ -18,11 +18,13 @@ The serving reads (:mod:`pipelines.serving`) use the first group; the rest is th
 ``unread``          hash    u -> unread(u)
 ``status``          hash    u -> JSON {text, event_time}
 ``users``           hash    u -> JSON {handle, display_name}
+``erased``          set     erased user ids (tombstones, kept forever: docs/views.md, "Erasure")
 ``fence``           hash    partition -> next offset to apply (the log position the state covers;
                             reads return it as ``as_of``)
 ------------------  ------  ---------------------------------------------------------------------
 ``followers:<a>``   set     who follows a (the fan-out targets)
 ``pids:<a>``        hash    post_id -> 1 live / 0 deleted (a deleted post never comes back)
+``sent:<u>``        set     "<recipient>:<message>" of the messages u sent (anonymised on erasure)
 ``seen:<p>``        hash    dedup memory of partition p: event_id -> received_time;
                             ``seenq:<p>`` the same ids by received_time (for forgetting)
 ``hwm``             hash    partition -> newest received_time seen

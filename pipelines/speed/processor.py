@@ -72,6 +72,8 @@ def encode(offset: int, value: bytes | None) -> list:
         return head + ["", "", e["text"], ""]
     if t == "user_registered":
         return head + ["", "", e["handle"], e["display_name"]]
+    if t == "user_erased":
+        return head + ["", "", "", ""]
     return [offset, "!", "", "", "", "", "", "", "unknown_type", ""]
 
 

@@ -538,6 +538,9 @@ BAD = {
         "unknown_user",
     ),
     "delete-someone-elses-post": ("alice", "DELETE", "/v1/posts/{post}", None, {}, 403, "not_your_post"),
+    "erase-someone-else": ("alice", "DELETE", "/v1/users/{bob}", None, {}, 403, "not_yourself"),
+    "erase-unknown-user": ("alice", "DELETE", "/v1/users/987654321", None, {}, 404, "unknown_user"),
+    "erase-without-token": ("anyone", "DELETE", "/v1/users/me", None, {}, 401, "unauthorized"),
     "delete-missing-post": ("alice", "DELETE", "/v1/posts/987654321", None, {}, 404, "unknown_post"),
     "read-someone-elses-message": (
         "alice",
@@ -623,6 +626,72 @@ def test_what_the_api_wrote_itself_counts_before_the_store_has_it(shared_api, ca
         assert deleted.status_code == 202
         again = c.delete(f"/v1/posts/{cast.bobs_post}")
         assert again.status_code == 404  # deleted is deleted, even before the views know
+
+
+def test_erasure_appends_user_erased_and_revokes_the_token(api_factory):
+    """DELETE /v1/users/me and /v1/users/{own id}: 202 with the event's position, the event in
+    the log, then 401 for that token; the handle can be registered again (a new user id)."""
+    import redis
+
+    api = api_factory()
+    alice, alice_token = api.register("alice")
+    bob, bob_token = api.register("bob")
+    with api.client(alice_token) as c:
+        r = c.delete("/v1/users/me")
+        assert r.status_code == 202, r.text
+        out = r.json()
+        assert c.get("/v1/inbox").status_code == 401
+        again = c.delete("/v1/users/me")
+        assert again.status_code == 401 and "erased" in again.json()["detail"]
+    key, event = record_at(api.settings, api.topic, out["partition"], out["offset"])
+    assert key == str(alice).encode() and event["type"] == "user_erased" and event["user_id"] == alice
+    assert event["event_id"] == out["event_id"] and contract.validate(event) is None
+    with api.client(bob_token) as c:
+        assert c.delete(f"/v1/users/{bob}").status_code == 202  # one's own id: the same as /me
+        assert c.get("/v1/unread").status_code == 401
+    # the same handle again: a new user, whose token works
+    alice2, token2 = api.register("alice")
+    assert alice2 != alice
+    with api.client(token2) as c:
+        assert c.get("/v1/unread").status_code == 200
+    # the speed layer's tombstone alone also revokes (a crash between append and revocation)
+    r = redis.Redis.from_url(api.settings.redis_url)
+    r.sadd(f"{api.settings.views_namespace}:erased", alice2)
+    with api.client(token2) as c:
+        assert c.get("/v1/unread").status_code == 401
+
+
+def test_social_erase_operator_command(api_factory):
+    api = api_factory()
+    carol, token = api.register("carol")
+    env = {
+        "SOCIAL_EVENTS_TOPIC": api.topic,
+        "SOCIAL_VIEWS_NAMESPACE": api.settings.views_namespace,
+        "SOCIAL_KAFKA_BOOTSTRAP": api.settings.kafka_bootstrap,
+        "SOCIAL_REDIS_URL": api.settings.redis_url,
+    }
+    import os
+
+    def erase(user_id):
+        return subprocess.run(
+            [sys.executable, "-m", "app_sim.erase", "--user-id", str(user_id)],
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    before = end_offsets(api.settings, api.topic)
+    unknown = erase(987654321)
+    assert unknown.returncode == 2 and "unknown user 987654321" in unknown.stderr
+    assert end_offsets(api.settings, api.topic) == before
+    done = erase(carol)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    _key, event = record_at(api.settings, api.topic, out["partition"], out["offset"])
+    assert event["type"] == "user_erased" and event["user_id"] == carol
+    with api.client(token) as c:
+        assert c.get("/v1/unread").status_code == 401
 
 
 def test_broker_down_is_a_quick_503_never_a_hang(kafka_stack, topic_factory):

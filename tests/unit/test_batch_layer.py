@@ -304,7 +304,9 @@ def test_generated_log_batch_layer_equals_speed_layer(spark, redis_url):  # noqa
     from pipelines.batch_layer.cross_check import changelog_dispositions, cross_check
     from pipelines.batch_layer.definition import BatchConfig, compute
 
-    cfg = GeneratorConfig(users=40, seed=seed, mean_followers=6, invalid_share=0.02, duplicate_share=0.03)
+    cfg = GeneratorConfig(
+        users=40, seed=seed, mean_followers=6, invalid_share=0.02, duplicate_share=0.03, erasure_share=0.003
+    )
     evs = [(k, v) for k, v, _inj in generate(3000, cfg)]
     bronze, quarantine, position, recs = archive(spark, evs)
     ns = f"bl{seed}"
@@ -322,6 +324,11 @@ def test_generated_log_batch_layer_equals_speed_layer(spark, redis_url):  # noqa
         k: sum(r_[k] for r_ in views.accounting.collect()) for k in ("duplicates", "rejected", "quarantined")
     }
     assert all(acct.values()), acct
+    # ... erasures, and events after them (the reasons are in the dispositions compared above)
+    assert sum(1 for _k, v in evs if isinstance(v, dict) and v["type"] == "user_erased") >= 3
+    assert (
+        sum(1 for d in changelog_dispositions(r, ns, list(range(PARTITIONS))) if d[3] == "user_erased") > 10
+    )
     assert got["views"]["home_timeline"]["batch_rows"] > 100
     assert got["views"]["dispositions"]["batch_rows"] == 3000
 
@@ -428,3 +435,92 @@ def F_lit_null():  # noqa: N802
     from pyspark.sql import functions as F
 
     return F.lit(None).cast("string")
+
+
+# ---------------------------------------------------------------------------------------------
+# Erasure (docs/views.md, "Erasure"): the speed layer's hand-worked logs, users apart.
+# ---------------------------------------------------------------------------------------------
+def _shift(events, by):
+    """The same events with every user id + ``by`` (even: the partitions stay) and new event ids."""
+    out = []
+    for e in events:
+        e = dict(e, event_id=f"{e['event_id']}+{by}")
+        for f in ("user_id", "followee_id", "recipient_id"):
+            if f in e:
+                e[f] += by
+        out.append(e)
+    return out
+
+
+@pytest.fixture(scope="module")
+def erasure_log(spark):
+    from tests.unit import test_speed_processor as sp
+
+    authors = [e for part in sp.erasure_authors_log() for e in part]
+    messages = [e for part in sp.erasure_messages_log() for e in part]
+    log = (
+        authors
+        + _shift(messages, 100)
+        + _shift(sp.erasure_reregister_log(), 200)
+        + _shift(sp.erasure_cross_partition_log(), 300)
+    )
+    return collect(batch(spark, log, fanout_threshold=2, timeline_length=2))
+
+
+def test_erasure_of_an_author_and_a_celebrity(erasure_log):
+    tl = timelines(erasure_log)
+    assert {u: tl.get(u, []) for u in (1, 2, 3, 10, 20, 30)} == {
+        1: [302, 301],  # refilled from 30's older posts
+        2: [],
+        3: [],
+        10: [],
+        20: [],
+        30: [302, 301],
+    }
+    follows = sorted((r["user_id"], r["followee_id"]) for r in erasure_log["follows"] if r["user_id"] < 100)
+    assert follows == [(1, 30)]  # 2's follow of the erased 20, after the erasure: no edge
+    assert [r["author_id"] for r in erasure_log["posts"] if r["author_id"] < 100] == [30, 30]
+    assert of(erasure_log, "users", user_id=10) == [] and of(erasure_log, "user_status", user_id=10) == []
+    assert erasure_log["celebrities"] == []
+
+
+def test_erasure_of_a_user_with_messages_both_ways(erasure_log):
+    inbox = sorted(tuple(r.values()) for r in erasure_log["inbox"] if 100 < r["recipient_id"] < 200)
+    assert inbox == [
+        (102, 600, 0, None, T0 + 3000, True),
+        (102, 602, 0, None, T0 + 5000, True),
+        (103, 601, 0, None, T0 + 4000, False),
+        (103, 700, 102, "kept", T0 + 7000, False),
+    ]
+    unread = {r["user_id"]: r["unread"] for r in erasure_log["unread_counts"] if 100 < r["user_id"] < 200}
+    assert unread == {102: 0, 103: 2}
+
+
+def test_erase_then_register_the_same_handle_again(erasure_log):
+    assert [(r["user_id"], r["handle"], r["display_name"]) for r in erasure_log["users"]] == [
+        (209, "alice", "Alice again")
+    ]
+
+
+def test_erasure_before_earlier_events_of_another_partition(erasure_log):
+    assert of(erasure_log, "inbox", recipient_id=302) == [
+        {"recipient_id": 302, "message_id": 800, "sender_id": 0, "text": None, "event_time": T0 + 2000,
+         "read": False}
+    ]  # fmt: skip
+    assert of(erasure_log, "follows", user_id=302) == []
+    assert timelines(erasure_log)[302] == [21]
+
+
+def test_erasure_rejections(erasure_log):
+    rejected = sorted(
+        (r["partition"], r["type"]) for r in erasure_log["dispositions"] if r["reason"] == "user_erased"
+    )
+    # 10: a post and a second erasure; 101: a message to them and a read; 207: a registration
+    assert rejected == [
+        (0, "post_created"),
+        (0, "user_erased"),
+        (1, "message_read"),
+        (1, "message_sent"),
+        (1, "user_registered"),
+    ]
+    assert all(r["disposition"] == "rejected" for r in erasure_log["dispositions"] if r["reason"])

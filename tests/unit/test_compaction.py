@@ -98,3 +98,50 @@ def test_timelines_follow_the_sequence_not_the_offsets(changes):
     ]
     assert rows(deletes, "user_id", "post_id") == [(1, 10), (2, 10), (3, 11)]
     assert rows(first_n(upserts, changes.timeline_users(), 1), "user_id", "post_id") == [(1, 11), (2, 11)]
+
+
+@pytest.fixture
+def erased(spark, redis_url, ns):  # noqa: F811 - pytest fixtures
+    # users 1 and 3 are in partition 1, user 2 in partition 0; 1 is erased
+    r = apply(
+        redis_url,
+        ns,
+        [
+            [
+                ev("user_registered", 1, 0, handle="ann", display_name="Ann"),
+                ev("status_updated", 1, 0.5, text="here"),
+                ev("followed", 2, 1, followee_id=1),
+                ev("followed", 1, 1, followee_id=2),
+                ev("post_created", 1, 2, post_id=10, text="hi"),  # fanned out to tl:2
+                ev("message_sent", 2, 3, message_id=5, recipient_id=1, text="to ann"),
+                ev("message_sent", 1, 4, message_id=6, recipient_id=2, text="from ann"),
+                ev("message_sent", 3, 5, message_id=7, recipient_id=2, text="from 3"),
+            ],
+            [ev("user_erased", 1, 6)],
+            [ev("post_created", 2, 7, post_id=20, text="after")],
+        ],
+    )
+    entries = [e for p in range(PARTITIONS) for e in changelog.read(r, ns, p, 0, 100)]
+    return Changes(spark.createDataFrame(entries, CHANGELOG_DDL))
+
+
+def test_an_erasure_compacts_into_deletes(erased):
+    assert rows(erased.users(), "user_id") == [] and rows(erased.deletes("users"), "user_id") == [(1,)]
+    assert rows(erased.user_status(), "user_id") == [] and rows(erased.deletes("user_status"), "user_id") == [
+        (1,)
+    ]
+    assert rows(erased.posts(), "author_id", "post_id") == [(2, 20)]
+    assert rows(erased.deletes("posts"), "author_id", "post_id") == [(1, 10)]
+    # 1's inbox goes; the message 1 sent stays in 2's inbox, from sender 0 with no text
+    assert rows(erased.inbox(), "recipient_id", "message_id", "sender_id", "text", "event_time", "read") == [
+        (2, 6, 0, None, t(4), False),
+        (2, 7, 3, "from 3", t(5), False),
+    ]
+    assert rows(erased.deletes("inbox"), "recipient_id", "message_id") == [(1, 5)]
+    assert rows(erased.unread_counts(), "user_id", "unread") == [(2, 2)]
+    assert rows(erased.deletes("unread_counts"), "user_id") == [(1,)]
+    upserts, deletes = erased.follows()
+    assert rows(upserts, "user_id") == [] and rows(deletes, "user_id", "followee_id") == [(1, 2), (2, 1)]
+    tl_upserts, tl_deletes = erased.timelines()
+    assert rows(tl_upserts, "user_id", "post_id") == [(2, 20)]
+    assert rows(tl_deletes, "user_id", "post_id") == [(1, 10), (2, 10)]

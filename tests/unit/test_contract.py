@@ -73,6 +73,7 @@ def test_partition_keys_per_contract():
         "post_deleted": "user_id",
         "message_sent": "recipient_id",
         "message_read": "user_id",
+        "user_erased": "user_id",
     }
     assert contract.record_key(ev("message_sent")) == b"9"
     assert contract.partition_key(ev("post_created")) == 7
@@ -223,3 +224,16 @@ def test_docs_are_up_to_date():
     assert contract.DOCS_PATH.read_text(encoding="utf-8") == render(), (
         "docs/events.md is stale: run `python -m app_sim.contract docs`"
     )
+
+
+def test_the_bronze_quality_suite_knows_every_event_type():
+    """The events_bronze suite's set of types is written by hand: it must follow the contract."""
+    from infra.settings import REPO_ROOT
+
+    suite = json.loads((REPO_ROOT / "quality/gx/expectations/events_bronze.json").read_text())
+    sets = [
+        e["kwargs"]["value_set"]
+        for e in suite["expectations"]
+        if e["type"] == "expect_column_values_to_be_in_set" and e["kwargs"]["column"] == "type"
+    ]
+    assert sets == [list(contract.EVENT_TYPES)]

@@ -181,7 +181,7 @@ def test_every_valid_generated_event_takes_the_fast_path(spark):
 
     raws = [
         orjson.dumps(v).decode()
-        for _, v, injected in generate(3_000, GeneratorConfig(users=50))
+        for _, v, injected in generate(3_000, GeneratorConfig(users=50, erasure_share=0.002))
         if not injected
     ]
     shapes = {t: clean_shape(contract.event_type(t)) for t in contract.EVENT_TYPES}

@@ -331,7 +331,7 @@ def definition(records, n, threshold, window):
     from app_sim import contract
 
     follows, posts, pids, inbox, status = defaultdict(set), {}, defaultdict(dict), defaultdict(dict), {}
-    seen = defaultdict(dict)
+    seen, erased, sender = defaultdict(dict), set(), {}
     for p, _o, raw in sorted(records, key=lambda x: (x[0], x[1])):  # per partition, in log order
         e, reason = contract.parse_and_validate(raw)
         if reason:
@@ -342,7 +342,11 @@ def definition(records, n, threshold, window):
             continue
         u, t = e["user_id"], e["type"]
         et = e["device_time"] + e["received_time"] - e["sent_time"]
-        if t == "followed":
+        if (e["recipient_id"] if t == "message_sent" else u) in erased:
+            continue  # after its key user's erasure in this partition: rejected
+        if t == "user_erased":
+            erased.add(u)
+        elif t == "followed":
             follows[u].add(e["followee_id"])
         elif t == "unfollowed":
             follows[u].discard(e["followee_id"])
@@ -354,10 +358,20 @@ def definition(records, n, threshold, window):
             del posts[e["post_id"]]
         elif t == "message_sent" and e["message_id"] not in inbox[e["recipient_id"]]:
             inbox[e["recipient_id"]][e["message_id"]] = False
+            sender[e["message_id"]] = (u, e["text"])
         elif t == "message_read" and e["message_id"] in inbox[u]:
             inbox[u][e["message_id"]] = True
         elif t == "status_updated":
             status[u] = e["text"]
+    # erasure: the erased users' rows, their posts and the edges to them leave every view
+    follows = {u: {a for a in fs if a not in erased} for u, fs in follows.items() if u not in erased}
+    follows = defaultdict(set, follows)
+    posts = {pid: (a, et) for pid, (a, et) in posts.items() if a not in erased}
+    inbox = {r: box for r, box in inbox.items() if r not in erased}
+    status = {u: text for u, text in status.items() if u not in erased}
+    messages = {
+        r: {m: (0, None) if sender[m][0] in erased else sender[m] for m in box} for r, box in inbox.items()
+    }
     followers = defaultdict(int)
     for fs in follows.values():
         for a in fs:
@@ -369,7 +383,7 @@ def definition(records, n, threshold, window):
         mine = sorted(((et, pid) for pid, (a, et) in posts.items() if a in sources), reverse=True)[:n]
         tls[u] = [pid for _, pid in mine]
     unread = {u: sum(not read for read in box.values()) for u, box in inbox.items()}
-    return tls, unread, status, follows
+    return tls, unread, status, follows, messages
 
 
 def state_of(url, ns, n):
@@ -383,17 +397,33 @@ def state_of(url, ns, n):
     follows = {
         int(k.rsplit(":", 1)[1]): {int(x) for x in r.smembers(k)} for k in r.scan_iter(f"{ns}:following:*")
     }
-    return tls, unread, status, follows
+    messages = {}
+    for k in r.scan_iter(f"{ns}:msgs:*"):
+        box = {int(m): json.loads(v) for m, v in r.hgetall(k).items()}
+        messages[int(k.rsplit(":", 1)[1])] = {m: (b["sender_id"], b["text"]) for m, b in box.items()}
+    return tls, unread, status, follows, messages
 
 
-def test_any_interleaving_and_batching_gives_the_definition(redis_url):
+@pytest.mark.parametrize("erasure_share", [0.0, 0.003])
+def test_any_interleaving_and_batching_gives_the_definition(redis_url, erasure_share):
     from app_sim.generator import GeneratorConfig, generate
 
-    cfg = GeneratorConfig(users=40, seed=11, mean_followers=6, invalid_share=0.02, duplicate_share=0.03)
+    cfg = GeneratorConfig(
+        users=40,
+        seed=11,
+        mean_followers=6,
+        invalid_share=0.02,
+        duplicate_share=0.03,
+        erasure_share=erasure_share,
+    )
     evs = [(k, v) for k, v, _inj in generate(3000, cfg)]
     recs = to_records(evs)
     n, threshold, window = 20, 8, 24 * 3600 * 1000
-    want_tl, want_unread, want_status, want_follows = definition(recs, n, threshold, window)
+    want_tl, want_unread, want_status, want_follows, want_msgs = definition(recs, n, threshold, window)
+    erasures = sum(1 for _k, v in evs if isinstance(v, dict) and v["type"] == "user_erased")
+    assert (erasures >= 3) == (erasure_share > 0), erasures
+    if erasure_share:  # the log exercises the erasure: anonymised messages are left in inboxes
+        assert any(s == (0, None) for box in want_msgs.values() for s in box.values())
     assert sum(map(len, want_tl.values())) > 100 and any(len(t) == n for t in want_tl.values())
     per_p = defaultdict(list)
     for p, o, raw in recs:
@@ -417,8 +447,212 @@ def test_any_interleaving_and_batching_gives_the_definition(redis_url):
             k = rng.randint(1, 400)
             proc.process(p, per_p[p][cursors[p] : cursors[p] + k])
             cursors[p] += k
-        tls, unread, status, follows = state_of(redis_url, ns, n)
+        tls, unread, status, follows, msgs = state_of(redis_url, ns, n)
         assert {u: t for u, t in tls.items() if t} == {u: t for u, t in want_tl.items() if t}
         assert {u: c for u, c in unread.items() if c} == {u: c for u, c in want_unread.items() if c}
         assert status == want_status
         assert {u: f for u, f in follows.items() if f} == {u: f for u, f in want_follows.items() if f}
+        assert {u: m for u, m in msgs.items() if m} == {u: m for u, m in want_msgs.items() if m}
+
+
+# ---------------------------------------------------------------------------------------------
+# Erasure (docs/views.md, "Erasure"): hand-worked logs.
+# ---------------------------------------------------------------------------------------------
+def stepper(url, ns, **cfg):
+    """(client, step): ``step(events)`` applies the next events of one log, offsets going on."""
+    proc = Processor(ProcessorConfig(redis_url=url, namespace=ns, **cfg))
+    offsets: dict[int, int] = {}
+
+    def step(events):
+        per_p = defaultdict(list)
+        for p, o, raw in to_records(events, offsets):
+            per_p[p].append((o, raw))
+        for p, recs in sorted(per_p.items()):
+            proc.process(p, recs)
+
+    return redis.Redis.from_url(url, decode_responses=True), step
+
+
+def erasure_authors_log():
+    """1, 2 follow 10 (2 followers: fanned out); 3, 4, 5 follow 20 (3 > threshold 2: merged at read
+    time); 1 and 10 follow 30. Timelines hold N = 2."""
+    before = [
+        *(ev("followed", u, 0, followee_id=10) for u in (1, 2)),
+        *(ev("followed", u, 0, followee_id=20) for u in (3, 4, 5)),
+        *(ev("followed", u, 0, followee_id=30) for u in (1, 10)),
+        ev("user_registered", 10, 0, handle="ten", display_name="Ten"),
+        ev("status_updated", 10, 0, text="status of 10"),
+        ev("post_created", 30, 1, post_id=301, text="30 a"),
+        ev("post_created", 30, 2, post_id=302, text="30 b"),
+        ev("post_created", 10, 3, post_id=101, text="10 a"),
+        ev("post_created", 10, 4, post_id=102, text="10 b"),
+        ev("post_created", 10, 4.5, post_id=103, text="10 deleted"),
+        ev("post_deleted", 10, 4.6, post_id=103),
+        ev("post_created", 20, 5, post_id=201, text="celebrity"),
+    ]
+    erase = [ev("user_erased", 10, 6), ev("user_erased", 20, 6)]
+    after = [
+        ev("post_created", 10, 7, post_id=104, text="after"),  # 10's partition: user_erased
+        ev("user_erased", 10, 8),  # erasing twice: user_erased, no effect
+        ev("followed", 2, 9, followee_id=20),  # 2's partition: applied, no edge to an erased user
+    ]
+    return before, erase, after
+
+
+def test_erasing_an_author_and_a_celebrity(redis_url, ns):
+    from pipelines.serving import ServingReader
+
+    before, erase, after = erasure_authors_log()
+    r, step = stepper(redis_url, ns, fanout_threshold=2, timeline_length=2, timeline_slack=0)
+    step(before)
+    assert {u: timeline(r, ns, u, 2) for u in (1, 2, 10, 20, 3)} == {
+        1: [102, 101],
+        2: [102, 101],
+        10: [102, 101],
+        20: [201],
+        3: [],  # 20's posts are merged at read time
+    }
+    assert r.smembers(functions.key(ns, "celebs")) == {"20"}
+    step(erase + after)
+    # 1's timeline refilled exactly from the older posts of 30; 2 follows nobody left
+    assert {u: timeline(r, ns, u, 2) for u in (1, 2, 3, 30)} == {1: [302, 301], 2: [], 3: [], 30: [302, 301]}
+    for gone in ("tl:10", "tl:20", "posts:10", "posts:20", "pids:10", "following:10", "followers:10",
+                 "followers:20", "p:101", "p:102", "p:103", "p:201"):  # fmt: skip
+        assert not r.exists(functions.key(ns, *gone.split(":"))), gone
+    assert {u: r.smembers(functions.key(ns, "following", u)) for u in (1, 2, 3)} == {
+        1: {"30"},
+        2: set(),
+        3: set(),
+    }
+    assert r.smembers(functions.key(ns, "followers", 30)) == {"1"}
+    assert r.smembers(functions.key(ns, "celebs")) == set()
+    assert r.smembers(functions.key(ns, "erased")) == {"10", "20"}
+    assert r.hget(functions.key(ns, "users"), 10) is None and r.hget(functions.key(ns, "status"), 10) is None
+    # the read-time merge finds nothing of 20 either
+    import asyncio
+
+    async def read(u):
+        client = redis.asyncio.Redis.from_url(redis_url)
+        try:
+            return await ServingReader(client, ns).timeline(u, 10)
+        finally:
+            await client.aclose()
+
+    assert [p["post_id"] for p in asyncio.run(read(3))[0]] == []
+    assert [p["post_id"] for p in asyncio.run(read(1))[0]] == [302, 301]
+    assert reasons(r, ns) == ["user_erased", "user_erased"]
+    # the erasure's changelog entry deletes every row of 10 (the deleted post's tombstone too)
+    entry = [json.loads(f["c"]) for f in changelog(r, ns, 0) if f.get("c") and '"U-"' in f["c"]]
+    assert len(entry) == 1
+    kinds = sorted(tuple(c[:3]) for c in entry[0] if c[0] in ("P-", "U-", "S-", "F-"))
+    assert kinds == [("F-", "1", "10"), ("F-", "10", "30"), ("F-", "2", "10"), ("P-", "10", "101"),
+                     ("P-", "10", "102"), ("P-", "10", "103"), ("S-", "10"), ("U-", "10")]  # fmt: skip
+
+
+def erasure_messages_log():
+    """1 (erased) has 2 messages from 2 and 3 (one read); 1 sent 600, 602 to 2 (600 read) and 601
+    to 3; 2 sent 700 to 3. Partitions: 1 -> 1, 2 -> 0, 3 -> 1."""
+    before = [
+        ev("message_sent", 2, 0, message_id=500, recipient_id=1, text="to 1"),
+        ev("message_sent", 3, 1, message_id=501, recipient_id=1, text="to 1 again"),
+        ev("message_read", 1, 2, message_id=500),
+        ev("message_sent", 1, 3, message_id=600, recipient_id=2, text="secret"),
+        ev("message_sent", 1, 4, message_id=601, recipient_id=3, text="secret 2"),
+        ev("message_sent", 1, 5, message_id=602, recipient_id=2, text="secret 3"),
+        ev("message_read", 2, 6, message_id=600),
+        ev("message_sent", 2, 7, message_id=700, recipient_id=3, text="kept"),
+    ]
+    erase = [ev("user_erased", 1, 8)]
+    after = [
+        ev("message_sent", 3, 9, message_id=503, recipient_id=1, text="too late"),  # user_erased
+        ev("message_read", 1, 10, message_id=501),  # user_erased
+        ev("message_read", 2, 11, message_id=602),  # applied: 2 reads the anonymised message
+    ]
+    return before, erase, after
+
+
+def test_erasing_a_user_with_messages_in_both_directions(redis_url, ns):
+    before, erase, after = erasure_messages_log()
+    r, step = stepper(redis_url, ns)
+    step(before)
+    assert r.hgetall(functions.key(ns, "unread")) == {"1": "1", "2": "1", "3": "2"}
+    step(erase + after)
+
+    def inbox(u):
+        return {int(k): json.loads(v) for k, v in r.hgetall(functions.key(ns, "msgs", u)).items()}
+
+    assert inbox(1) == {} and not r.exists(functions.key(ns, "inbox", 1))
+    assert inbox(2) == {
+        600: {"message_id": 600, "sender_id": 0, "text": None, "event_time": T0 + 3000, "read": True},
+        602: {"message_id": 602, "sender_id": 0, "text": None, "event_time": T0 + 5000, "read": True},
+    }
+    assert inbox(3) == {
+        601: {"message_id": 601, "sender_id": 0, "text": None, "event_time": T0 + 4000, "read": False},
+        700: {"message_id": 700, "sender_id": 2, "text": "kept", "event_time": T0 + 7000, "read": False},
+    }
+    assert [int(m) for m in r.zrevrange(functions.key(ns, "inbox", 2), 0, -1)] == [602, 600]
+    # unread == the unread rows of each inbox; 1's counter is gone
+    assert r.hgetall(functions.key(ns, "unread")) == {"2": "0", "3": "2"}
+    assert {u: r.smembers(functions.key(ns, "sent", u)) for u in (1, 2, 3)} == {
+        1: set(),
+        2: {"3:700"},
+        3: set(),
+    }
+    assert reasons(r, ns) == ["user_erased", "user_erased"]
+
+
+def erasure_reregister_log():
+    return [
+        ev("user_registered", 7, 0, handle="alice", display_name="Alice"),
+        ev("user_erased", 7, 1),
+        ev("user_registered", 9, 2, handle="alice", display_name="Alice again"),  # a new id
+        ev("user_registered", 7, 3, handle="alice", display_name="Alice"),  # the old id: user_erased
+    ]
+
+
+def test_erase_then_register_the_same_handle_again(redis_url, ns):
+    r, step = stepper(redis_url, ns)
+    step(erasure_reregister_log())
+    assert r.hgetall(functions.key(ns, "users")) == {
+        "9": json.dumps({"handle": "alice", "display_name": "Alice again"}, separators=(",", ":"))
+    }
+    assert reasons(r, ns) == ["user_erased"]
+
+
+def erasure_cross_partition_log():
+    """1's erasure (partition 1) and, in partition 0, a message from 1 to 2 and 2's follow of 1,
+    both with earlier event times."""
+    return [
+        ev("user_registered", 1, 0, handle="one", display_name="One"),
+        ev("post_created", 1, 1, post_id=11, text="by 1"),
+        ev("user_erased", 1, 5),
+        ev("message_sent", 1, 2, message_id=800, recipient_id=2, text="from 1"),
+        ev("followed", 2, 3, followee_id=1),
+        ev("post_created", 2, 4, post_id=21, text="by 2"),
+    ]
+
+
+def test_an_erasure_applied_before_earlier_events_of_another_partition(redis_url):
+    """Whichever partition Redis applies first, the same state (and nothing of partition 0 is
+    rejected)."""
+    from pipelines.speed.compare import compare_namespaces
+
+    recs = to_records(erasure_cross_partition_log())
+    states = []
+    for order in ((1, 0), (0, 1)):
+        ns = f"order{order[0]}{uuid.uuid4().hex[:6]}"
+        proc = Processor(ProcessorConfig(redis_url=redis_url, namespace=ns))
+        for p in order:
+            got = proc.process(p, [(o, v) for q, o, v in recs if q == p])
+            assert got.applied == got.records  # nothing in partition 0 is rejected, in either order
+        states.append(ns)
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    for ns in states:
+        assert json.loads(r.hget(functions.key(ns, "msgs", 2), 800)) == {
+            "message_id": 800, "sender_id": 0, "text": None, "event_time": T0 + 2000, "read": False,
+        }  # fmt: skip
+        assert r.hget(functions.key(ns, "unread"), 2) == "1"
+        assert r.smembers(functions.key(ns, "following", 2)) == set()
+        assert timeline(r, ns, 2) == [21]
+        assert r.smembers(functions.key(ns, "erased")) == {"1"}
+    assert compare_namespaces(redis.Redis.from_url(redis_url), *states, timeline_length=800)["ok"]

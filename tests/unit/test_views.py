@@ -229,3 +229,39 @@ def test_chunked_fold_equals_one_shot_replay(spark):
         assert a.count() > 0, name
         assert a.exceptAll(b).count() == 0 and b.exceptAll(a).count() == 0, name
     assert sum(o.bronze.where("disposition = 'duplicate'").count() for o in outs) > 0
+
+
+def test_erasure_in_the_whole_prefix_fold(spark):
+    """The speed layer's hand-worked erasure logs (users apart, as in test_batch_layer) folded in
+    one step, as verify's replay does; a fold step over prior state refuses an erasure."""
+    from tests.unit import test_speed_processor as sp
+    from tests.unit.test_batch_layer import _shift
+
+    authors = [e for part in sp.erasure_authors_log() for e in part]
+    messages = [e for part in sp.erasure_messages_log() for e in part]
+    log = (
+        authors
+        + _shift(messages, 100)
+        + _shift(sp.erasure_reregister_log(), 200)
+        + _shift(sp.erasure_cross_partition_log(), 300)
+    )
+    state, (out,) = run(spark, [log], fanout_threshold=2, timeline_length=2)
+    tl = {}
+    for u, p in rows(state.home_timeline, "user_id", "post_id"):
+        tl.setdefault(u, set()).add(p)
+    assert tl == {1: {301, 302}, 30: {301, 302}, 302: {21}}
+    assert rows(state.follows, "user_id", "followee_id") == [(1, 30)]
+    assert rows(state.users, "user_id", "handle") == [(209, "alice")]
+    assert rows(state.user_status, "user_id") == []
+    assert rows(state.posts, "author_id", "post_id") == [(30, 301), (30, 302), (302, 21)]
+    assert rows(state.inbox, "recipient_id", "message_id", "sender_id", "text", "read") == [
+        (102, 600, 0, None, True),
+        (102, 602, 0, None, True),
+        (103, 601, 0, None, False),
+        (103, 700, 102, "kept", False),
+        (302, 800, 0, None, False),
+    ]
+    assert rows(state.unread_counts, "user_id", "unread") == [(102, 0), (103, 2), (302, 1)]
+    assert sorted(r for (r,) in rows(out.rejected, "reason")) == ["user_erased"] * 5
+    with pytest.raises(ValueError, match="whole prefix"):
+        run(spark, [log[:1], log[1:]], fanout_threshold=2, timeline_length=2)

@@ -11,6 +11,7 @@ EVENT_ARGS arguments: offset, type, event_id, user_id, received_time, event_time
   post_created     id1 = post_id, s1 = text     post_deleted id1 = post_id
   message_sent     id1 = message_id, id2 = sender_id (user_id is the recipient), s1 = text
   message_read     id1 = message_id
+  user_erased      (the envelope only)
   "!"              a record the contract rejected before Redis: s1 = its reason
 
 Per event, atomically (a function runs alone in Redis):
@@ -27,6 +28,14 @@ Per event, atomically (a function runs alone in Redis):
      global sequence number `s` (INCR seq): the order in which Redis applied events of all
      partitions, so the last change per key in `s` order is the key's value (the compaction's rule).
 
+Erasure (docs/views.md, "Erasure"): `erased` is the set of erased user ids, a tombstone kept forever.
+An event whose key user (the partition key: user_id, or the recipient of a message) is erased was
+written after the erasure in the same partition: rejected `user_erased`, decided in log order. An
+event of another partition that names an erased user (a follow of them, a message from them) is
+applied with the effect the set of events defines whatever the interleaving: no edge, and the
+message lands with sender 0 and no text. `sent:<u>` ("<recipient>:<message>") finds the messages
+u sent, to anonymise them when u is erased.
+
 `FCALL_RO social_cut 0 <ns>` returns {seq, partition, next offset, ...} read in one atomic step: a
 consistent cut. The events below those offsets are exactly the changelog entries with s <= seq, and
 the state at that moment is the views at that log position (the archiver archives only such cuts).
@@ -36,7 +45,7 @@ are ids zero-padded to 19 digits, so ZREVRANGE order = (event_time desc, id desc
 strings here: Lua numbers are doubles and would round 64-bit ids.
 ]]
 
-local VERSION = '5'
+local VERSION = '6'
 local EVENT_ARGS = 10
 
 local function cmp_gt(s1, m1, s2, m2) -- (score, member) ordering of the timelines
@@ -81,11 +90,13 @@ local function post_json(pid, a, text, et)
     ',"event_time":' .. string.format('%d', et) .. '}'
 end
 local function msg_json(mid, sender, text, et, read)
+  if text == nil or text == cjson.null then text = cjson.null end
   return '{"message_id":' .. mid .. ',"sender_id":' .. sender .. ',"text":' .. cjson.encode(text) ..
     ',"event_time":' .. string.format('%d', et) .. ',"read":' .. (read and 'true' or 'false') .. '}'
 end
 
 function Ctx:is_celeb(a) return redis.call('SISMEMBER', self:k('celebs'), a) == 1 end
+function Ctx:is_erased(u) return redis.call('SISMEMBER', self:k('erased'), u) == 1 end
 
 -- Timelines keep the latest K posts, N <= K <= N + S (S = slack) whenever that many are eligible
 -- (all of them otherwise): removals eat into the slack, and only a timeline that falls below N
@@ -259,6 +270,7 @@ end
 
 function apply.followed(c, e)
   local u, a = e.user, e.id1
+  if c:is_erased(a) then return end -- a follow of an erased user: no edge (docs/views.md)
   c:change('F+', u, a, e.et)
   if redis.call('SADD', c:k('following', u), a) == 0 then return end
   redis.call('SADD', c:k('followers', a), u)
@@ -275,7 +287,12 @@ function apply.followed(c, e)
 end
 
 function apply.unfollowed(c, e)
-  local u, a = e.user, e.id1
+  c:unfollow(e.user, e.id1)
+end
+
+-- u stops following a (an unfollow, or an erasure of u): the edge, the counts, the timelines.
+function Ctx:unfollow(u, a)
+  local c = self
   c:change('F-', u, a)
   if redis.call('SREM', c:k('following', u), a) == 0 then return end
   redis.call('SREM', c:k('followers', a), u)
@@ -327,10 +344,16 @@ function apply.message_sent(c, e)
   local r, mid = e.user, e.id1
   local m = pad(mid)
   if redis.call('ZSCORE', c:k('inbox', r), m) ~= false then return 'reused_id' end
+  local sender, text = e.id2, e.s1
+  if c:is_erased(sender) then
+    sender, text = '0', cjson.null -- from an erased user: kept for the recipient, anonymised
+  else
+    redis.call('SADD', c:k('sent', sender), r .. ':' .. mid)
+  end
   redis.call('ZADD', c:k('inbox', r), e.et, m)
-  redis.call('HSET', c:k('msgs', r), mid, msg_json(mid, e.id2, e.s1, e.et, false))
+  redis.call('HSET', c:k('msgs', r), mid, msg_json(mid, sender, text, e.et, false))
   local n = redis.call('HINCRBY', c:k('unread'), r, 1)
-  c:change('I', r, mid, e.id2, e.s1, e.et, 0)
+  c:change('I', r, mid, sender, text, e.et, 0)
   c:change('N', r, n)
 end
 
@@ -343,9 +366,71 @@ function apply.message_read(c, e)
   redis.call('HSET', c:k('msgs', r), mid, body:sub(1, -#unread_suffix - 1) .. '"read":true}')
   local n = redis.call('HINCRBY', c:k('unread'), r, -1)
   -- the whole row again (the changelog holds absolute values); ids as written, never via doubles
-  c:change('I', r, mid, body:match('"sender_id":(%d+)'), cjson.decode(body).text,
+  c:change('I', r, mid, body:match('"sender_id":(%d+)'), cjson.decode(body).text or cjson.null,
     body:match('"event_time":(%-?%d+)'), 1)
   c:change('N', r, n)
+end
+
+-- u is erased: everything keyed by u leaves the state, and what others hold of u is removed
+-- (follow edges) or anonymised (messages u sent). Changes: U-, S-, P-, I-, N- delete a view row;
+-- F- the edges; I the anonymised messages; C the celebrity flag; timeline '-' entries.
+function apply.user_erased(c, e)
+  local u = e.user
+  redis.call('SADD', c:k('erased'), u)
+  -- posts: gone first, so no refill below can take them back; then out of every timeline
+  local latest = members_of(c:latest_posts(u))
+  local pids = redis.call('HKEYS', c:k('pids', u))
+  table.sort(pids, function(x, y) return pad(x) < pad(y) end)
+  for _, pid in ipairs(pids) do
+    redis.call('DEL', c:k('p', pid))
+    c:change('P-', u, pid)
+  end
+  redis.call('DEL', c:k('pids', u), c:k('posts', u))
+  if not c:is_celeb(u) then
+    for _, f in ipairs(redis.call('SMEMBERS', c:k('followers', u))) do c:tl_remove(f, latest) end
+  end
+  -- u's own timeline
+  local tl = redis.call('ZRANGE', c:k('tl', u), 0, -1)
+  for _, m in ipairs(tl) do c:tl_change('-', u, m) end
+  redis.call('DEL', c:k('tl', u))
+  -- edges in both directions (the authors u followed may fall back under the threshold)
+  local following = redis.call('SMEMBERS', c:k('following', u))
+  table.sort(following)
+  for _, a in ipairs(following) do c:unfollow(u, a) end
+  local followers = redis.call('SMEMBERS', c:k('followers', u))
+  table.sort(followers)
+  for _, f in ipairs(followers) do
+    redis.call('SREM', c:k('following', f), u)
+    c:change('F-', f, u)
+  end
+  redis.call('DEL', c:k('followers', u), c:k('following', u))
+  if c:is_celeb(u) then c:set_celeb(u, false, 0) end
+  -- profile and status
+  if redis.call('HDEL', c:k('users'), u) == 1 then c:change('U-', u) end
+  if redis.call('HDEL', c:k('status'), u) == 1 then c:change('S-', u) end
+  -- u's inbox and unread counter
+  local msgs = redis.call('HGETALL', c:k('msgs', u))
+  for i = 1, #msgs, 2 do
+    local sender = msgs[i + 1]:match('"sender_id":(%d+)')
+    if sender ~= '0' then redis.call('SREM', c:k('sent', sender), u .. ':' .. msgs[i]) end
+    c:change('I-', u, msgs[i])
+  end
+  redis.call('DEL', c:k('msgs', u), c:k('inbox', u))
+  if redis.call('HDEL', c:k('unread'), u) == 1 then c:change('N-', u) end
+  -- the messages u sent: kept for their recipients, without sender and text
+  local sent = redis.call('SMEMBERS', c:k('sent', u))
+  table.sort(sent)
+  for _, rm in ipairs(sent) do
+    local r, mid = rm:match('^(%d+):(%d+)$')
+    local body = redis.call('HGET', c:k('msgs', r), mid)
+    if body ~= false then
+      local et = body:match('"event_time":(%-?%d+)')
+      local read = body:sub(-#'"read":true}') == '"read":true}'
+      redis.call('HSET', c:k('msgs', r), mid, msg_json(mid, '0', nil, tonumber(et), read))
+      c:change('I', r, mid, '0', cjson.null, et, read and 1 or 0)
+    end
+  end
+  redis.call('DEL', c:k('sent', u))
 end
 
 -- ---------------------------------------------------------------------------------------------
@@ -397,6 +482,9 @@ local function social_apply(keys, args)
         disp, reason = 'q', e.s1
       elseif dedup(c, p, e.eid, e.rt) then
         disp = 'd'
+      elseif c:is_erased(e.user) then
+        -- written after the erasure of its key user in this partition (log order): no effect
+        disp, reason = 'r', 'user_erased'
       else
         local handler = apply[e.type]
         local ok, res = pcall(handler, c, e)
@@ -430,7 +518,8 @@ local function social_version() return VERSION end
 -- them. `FCALL social_restore 0 <ns> <kind> <n fields> <row>...`; kinds and fields:
 --   U user handle display_name | S user text event_time | F user followee | C author |
 --   P author post event_time text deleted(0/1) | T user post event_time |
---   I recipient message sender text event_time read(0/1) | N user unread |
+--   I recipient message sender text event_time read(0/1) (sender 0: erased, text null) | N user unread |
+--   E user (erased) |
 --   D partition event_id received_time | H partition hwm | X partition field count |
 --   Z partition next_offset | Q seq
 local RESTORE = {
@@ -454,8 +543,11 @@ local RESTORE = {
   T = function(ns, r) redis.call('ZADD', ns .. ':tl:' .. r[1], r[3], pad(r[2])) end,
   I = function(ns, r)
     redis.call('ZADD', ns .. ':inbox:' .. r[1], r[5], pad(r[2]))
-    redis.call('HSET', ns .. ':msgs:' .. r[1], r[2], msg_json(r[2], r[3], r[4], tonumber(r[5]), r[6] == '1'))
+    local text = r[4]
+    if r[3] == '0' then text = nil else redis.call('SADD', ns .. ':sent:' .. r[3], r[1] .. ':' .. r[2]) end
+    redis.call('HSET', ns .. ':msgs:' .. r[1], r[2], msg_json(r[2], r[3], text, tonumber(r[5]), r[6] == '1'))
   end,
+  E = function(ns, r) redis.call('SADD', ns .. ':erased', r[1]) end,
   N = function(ns, r) redis.call('HSET', ns .. ':unread', r[1], r[2]) end,
   D = function(ns, r)
     redis.call('HSET', ns .. ':seen:' .. r[1], r[2], r[3])
