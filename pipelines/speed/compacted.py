@@ -202,7 +202,7 @@ class Publisher:
     ):
         from confluent_kafka import Producer
 
-        self.namespace = namespace
+        self.settings, self.namespace = settings, namespace
         self.r = client or redis.Redis.from_url(settings.redis_url, socket_timeout=60)
         self.topics = ensure_topics(settings, events_topic, namespace)
         self.producer = Producer(producer_config(settings.kafka_bootstrap))
