@@ -66,6 +66,8 @@ class BenchContext:
     analytics_rate: int = 2_000  # the target rate for the analytics beside the speed layer
     analytics_seconds: int = 120  # per phase; the curves cover the second one
     compacted_batch: int = 500  # compacted topics: records per partition per micro-batch
+    compacted_ab_rate: int = 2_000  # compacted topics: the speed layer's load, publisher off and on
+    compacted_ab_seconds: int = 30
     batch_events: int = 1_000_000  # the batch layer's 10x log; 1x and 3x are a tenth and 3 tenths
 
     def topic(self, purpose: str, partitions: int | None = None) -> str:

@@ -11,6 +11,9 @@ do), and after each batch the publisher produces the batch's changes to the comp
   a bounded wait): the records and bytes of the topics' segment files against the live state
   they hold: the live entities (profiles + follow edges) and Redis's memory of the same keys
   (``users``, ``status``, every ``following:<u>``). Target: topics <= 2x the live state.
+- the keyed speed layer's freshness (received -> applied in Redis, p50/p99) with the publisher off
+  and on, the real speed layer at ``compacted_ab_rate`` events/s for ``compacted_ab_seconds``
+  each, one after the other on fresh topics: what the topics cost the project's main figure.
 """
 
 from __future__ import annotations
@@ -75,17 +78,84 @@ def _segments(data_dir: Path, topic: str) -> tuple[int, int]:
     return log_bytes, disk
 
 
-def _redis_bytes(r: redis.Redis, namespace: str) -> int:
-    keys = [f"{namespace}:users", f"{namespace}:status"]
-    keys += [k.decode() for k in r.scan_iter(match=f"{namespace}:following:*", count=2000)]
+def _redis_bytes(r: redis.Redis, namespace: str, pattern: str = "following:*", hashes: bool = True) -> int:
+    """MEMORY USAGE of the ``users`` and ``status`` hashes and of every key matching ``pattern``."""
+    keys = [f"{namespace}:users", f"{namespace}:status"] if hashes else []
+    keys += [k.decode() for k in r.scan_iter(match=f"{namespace}:{pattern}", count=2000)]
     pipe = r.pipeline(transaction=False)
     for k in keys:
         pipe.memory_usage(k, samples=0)
     return sum(s or 0 for s in pipe.execute())
 
 
+def _freshness_with(ctx: BenchContext, publish: bool) -> dict:
+    """The real speed layer (a subprocess, as ``make up`` runs it) under a fixed-rate load."""
+    from app_sim.generator import GeneratorConfig, produce
+    from infra.bench_keyed import _SpeedLayer, _wait_fences
+    from infra.stack import end_offsets
+    from pipelines.speed.functions import drop_namespace, key
+    from pipelines.verify import keyed_freshness
+
+    tag = "on" if publish else "off"
+    namespace = f"bench_compacted_ab_{tag}_{ctx.run_id}".lower()
+    topic = ctx.topic(f"compacted-ab-{tag}")
+    settings = dataclasses.replace(
+        ctx.settings,
+        events_topic=topic,
+        views_namespace=namespace,
+        compacted_topics=int(publish),
+        var_dir=Path(ctx.settings.var_dir) / "bench" / f"compacted-{tag}",
+    )
+    r = redis.Redis.from_url(settings.redis_url)
+    sl = _SpeedLayer(settings, topic, namespace, Path(settings.var_dir) / "speed_layer.log")
+    try:
+        boot = GeneratorConfig(users=1000, seed=5, graph_seed=5, mean_followers=31, realtime=True)
+        produce(20_000, boot, topic=topic, bootstrap=settings.kafka_bootstrap, progress=False)
+        if not _wait_fences(r, namespace, end_offsets(settings, topic), 600):
+            raise RuntimeError(f"the speed layer did not catch up; see {sl.log.name}")
+        r.delete(key(namespace, "freshness"))
+        gen = GeneratorConfig(
+            users=1000, seed=9, graph_seed=5, mean_followers=31, realtime=True, emit_bootstrap=False
+        )
+        n = ctx.compacted_ab_rate * ctx.compacted_ab_seconds
+        produce(
+            n,
+            gen,
+            topic=topic,
+            bootstrap=settings.kafka_bootstrap,
+            rate=ctx.compacted_ab_rate,
+            progress=False,
+        )
+        _wait_fences(r, namespace, end_offsets(settings, topic), 300)
+        fresh = keyed_freshness(r, namespace)
+        return {
+            f"freshness_publisher_{tag}_p50_ms": fresh["p50_ms"],
+            f"freshness_publisher_{tag}_p99_ms": fresh["p99_ms"],
+        }
+    finally:
+        sl.stop()
+        drop_namespace(r, namespace)
+        if publish:
+            from infra.stack import delete_topic
+            from pipelines.speed import compacted
+
+            t = compacted.topic_names(topic, namespace)
+            for name in (t.profiles, t.follows):
+                try:
+                    delete_topic(settings, name)
+                except Exception:  # noqa: BLE001 - cleanup must not hide the results
+                    pass
+
+
 @section("compacted")
 def compacted_section(ctx: BenchContext) -> dict:
+    out = _size_and_cost(ctx)
+    for publish in (False, True):
+        out.update(_freshness_with(ctx, publish))
+    return out
+
+
+def _size_and_cost(ctx: BenchContext) -> dict:
     from infra.stack import KafkaBroker, delete_topic
     from pipelines import bootstrap
     from pipelines.speed import compacted
@@ -140,9 +210,12 @@ def compacted_section(ctx: BenchContext) -> dict:
             records = sum(bootstrap.read_topic(settings, t).records for t in (names.profiles, names.follows))
             if records <= entities * 1.1 or time.monotonic() > deadline:
                 break
-        log_bytes = sum(_segments(data_dir, t)[0] for t in (names.profiles, names.follows))
+        profile_bytes = _segments(data_dir, names.profiles)[0]
+        follow_bytes = _segments(data_dir, names.follows)[0]
+        log_bytes = profile_bytes + follow_bytes
         disk_bytes = sum(_segments(data_dir, t)[1] for t in (names.profiles, names.follows))
         redis_bytes = _redis_bytes(r, namespace)
+        followers_bytes = _redis_bytes(r, namespace, "followers:*", hashes=False)
         equal = not bootstrap.differences(bootstrap.from_topics(settings, topic, namespace)[0], live)
         return {
             "events": events,
@@ -159,8 +232,13 @@ def compacted_section(ctx: BenchContext) -> dict:
             "records_per_live_entity": round(records / max(entities, 1), 2),
             "segment_bytes_before_cleaning": before,
             "segment_bytes_after_cleaning": log_bytes,
+            "profiles_segment_bytes": profile_bytes,
+            "follows_segment_bytes": follow_bytes,
+            "bytes_per_live_profile": round(profile_bytes / max(len(live.profiles), 1), 1),
+            "bytes_per_live_follow_edge": round(follow_bytes / max(len(live.follows), 1), 1),
             "disk_bytes_incl_index_files": disk_bytes,
             "redis_bytes_same_keys": redis_bytes,
+            "redis_bytes_incl_followers_index": redis_bytes + followers_bytes,
             "segment_bytes_per_redis_byte": round(log_bytes / max(redis_bytes, 1), 2),
             "within_2x_of_live_state": log_bytes <= 2 * redis_bytes and records <= 2 * entities,
             "bootstrap_equals_redis": equal and len(state.follows) == len(live.follows),
