@@ -109,13 +109,13 @@ def _freshness_with(ctx: BenchContext, publish: bool) -> dict:
     r = redis.Redis.from_url(settings.redis_url)
     sl = _SpeedLayer(settings, topic, namespace, Path(settings.var_dir) / "speed_layer.log")
     try:
-        boot = GeneratorConfig(users=1000, seed=5, graph_seed=5, mean_followers=31, realtime=True)
+        boot = GeneratorConfig(users=1000, seed=5, graph_seed=5, mean_followers=15, realtime=True)
         produce(20_000, boot, topic=topic, bootstrap=settings.kafka_bootstrap, progress=False)
         if not _wait_fences(r, namespace, end_offsets(settings, topic), 600):
             raise RuntimeError(f"the speed layer did not catch up; see {sl.log.name}")
         r.delete(key(namespace, "freshness"))
         gen = GeneratorConfig(
-            users=1000, seed=9, graph_seed=5, mean_followers=31, realtime=True, emit_bootstrap=False
+            users=1000, seed=9, graph_seed=5, mean_followers=15, realtime=True, emit_bootstrap=False
         )
         n = ctx.compacted_ab_rate * ctx.compacted_ab_seconds
         produce(

@@ -58,6 +58,7 @@ POSITION = "published"  # <ns>:published hash: partition -> next offset whose ch
 # Change kinds whose first key is a user whose profile they change. ``U``/``S`` set it; the
 # erasure of a user (``user_erased``) removes it, logged under any of the others.
 PROFILE_KINDS = frozenset({"U", "S", "U-", "S-", "E", "X"})
+MAX_PER_PARTITION = 20_000  # changelog entries read per partition and run (bounds a catch-up's memory)
 _TOPIC_OK = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
 
@@ -175,6 +176,28 @@ def profile_records(
     ]
 
 
+def consistent_prefix(per_p: dict[int, list[dict]], truncated: set[int]) -> tuple[list[dict], dict[int, int]]:
+    """The entries to publish in one run, in sequence order, and the partitions whose position
+    must stop earlier than what was read (partition -> first offset left for the next run).
+
+    When some partitions' reads were cut short (``truncated``), only the entries up to the
+    smallest last sequence number among those are published: an entry with a larger one may
+    follow, in another partition's unread part, a change of the same key that must go first.
+    """
+    cutoff = min((per_p[p][-1]["seq"] for p in truncated if per_p.get(p)), default=None)
+    entries: list[dict] = []
+    back: dict[int, int] = {}
+    for p, got in per_p.items():
+        if cutoff is not None:
+            late = [e for e in got if e["seq"] > cutoff]
+            if late:
+                back[p] = late[0]["offset"]
+                got = [e for e in got if e["seq"] <= cutoff]
+        entries += got
+    entries.sort(key=lambda e: e["seq"])  # one order across partitions: the order Redis applied them
+    return entries, back
+
+
 # --- the publisher ----------------------------------------------------------------------------------
 
 
@@ -186,6 +209,7 @@ class Published:
     tombstones: int = 0
     ms: float = 0.0
     upto: dict[int, int] = field(default_factory=dict)
+    more: bool = False  # a bounded run: more of the changelog is waiting
 
 
 def position(client: redis.Redis, namespace: str) -> dict[int, int]:
@@ -207,6 +231,7 @@ class Publisher:
         self.topics = ensure_topics(settings, events_topic, namespace)
         self.producer = Producer(producer_config(settings.kafka_bootstrap))
         self.timeout_s = 30.0
+        self.max_per_partition = MAX_PER_PARTITION
 
     def _read_profiles(self, users: list[int]) -> list[tuple]:
         pipe = self.r.pipeline(transaction=False)
@@ -220,23 +245,27 @@ class Publisher:
         t0 = time.perf_counter()
         cut = changelog.cut(self.r, self.namespace)
         done = position(self.r, self.namespace)
-        entries: list[dict] = []
+        per_p: dict[int, list[dict]] = {}
         upto: dict[int, int] = {}
+        truncated: set[int] = set()
         for p, end in cut.fences.items():
             start = done.get(p)
             if start is None:  # first run in this namespace: from the oldest entry Redis holds
                 start = changelog.first_offset(self.r, self.namespace, p)
                 start = end if start is None else start
             if start < end:
-                entries += changelog.read(self.r, self.namespace, p, start, end)
-                upto[p] = end
+                bound = min(end, start + self.max_per_partition)  # a catch-up in bounded runs
+                per_p[p] = changelog.read(self.r, self.namespace, p, start, bound)
+                upto[p] = bound
+                if bound < end:
+                    truncated.add(p)
             elif p not in done:
                 upto[p] = end
-        out = Published(entries=len(entries), upto=upto)
+        entries, cut_back = consistent_prefix(per_p, truncated)
+        upto.update(cut_back)
+        out = Published(entries=len(entries), upto=upto, more=bool(truncated))
         if not upto:
             return out
-        # one order across partitions: the order Redis applied the changes in
-        entries.sort(key=lambda e: e["seq"])
         errors: list[str] = []
 
         def report(err, _msg) -> None:
@@ -306,6 +335,8 @@ class PublisherThread(threading.Thread):
                 self._stopping.wait(backoff)
                 backoff = min(backoff * 2, 30.0)
                 continue
+            if got.more:  # catching up: the next run at once
+                self._wake.set()
             if got.entries:
                 self.batches += 1
                 self.total_ms += got.ms

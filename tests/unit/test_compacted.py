@@ -138,3 +138,18 @@ def test_topic_names_follow_the_event_topic_and_namespace():
     assert (t.profiles, t.follows) == ("social.events.v3.profiles", "social.events.v3.follows")
     with pytest.raises(ValueError, match="not a legal Kafka topic name"):
         compacted.topic_names("social events", "v3")
+
+
+def test_a_bounded_run_publishes_a_prefix_in_sequence_order():
+    def e(p, offset, seq):
+        return {"partition": p, "offset": offset, "seq": seq}
+
+    # partition 0 was read to its cut (seqs 1, 4, 9); partition 1 only up to seq 5 (truncated):
+    # its unread part may hold seq 6..8 changes, so partition 0's seq 9 must wait
+    per_p = {0: [e(0, 10, 1), e(0, 11, 4), e(0, 12, 9)], 1: [e(1, 0, 2), e(1, 1, 5)]}
+    entries, back = compacted.consistent_prefix(per_p, {1})
+    assert [x["seq"] for x in entries] == [1, 2, 4, 5]
+    assert back == {0: 12}
+    # nothing truncated: everything, in sequence order, and no position held back
+    entries, back = compacted.consistent_prefix(per_p, set())
+    assert [x["seq"] for x in entries] == [1, 2, 4, 5, 9] and back == {}
