@@ -279,7 +279,12 @@ class Publisher:
             (self.topics.profiles, profile_records(entries, self._read_profiles)),
         ):
             for k, v in records:
-                self.producer.produce(topic, key=k, value=v, on_delivery=report)
+                while True:
+                    try:
+                        self.producer.produce(topic, key=k, value=v, on_delivery=report)
+                        break
+                    except BufferError:  # the local queue is full (a catch-up): let it drain
+                        self.producer.poll(0.5)
                 out.tombstones += v is None
             if topic == self.topics.follows:
                 out.follows = len(records)
