@@ -66,6 +66,9 @@ class BenchContext:
     scaling_probe_events: int = 5_000
     analytics_rate: int = 2_000  # the target rate for the analytics beside the speed layer
     analytics_seconds: int = 120  # per phase; the curves cover the second one
+    compacted_batch: int = 500  # compacted topics: records per partition per micro-batch
+    compacted_ab_rate: int = 2_000  # compacted topics: the speed layer's load, publisher off and on
+    compacted_ab_seconds: int = 30
     batch_events: int = 1_000_000  # the batch layer's 10x log; 1x and 3x are a tenth and 3 tenths
 
     def topic(self, purpose: str, partitions: int | None = None) -> str:
@@ -495,6 +498,7 @@ def main(argv: list[str] | None = None) -> int:
 # modules; importing them registers them
 import infra.bench_analytics  # noqa: E402,F401
 import infra.bench_batch  # noqa: E402,F401
+import infra.bench_compacted  # noqa: E402,F401
 import infra.bench_keyed  # noqa: E402,F401
 
 if __name__ == "__main__":

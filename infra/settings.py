@@ -132,6 +132,32 @@ class Settings:
     max_offsets_per_trigger: int = _setting(
         "SOCIAL_MAX_OFFSETS_PER_TRIGGER", 200_000, "upper bound of events per micro-batch"
     )
+    # Compacted topics for bootstrapping (pipelines/speed/compacted.py, README "Compacted topics")
+    compacted_topics: int = _setting(
+        "SOCIAL_COMPACTED_TOPICS",
+        1,
+        "1: the speed layer keeps `<events topic>.<ns>.profiles` and `.follows` (cleanup.policy=compact)",
+    )
+    compacted_partitions: int = _setting(
+        "SOCIAL_COMPACTED_PARTITIONS",
+        8,
+        "partitions of each compacted topic (when the speed layer creates it)",
+    )
+    compacted_delete_retention_ms: int = _setting(
+        "SOCIAL_COMPACTED_DELETE_RETENTION_MS",
+        86_400_000,
+        "compacted topics' `delete.retention.ms`: a tombstone (unfollow, erasure) stays readable this long",
+    )
+    compacted_min_cleanable_dirty_ratio: float = _setting(
+        "SOCIAL_COMPACTED_MIN_CLEANABLE_DIRTY_RATIO",
+        0.5,
+        "compacted topics' `min.cleanable.dirty.ratio`: the cleaner runs once this share is superseded",
+    )
+    compacted_segment_ms: int = _setting(
+        "SOCIAL_COMPACTED_SEGMENT_MS",
+        3_600_000,
+        "compacted topics' `segment.ms`: the active segment is never cleaned, so it rolls this often",
+    )
 
     # Orchestration, data quality, maintenance (dags/, quality/, pipelines/maintenance.py) --------
     airflow_standalone: int = _setting(

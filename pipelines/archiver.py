@@ -18,7 +18,8 @@ Exactly once: each append is Delta's idempotent write (``txnAppId`` = ``archiver
 ``txnVersion`` = the archive id) carrying the range in its commit metadata. After a crash the
 archiver finds the range of an unfinished archive in the commits it left and re-runs exactly that
 range; the tables that committed it skip the write. Only then are the Redis changelog streams
-trimmed up to what Delta holds, so Redis keeps the tail alone.
+trimmed up to what Delta holds (and no further than the compacted topics' publisher got,
+:mod:`pipelines.speed.compacted`), so Redis keeps the tail alone.
 
 Durability: Redis persists with ``appendfsync everysec`` and may lose its last ~2 s in a crash
 (then its fences and state roll back together and the speed layer re-applies). The archiver only
@@ -253,7 +254,13 @@ def archive_once(
         lake.append("events_bronze", bronze)
         lake.append("quarantine", quarantine)
         lake.append("archives", spark.createDataFrame([row], TABLES["archives"].ddl))
-    changelog.trim(client, lake.namespace, a.end_offsets)
+    upto = a.end_offsets
+    if settings.compacted_topics:  # nor what the compacted topics' publisher has not produced yet
+        from pipelines.speed.compacted import position
+
+        published = position(client, lake.namespace)
+        upto = {p: min(o, published.get(p, 0)) for p, o in upto.items()}
+    changelog.trim(client, lake.namespace, upto)
     log.info(
         "archive %d: %d records (%s) up to %s in %.2fs",
         a.archive_id,

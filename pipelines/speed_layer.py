@@ -39,7 +39,22 @@ def run(
     namespace = namespace or namespaces.active(settings)
     topic = topic or settings.events_topic
     spark = build_spark(f"speed-layer-{namespace}", settings)
-    queries = [keyed.start(spark, settings, namespace, topic, available_now=available_now)]
+    publisher = None
+    if settings.compacted_topics:
+        from pipelines.speed.compacted import PublisherThread
+
+        publisher = PublisherThread(settings, namespace, topic)
+        publisher.start()
+    queries = [
+        keyed.start(
+            spark,
+            settings,
+            namespace,
+            topic,
+            available_now=available_now,
+            on_batch=publisher.wake if publisher is not None else None,
+        )
+    ]
     log.info(
         "speed layer running: namespace=%s topic=%s queries=%s", namespace, topic, [q.name for q in queries]
     )
@@ -68,6 +83,9 @@ def run(
                     q.stop()
                 break
         time.sleep(0.5)
+    if publisher is not None:  # publish what the last batches left, then stop
+        publisher.stop()
+        publisher.join(timeout=60)
     for q in queries:
         if q.exception() is not None:
             raise q.exception()

@@ -17,7 +17,7 @@ from collections import defaultdict
 
 import redis
 
-SKIP = {"freshness", "seq"}  # a metric; the order of application
+SKIP = {"freshness", "seq", "published"}  # a metric; the order of application; a publisher's position
 EXAMPLES = 5
 
 

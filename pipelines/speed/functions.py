@@ -31,6 +31,8 @@ The serving reads (:mod:`pipelines.serving`) use the first group; the rest is th
 ``stats:<p>``       hash    applied, duplicates, rejected, quarantined of partition p
 ``changelog:<p>``   stream  one entry per record, id ``<offset>-1``: disposition, reason, changes
 ``freshness``       hash    10 ms bucket -> events (received -> applied), a metric, not state
+``published``       hash    partition -> next offset whose changes are in the compacted topics
+                            (written by :mod:`pipelines.speed.compacted`, not by the library)
 ==================  ======  =====================================================================
 """
 

@@ -26,7 +26,7 @@ import json
 import logging
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import redis
@@ -173,8 +173,19 @@ def fresh_checkpoint(settings: Settings, namespace: str) -> Path:
     return path
 
 
-def start(spark, settings: Settings, namespace: str, topic: str, *, available_now: bool = False):
-    """Start the keyed query; returns the StreamingQuery (``available_now``: stops when caught up)."""
+def start(
+    spark,
+    settings: Settings,
+    namespace: str,
+    topic: str,
+    *,
+    available_now: bool = False,
+    on_batch: Callable[[list], None] | None = None,
+):
+    """Start the keyed query; returns the StreamingQuery (``available_now``: stops when caught up).
+
+    ``on_batch(summary rows)`` is called after each micro-batch that read records (the compacted
+    topics' publisher wakes on it: :mod:`pipelines.speed.compacted`); it must not block."""
     cfg = processor_config(settings, namespace)
     functions.ensure_loaded(redis.Redis.from_url(settings.redis_url))
     fn = apply_partitions(cfg)
@@ -188,6 +199,8 @@ def start(spark, settings: Settings, namespace: str, topic: str, *, available_no
                 for k in ("records", "applied", "duplicates", "rejected", "quarantined", "skipped")
             }
             log.info("keyed batch %d: %s in %.3fs", batch_id, total, time.time() - t0)
+            if on_batch is not None:
+                on_batch(rows)
 
     reader = spark.readStream.format("kafka").options(**kafka_options(settings))
     spark.sparkContext.setLocalProperty("spark.scheduler.pool", "serving")

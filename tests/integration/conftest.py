@@ -22,6 +22,7 @@ ARCHIVER_TEST_SETTINGS = {
     "archive_interval_s": 1.0,
     "archive_durability_s": 1.0,
     "compaction_interval_s": 3.0,
+    "compacted_partitions": 1,  # the compacted topics each speed layer creates: few partitions
 }
 
 
