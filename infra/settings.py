@@ -113,6 +113,11 @@ class Settings:
         8090,
         "cluster profile: the master's web UI and JSON status (`/json/`); not 8080, Airflow's",
     )
+    spark_driver_host: str = _setting(
+        "SOCIAL_SPARK_DRIVER_HOST",
+        "127.0.0.1",
+        "cluster profile: the address executors reach a driver on (a container's name in docker-compose.yml)",
+    )
     spark_workers: int = _setting("SOCIAL_SPARK_WORKERS", 2, "cluster profile: Spark standalone workers")
     spark_worker_cores: int = _setting(
         "SOCIAL_SPARK_WORKER_CORES",
