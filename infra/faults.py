@@ -21,6 +21,7 @@ import os
 import signal
 import threading
 import time
+import zlib
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -161,7 +162,7 @@ def run(
     producer = Producer(
         {**producer_config(settings.kafka_bootstrap, acks, idempotence), "on_delivery": on_delivery}
     )
-    config = GeneratorConfig(users=users, mean_followers=5.0, seed=hash(name) & 0xFFFF)
+    config = GeneratorConfig(users=users, mean_followers=5.0, seed=zlib.crc32(name.encode()) & 0xFFFF)
     records = EventGenerator(int(rate * seconds) + users * 10, config).records()
     fault_thread: threading.Thread | None = None
     for key, value, _injected in records:
@@ -195,3 +196,72 @@ def run(
     # more copies in the log than acknowledged sends of an id (a retry written twice)
     result.duplicated = sum(max(0, in_log[i] - acked.get(i, 0)) for i in in_log if in_log[i] > 1)
     return result
+
+
+def spark_worker_killed(settings: Settings, *, seconds: float = 30.0, rate: float = 1000.0) -> dict:
+    """Against a running cluster profile (``SOCIAL_PROFILE=cluster make up``): write for ``seconds``,
+    kill -9 Spark worker 1 with its executors (its whole process group: a lost machine) while the
+    speed layer runs micro-batches, restart it later; then the speed layer must apply every event
+    (fences = end offsets) with events read = applied + duplicates + rejected + quarantined."""
+    from infra.stack import SparkWorker
+    from pipelines import namespaces
+    from pipelines.serving import connect
+    from pipelines.speed import functions
+
+    if not settings.clustered:
+        raise SystemExit("run with SOCIAL_PROFILE=cluster against `SOCIAL_PROFILE=cluster make up`")
+    worker = SparkWorker(settings, 0)
+
+    def kill_worker(run: FaultRun) -> None:
+        pid = worker.pid()
+        if pid is None or not worker.is_running():
+            raise RuntimeError(f"{worker.name} is not running")
+        os.killpg(pid, signal.SIGKILL)  # the worker JVM and the executors it launched
+        run.events.append(f"kill -9 {worker.name} and its executors (process group {pid})")
+        time.sleep(seconds / 3)
+        worker.start()
+        run.events.append(f"{worker.name} restarted")
+
+    topic = settings.events_topic
+    run_ = run(settings, topic, name="spark_worker_killed", fault="kill -9 a Spark worker mid-batch",
+               inject=kill_worker, seconds=seconds, fault_at_s=seconds / 4, rate=rate)  # fmt: skip
+    namespace = namespaces.active(settings)
+    client = connect(settings.redis_url)
+    ends = end_offsets(settings, topic)
+    deadline = time.monotonic() + 600
+    while (fences := functions.fences(client, namespace)) != ends and time.monotonic() < deadline:
+        time.sleep(1)
+    run_.events.append(f"speed layer caught up: {fences == ends}")
+    stats = functions.accounting(client, namespace, sorted(ends))
+    read = sum(ends.values())
+    report = {
+        **asdict(run_),
+        "exactly_once": run_.exactly_once,
+        "caught_up": fences == ends,
+        "accounting": {**stats, "events_read": read},
+        "accounting_ok": read
+        == stats["applied"] + stats["duplicates"] + stats["rejected"] + stats["quarantined"],
+    }
+    path = settings.reports_dir / "faults" / "spark_worker_killed.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    from infra.settings import get_settings
+
+    p = argparse.ArgumentParser(prog="python -m infra.faults", description=__doc__.splitlines()[0])
+    p.add_argument("run", choices=["spark-worker"])
+    p.add_argument("--seconds", type=float, default=30.0)
+    p.add_argument("--rate", type=float, default=1000.0)
+    args = p.parse_args(argv)
+    report = spark_worker_killed(get_settings(), seconds=args.seconds, rate=args.rate)
+    print(json.dumps({k: v for k, v in report.items() if k != "first_errors"}, indent=2))
+    return 0 if report["exactly_once"] and report["caught_up"] and report["accounting_ok"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
