@@ -33,6 +33,8 @@ from app_sim.generator import EventGenerator, GeneratorConfig
 from infra.settings import Settings
 from infra.stack import KafkaBroker, admin_client, end_offsets
 
+FAULTS_WORKER_ID = 1022  # snowflake worker id of the fault runs' generator (the generator's is 1023)
+
 
 @dataclass
 class FaultRun:
@@ -162,7 +164,16 @@ def run(
     producer = Producer(
         {**producer_config(settings.kafka_bootstrap, acks, idempotence), "on_delivery": on_delivery}
     )
-    config = GeneratorConfig(users=users, mean_followers=5.0, seed=zlib.crc32(name.encode()) & 0xFFFF)
+    # Wall-clock ids from a worker id of its own: a fault run appended to a topic that already has
+    # a generator run (spark_worker_killed) must not reuse its post and message ids (snowflakes of
+    # the simulated clock and worker 1023), which the contract requires unique (docs/events.md).
+    config = GeneratorConfig(
+        users=users,
+        mean_followers=5.0,
+        seed=zlib.crc32(name.encode()) & 0xFFFF,
+        realtime=True,
+        worker_id=FAULTS_WORKER_ID,
+    )
     records = EventGenerator(int(rate * seconds) + users * 10, config).records()
     fault_thread: threading.Thread | None = None
     for key, value, _injected in records:
