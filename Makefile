@@ -8,7 +8,7 @@ UV      := .tools/bin/uv
 STAMP   := .venv/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help setup up down status airflow demo test test-unit test-integration bench load load-steps tail history reports dual-write compare lint fmt clean
+.PHONY: help setup up down status airflow demo test test-faults test-unit test-integration bench load load-steps tail history reports dual-write compare lint fmt clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -49,6 +49,9 @@ test: setup ## unit + integration tests against the real local stack
 	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
 	$(PY) -m pytest tests/unit --deselect tests/unit/test_views.py $(PYTEST_ARGS)
 	$(PY) -m pytest tests/unit/test_views.py $(PYTEST_ARGS)
+
+test-faults: setup ## fault runs on a 3-node Kafka cluster, 60 s each (make test runs them for 10 s) -> var/reports/faults/
+	SOCIAL_FAULT_RUN_S=$${SOCIAL_FAULT_RUN_S:-60} $(PY) -m pytest -m faults tests/integration $(PYTEST_ARGS)
 
 test-unit: setup ## fast tests, no broker
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+PROFILES = ("local", "cluster")
 
 
 def _setting(env: str, default, doc: str):
@@ -20,7 +21,18 @@ def _setting(env: str, default, doc: str):
 
 @dataclass(frozen=True)
 class Settings:
-    kafka_bootstrap: str = _setting("SOCIAL_KAFKA_BOOTSTRAP", "127.0.0.1:9092", "Kafka bootstrap servers")
+    profile: str = _setting(
+        "SOCIAL_PROFILE",
+        "local",
+        "`local`: one Kafka broker, Spark `local[*]`; `cluster`: three KRaft brokers (replication 3, "
+        "`min.insync.replicas=2`) and a Spark standalone master with SOCIAL_SPARK_WORKERS workers "
+        "(README: The cluster profile)",
+    )
+    kafka_bootstrap: str = _setting(
+        "SOCIAL_KAFKA_BOOTSTRAP",
+        "127.0.0.1:9092",
+        "Kafka bootstrap servers (cluster profile, when unset: every broker of the local cluster)",
+    )
     kafka_port: int = _setting("SOCIAL_KAFKA_PORT", 9092, "port of the local broker started by `make up`")
     kafka_controller_port: int = _setting(
         "SOCIAL_KAFKA_CONTROLLER_PORT", 9093, "KRaft controller port of the local broker"
@@ -81,7 +93,49 @@ class Settings:
     jars_dir: Path = _setting(
         "SOCIAL_JARS_DIR", REPO_ROOT / ".cache" / "jars", "fetched, checksum-verified JVM jars"
     )
-    spark_master: str = _setting("SOCIAL_SPARK_MASTER", "local[*]", "Spark master URL")
+    spark_master: str = _setting(
+        "SOCIAL_SPARK_MASTER",
+        "local[*]",
+        "Spark master URL (cluster profile, when unset: `spark://127.0.0.1:<SOCIAL_SPARK_MASTER_PORT>`)",
+    )
+    # The cluster profile (SOCIAL_PROFILE=cluster): what `make up` starts besides the local stack.
+    cluster_brokers: int = _setting(
+        "SOCIAL_CLUSTER_BROKERS",
+        3,
+        "cluster profile: KRaft nodes (each broker + controller); node i listens on SOCIAL_KAFKA_PORT + 2i "
+        "and SOCIAL_KAFKA_CONTROLLER_PORT + 2i",
+    )
+    spark_master_port: int = _setting(
+        "SOCIAL_SPARK_MASTER_PORT", 7077, "cluster profile: port of the Spark standalone master"
+    )
+    spark_master_ui_port: int = _setting(
+        "SOCIAL_SPARK_MASTER_UI_PORT",
+        8090,
+        "cluster profile: the master's web UI and JSON status (`/json/`); not 8080, Airflow's",
+    )
+    spark_driver_host: str = _setting(
+        "SOCIAL_SPARK_DRIVER_HOST",
+        "127.0.0.1",
+        "cluster profile: the address executors reach a driver on (a container's name in docker-compose.yml)",
+    )
+    spark_workers: int = _setting("SOCIAL_SPARK_WORKERS", 2, "cluster profile: Spark standalone workers")
+    spark_worker_cores: int = _setting(
+        "SOCIAL_SPARK_WORKER_CORES",
+        4,
+        "cluster profile: task slots each worker offers (not CPUs: the speed layer, archiver, analytics and a job each hold some)",
+    )
+    spark_worker_memory: str = _setting(
+        "SOCIAL_SPARK_WORKER_MEMORY", "4g", "cluster profile: memory each worker offers its executors"
+    )
+    spark_app_cores: int = _setting(
+        "SOCIAL_SPARK_APP_CORES",
+        2,
+        "cluster profile: `spark.cores.max` of each application, so the speed layer, the archiver "
+        "and the analytics all get executors (standalone gives the first app every core otherwise)",
+    )
+    spark_executor_memory: str = _setting(
+        "SOCIAL_SPARK_EXECUTOR_MEMORY", "1g", "cluster profile: `spark.executor.memory` of each application"
+    )
     spark_shuffle_partitions: int = _setting(
         "SOCIAL_SPARK_SHUFFLE_PARTITIONS", 4, "spark.sql.shuffle.partitions for the pipeline jobs"
     )
@@ -231,6 +285,34 @@ class Settings:
         "SOCIAL_RULE_FLOOD_WINDOW_S", 60, "... in one window of this many seconds"
     )
 
+    def __post_init__(self) -> None:
+        if self.profile not in PROFILES:
+            raise ValueError(f"SOCIAL_PROFILE={self.profile!r}: expected one of {', '.join(PROFILES)}")
+        if self.profile == "cluster" and self.cluster_brokers < 1:
+            raise ValueError(f"SOCIAL_CLUSTER_BROKERS={self.cluster_brokers}: expected at least 1")
+
+    @property
+    def clustered(self) -> bool:
+        return self.profile == "cluster"
+
+    def broker_ports(self) -> list[tuple[int, int]]:
+        """(broker port, controller port) of each Kafka node `make up` starts."""
+        if not self.clustered:
+            return [(self.kafka_port, self.kafka_controller_port)]
+        return [
+            (self.kafka_port + 2 * i, self.kafka_controller_port + 2 * i) for i in range(self.cluster_brokers)
+        ]
+
+    @property
+    def replication_factor(self) -> int:
+        """Replicas of the event topic (and Kafka's internal topics): 3 in the cluster profile."""
+        return min(3, self.cluster_brokers) if self.clustered else 1
+
+    @property
+    def min_insync_replicas(self) -> int:
+        """Replicas that must have a write before acks=all answers: one fewer than the replicas."""
+        return max(1, self.replication_factor - 1)
+
     # Derived locations -------------------------------------------------------------------------
     @property
     def log_dir(self) -> Path:
@@ -290,6 +372,11 @@ def get_settings(**overrides) -> Settings:
             values[f.name] = _coerce(f.type, raw, f.metadata["env"])
     if overrides:
         raise TypeError(f"unknown settings: {sorted(overrides)}")
+    if values.get("profile") == "cluster":
+        # the cluster profile's own brokers and master, unless the bootstrap or master was given
+        probe = Settings(**values)
+        values.setdefault("kafka_bootstrap", ",".join(f"127.0.0.1:{b}" for b, _ in probe.broker_ports()))
+        values.setdefault("spark_master", f"spark://127.0.0.1:{probe.spark_master_port}")
     return Settings(**values)
 
 

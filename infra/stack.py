@@ -28,11 +28,11 @@ import sys
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from infra.jars import JarsError, kafka_classpath, require_java
-from infra.settings import Settings, get_settings
+from infra.settings import REPO_ROOT, Settings, get_settings
 
 KAFKA_MAIN = "kafka.Kafka"  # the broker (and, with process.roles=broker,controller, the KRaft controller)
 KAFKA_STORAGE_TOOL = "kafka.tools.StorageTool"  # what bin/kafka-storage.sh runs: formats the log dirs
@@ -51,6 +51,12 @@ EVENTS_TOPIC_CONFIGS: dict[str, str] = {
     "message.timestamp.type": "LogAppendTime",
     "compression.type": "producer",
 }
+
+
+def events_topic_configs(settings: Settings) -> dict[str, str]:
+    """The event topic's configs for this profile: in the cluster profile an acks=all write is on
+    two of its three replicas before it is acknowledged (`min.insync.replicas=2`)."""
+    return {**EVENTS_TOPIC_CONFIGS, "min.insync.replicas": str(settings.min_insync_replicas)}
 
 
 class StackError(RuntimeError):
@@ -137,6 +143,11 @@ class Service:
 
     def __init__(self, settings: Settings):
         self.settings = settings
+
+    @classmethod
+    def instances(cls, settings: Settings) -> list[Service]:
+        """The processes of this kind the profile runs (most: one; a cluster's nodes: several)."""
+        return [cls(settings)]
 
     # what a service must say about itself
     def ports(self) -> list[int]:
@@ -260,15 +271,35 @@ class Service:
 
 
 class KafkaBroker(Service):
-    """Single-node KRaft Kafka: one JVM that is both broker and controller."""
+    """A KRaft Kafka node: one JVM that is both broker and controller.
+
+    Local profile: one node, ``kafka``, on kafka_port/kafka_controller_port. Cluster profile
+    (``SOCIAL_PROFILE=cluster``): ``cluster_brokers`` nodes ``kafka-1``..``kafka-N``, node i on
+    kafka_port + 2i / kafka_controller_port + 2i with its own data dir ``var/kafka-i``, and the N
+    controllers form the KRaft quorum (combined mode: with three nodes the metadata survives the
+    loss of one, as the replicated data does; a separate controller quorum would add three JVMs to
+    a 2-core machine for no guarantee the fault runs test). Every node is formatted with the same
+    cluster id (``var/kafka-cluster.id``).
+    """
 
     name = "kafka"
     marker = KAFKA_MAIN
-    node_id = 1
+
+    def __init__(self, settings: Settings, index: int = 0):
+        super().__init__(settings)
+        self.index = index
+        self.node_id = index + 1
+        if settings.clustered:
+            self.name = f"kafka-{self.node_id}"
+        self.broker_port, self.controller_port = settings.broker_ports()[index]
+
+    @classmethod
+    def instances(cls, settings: Settings) -> list[Service]:
+        return [cls(settings, i) for i in range(len(settings.broker_ports()))]
 
     @property
     def home(self) -> Path:
-        return Path(self.settings.var_dir) / "kafka"
+        return Path(self.settings.var_dir) / self.name
 
     @property
     def data_dir(self) -> Path:
@@ -279,16 +310,18 @@ class KafkaBroker(Service):
         return self.home / "server.properties"
 
     def ports(self) -> list[int]:
-        return [self.settings.kafka_port, self.settings.kafka_controller_port]
+        return [self.broker_port, self.controller_port]
 
     def server_properties(self) -> dict[str, str]:
         s = self.settings
-        return {
+        voters = ",".join(f"{i + 1}@127.0.0.1:{c}" for i, (_b, c) in enumerate(s.broker_ports()))
+        replicas, min_isr = str(s.replication_factor), str(s.min_insync_replicas)
+        props = {
             "process.roles": "broker,controller",
             "node.id": str(self.node_id),
-            "controller.quorum.voters": f"{self.node_id}@127.0.0.1:{s.kafka_controller_port}",
-            "listeners": f"PLAINTEXT://127.0.0.1:{s.kafka_port},CONTROLLER://127.0.0.1:{s.kafka_controller_port}",
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{s.kafka_port}",
+            "controller.quorum.voters": voters,
+            "listeners": f"PLAINTEXT://127.0.0.1:{self.broker_port},CONTROLLER://127.0.0.1:{self.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.broker_port}",
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
             "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
@@ -297,19 +330,24 @@ class KafkaBroker(Service):
             # name must fail, not silently create a 1-partition topic with the broker's defaults.
             "auto.create.topics.enable": "false",
             "num.partitions": str(s.events_partitions),
-            "default.replication.factor": "1",
-            "min.insync.replicas": "1",
-            "offsets.topic.replication.factor": "1",
+            "default.replication.factor": replicas,
+            "min.insync.replicas": min_isr,
+            "offsets.topic.replication.factor": replicas,
             "offsets.topic.num.partitions": "8",
-            "transaction.state.log.replication.factor": "1",
-            "transaction.state.log.min.isr": "1",
-            "share.coordinator.state.topic.replication.factor": "1",
-            "share.coordinator.state.topic.min.isr": "1",
+            "transaction.state.log.replication.factor": replicas,
+            "transaction.state.log.min.isr": min_isr,
+            "share.coordinator.state.topic.replication.factor": replicas,
+            "share.coordinator.state.topic.min.isr": min_isr,
             "group.initial.rebalance.delay.ms": "0",  # tests and demos join groups immediately
             "unclean.leader.election.enable": "false",
             "log.retention.hours": "-1",
             "log.retention.bytes": "-1",
         }
+        return props
+
+    @property
+    def cluster_id_file(self) -> Path:
+        return Path(self.settings.var_dir) / "kafka-cluster.id"
 
     def prepare(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -348,8 +386,14 @@ class KafkaBroker(Service):
         ]
 
     def _format(self) -> None:
-        """Format the KRaft storage once (a new cluster id); later starts reuse it."""
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        """Format the KRaft storage once (a new cluster id, shared by a cluster's nodes); later
+        starts reuse it."""
+        if self.settings.clustered and self.cluster_id_file.exists():
+            cluster_id = self.cluster_id_file.read_text().strip()
+        else:
+            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+            if self.settings.clustered:
+                self.cluster_id_file.write_text(cluster_id + "\n")
         cmd = [
             *self._java(),
             KAFKA_STORAGE_TOOL,
@@ -366,15 +410,26 @@ class KafkaBroker(Service):
     def command(self) -> list[str]:
         return [*self._java(), KAFKA_MAIN, str(self.config_file)]
 
+    @property
+    def last_node(self) -> bool:
+        return self.index == len(self.settings.broker_ports()) - 1
+
     def wait_ready(self, deadline: float) -> None:
+        # A cluster node cannot serve before a majority of the controllers runs, so the nodes
+        # before the last are ready once their controller listens; the last waits for them all.
+        single = len(self.settings.broker_ports()) == 1
         admin = admin_client(self.settings)
         while True:
             if not self.is_running():
                 raise self._died()
             try:
-                metadata = admin.list_topics(timeout=2)
-                if metadata.brokers:
-                    return
+                if not single and not self.last_node:
+                    if port_listening(self.controller_port):
+                        return
+                else:
+                    metadata = admin.list_topics(timeout=2)
+                    if len(metadata.brokers) >= len(self.settings.broker_ports()):
+                        return
             except Exception:  # noqa: BLE001 - librdkafka raises KafkaException until the broker answers
                 pass
             if time.monotonic() > deadline:
@@ -385,7 +440,14 @@ class KafkaBroker(Service):
 
     def after_ready(self) -> None:
         s = self.settings
-        create_topic(s, s.events_topic, s.events_partitions, EVENTS_TOPIC_CONFIGS)
+        if self.last_node:
+            create_topic(
+                s,
+                s.events_topic,
+                s.events_partitions,
+                events_topic_configs(s),
+                replication_factor=s.replication_factor,
+            )
 
 
 class RedisServer(Service):
@@ -445,6 +507,135 @@ class RedisServer(Service):
                 )
             time.sleep(0.1)
         client.close()
+
+
+class SparkStandalone(Service):
+    """A process of the Spark standalone cluster (cluster profile only), run from PySpark's own
+    install: the pip package ships ``bin/spark-class`` and every jar, but not ``sbin/start-master.sh``
+    / ``start-worker.sh`` (which only wrap ``spark-class`` as a daemon; here :class:`Service` is
+    the daemon wrapper). Ready when the master's JSON status (``/json/``) says so."""
+
+    stop_timeout_s = 20.0
+    ready_timeout_s = 90.0
+    main_class = ""
+
+    @classmethod
+    def instances(cls, settings: Settings) -> list[Service]:
+        return [cls(settings)] if settings.clustered else []
+
+    @staticmethod
+    def spark_home() -> Path:
+        import pyspark
+
+        return Path(pyspark.__file__).parent
+
+    def env(self) -> Mapping[str, str]:
+        return {
+            **os.environ,
+            "SPARK_HOME": str(self.spark_home()),
+            "SPARK_LOCAL_IP": "127.0.0.1",
+            # executors run the project's Python (the driver sends PYSPARK_PYTHON, the venv's)
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+        }
+
+    def spark_class(self, *args: str) -> list[str]:
+        return [str(self.spark_home() / "bin" / "spark-class"), self.main_class, *args]
+
+    def master_status(self) -> dict | None:
+        import json
+        import urllib.error
+        import urllib.request
+
+        url = f"http://127.0.0.1:{self.settings.spark_master_ui_port}/json/"
+        try:
+            with urllib.request.urlopen(url, timeout=2) as answer:
+                return json.loads(answer.read())
+        except (urllib.error.URLError, OSError, ValueError):
+            return None
+
+    def ready(self, status: dict) -> bool:
+        raise NotImplementedError
+
+    def wait_ready(self, deadline: float) -> None:
+        while True:
+            if not self.is_running():
+                raise self._died()
+            status = self.master_status()
+            if status is not None and self.ready(status):
+                return
+            if time.monotonic() > deadline:
+                raise StackError(
+                    f"{self.name} did not register with the Spark master in time; see {self.log_file}"
+                )
+            time.sleep(0.5)
+
+
+class SparkMaster(SparkStandalone):
+    """The Spark standalone master on 127.0.0.1:spark_master_port (web UI on spark_master_ui_port)."""
+
+    name = "spark-master"
+    marker = "org.apache.spark.deploy.master.Master"
+    main_class = marker
+
+    def ports(self) -> list[int]:
+        return [self.settings.spark_master_port, self.settings.spark_master_ui_port]
+
+    def command(self) -> list[str]:
+        s = self.settings
+        return self.spark_class(
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(s.spark_master_port),
+            "--webui-port",
+            str(s.spark_master_ui_port),
+        )
+
+    def ready(self, status: dict) -> bool:
+        return status.get("status") == "ALIVE"
+
+
+class SparkWorker(SparkStandalone):
+    """A Spark standalone worker (``spark-worker-i``): offers spark_worker_cores task slots and
+    spark_worker_memory to the applications; work dir ``var/spark-worker-i``, ports chosen free."""
+
+    marker = "org.apache.spark.deploy.worker.Worker"
+    main_class = marker
+
+    def __init__(self, settings: Settings, index: int = 0):
+        super().__init__(settings)
+        self.index = index
+        self.name = f"spark-worker-{index + 1}"
+
+    @classmethod
+    def instances(cls, settings: Settings) -> list[Service]:
+        return [cls(settings, i) for i in range(settings.spark_workers)] if settings.clustered else []
+
+    @property
+    def work_dir(self) -> Path:
+        return Path(self.settings.var_dir) / self.name
+
+    def ports(self) -> list[int]:
+        return []
+
+    def prepare(self) -> None:
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+
+    def command(self) -> list[str]:
+        s = self.settings
+        return self.spark_class(
+            "--host", "127.0.0.1",
+            "--cores", str(s.spark_worker_cores),
+            "--memory", s.spark_worker_memory,
+            "--webui-port", "0",
+            "--work-dir", str(self.work_dir),
+            f"spark://127.0.0.1:{s.spark_master_port}",
+        )  # fmt: skip
+
+    def ready(self, status: dict) -> bool:
+        # workers register one by one, in order: worker i is ready once i + 1 are alive
+        alive = [w for w in status.get("workers", []) if w.get("state") == "ALIVE"]
+        return len(alive) >= self.index + 1
 
 
 def settings_env(settings: Settings) -> dict[str, str]:
@@ -689,13 +880,16 @@ class AirflowService(HttpService):
 SERVICES: list[type[Service]] = [
     KafkaBroker,
     RedisServer,
+    SparkMaster,
+    SparkWorker,
     SpeedLayer,
     Archiver,
     Analytics,
     ApiServer,
     AirflowService,
 ]
-BACKBONE: tuple[type[Service], ...] = (KafkaBroker, RedisServer)  # what the other parts need first
+# what the other parts need first (the Spark cluster only in the cluster profile)
+BACKBONE: tuple[type[Service], ...] = (KafkaBroker, RedisServer, SparkMaster, SparkWorker)
 
 
 # Kafka administration --------------------------------------------------------------------------
@@ -778,7 +972,15 @@ class Stack:
 
     @property
     def services(self) -> list[Service]:
-        return [cls(self.settings) for cls in (self.service_types or tuple(SERVICES))]
+        return [s for cls in (self.service_types or tuple(SERVICES)) for s in cls.instances(self.settings)]
+
+    def other_profile_services(self) -> list[Service]:
+        """What the other profile would run, where it is not one of ours: `down` and `status`
+        see a cluster started with SOCIAL_PROFILE=cluster even when the variable is not set now."""
+        other = replace(self.settings, profile="local" if self.settings.clustered else "cluster")
+        mine = {s.name for s in self.services}
+        types = self.service_types or tuple(SERVICES)
+        return [s for cls in types for s in cls.instances(other) if s.name not in mine]
 
     def up(self) -> dict[str, str]:
         """Start what is not running, in order; check what is (health, not log text).
@@ -807,7 +1009,8 @@ class Stack:
 
     def down(self, port_timeout_s: float = 10.0) -> dict[str, str]:
         services = self.services
-        outcome = {service.name: service.stop() for service in reversed(services)}
+        outcome = _stop_all(reversed(services))
+        outcome.update(_stop_all(s for s in reversed(self.other_profile_services()) if s.pid() is not None))
         ports = [p for service in services for p in service.ports()]
         deadline = time.monotonic() + port_timeout_s
         while (busy := [p for p in ports if port_listening(p)]) and time.monotonic() < deadline:
@@ -820,7 +1023,22 @@ class Stack:
         return outcome
 
     def status(self) -> list[tuple[str, str, str, str, str]]:
-        return [service.status_row() for service in self.services]
+        others = [s for s in self.other_profile_services() if s.is_running()]
+        return [service.status_row() for service in [*self.services, *others]]
+
+
+def _stop_all(services) -> dict[str, str]:
+    """Stop services in order, the peers of one kind (a cluster's nodes) together: a KRaft node
+    stopped last on its own would wait for a controller quorum that is gone."""
+    from concurrent.futures import ThreadPoolExecutor
+    from itertools import groupby
+
+    outcome = {}
+    for _kind, group in groupby(services, key=type):
+        peers = list(group)
+        with ThreadPoolExecutor(max_workers=len(peers)) as pool:
+            outcome.update(zip((s.name for s in peers), pool.map(lambda s: s.stop(), peers), strict=True))
+    return outcome
 
 
 def format_table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:

@@ -99,6 +99,19 @@ def build_spark(
             .config("spark.default.parallelism", "2")
             .config("spark.databricks.delta.snapshotPartitions", "2")
         )
+    if settings.spark_master.startswith("spark://"):
+        # A standalone cluster (the cluster profile, README: The cluster profile): executors in
+        # the workers' JVMs reach the driver on 127.0.0.1, and each application takes at most
+        # spark_app_cores slots, or the first one started would hold every core of the cluster.
+        builder = (
+            builder.config("spark.driver.host", settings.spark_driver_host)
+            .config(
+                "spark.driver.bindAddress",
+                "127.0.0.1" if settings.spark_driver_host == "127.0.0.1" else "0.0.0.0",
+            )
+            .config("spark.cores.max", str(settings.spark_app_cores))
+            .config("spark.executor.memory", settings.spark_executor_memory)
+        )
     for key, value in (extra_conf or {}).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

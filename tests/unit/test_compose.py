@@ -239,3 +239,47 @@ def test_the_containers_are_the_local_stack(compose):
 def test_a_rebuild_switch_in_containers_is_documented():
     # the switch cannot restart another container's process: the file says what to do instead
     assert "docker compose restart speed-layer" in COMPOSE_FILE.read_text()
+
+
+def test_the_cluster_profile_is_the_local_cluster(compose):
+    """`docker compose --profile cluster`: what `SOCIAL_PROFILE=cluster make up` starts (infra/stack.py)."""
+    from infra import stack
+
+    settings = get_settings(profile="cluster")
+    services = compose["services"]
+    nodes = {n: s for n, s in services.items() if n.startswith("kafka-")}
+    assert len(nodes) == settings.cluster_brokers == 3
+    voters = {s["environment"]["KAFKA_CONTROLLER_QUORUM_VOTERS"] for s in nodes.values()}
+    assert voters == {"1@kafka-1:9093,2@kafka-2:9093,3@kafka-3:9093"}  # one quorum of three controllers
+    assert sorted(s["environment"]["KAFKA_NODE_ID"] for s in nodes.values()) == ["1", "2", "3"]
+    assert len({s["environment"]["CLUSTER_ID"] for s in nodes.values()}) == 1
+    # the same host ports as the local nodes: SOCIAL_KAFKA_PORT + 2i
+    published = sorted(int(s["ports"][0].split(":")[1]) for s in nodes.values())
+    assert published == [b for b, _ in settings.broker_ports()]
+    local_node = stack.KafkaBroker(settings, 0).server_properties()
+    for key in ("min.insync.replicas", "default.replication.factor", "transaction.state.log.min.isr"):
+        env = "KAFKA_" + key.upper().replace(".", "_")
+        assert {s["environment"][env] for s in nodes.values()} == {local_node[key]}, key
+    argv = services["topics-cluster"]["command"]
+    flags = dict(a.removeprefix("--").split("=", 1) for a in argv if "=" in a)
+    configs = dict(a.removeprefix("--config=").split("=", 1) for a in argv if a.startswith("--config="))
+    assert int(flags["replication-factor"]) == settings.replication_factor == 3
+    assert configs == stack.events_topic_configs(settings) and configs["min.insync.replicas"] == "2"
+    workers = [n for n in services if n.startswith("spark-worker-")]
+    assert len(workers) == settings.spark_workers
+    for name in ("speed-layer-cluster", "archiver-cluster"):
+        env = services[name]["environment"]
+        assert (
+            env["SOCIAL_SPARK_MASTER"] == "spark://spark-master:7077" and env["SOCIAL_PROFILE"] == "cluster"
+        )
+    cluster_only = [
+        *nodes,
+        "topics-cluster",
+        "spark-master",
+        *workers,
+        "speed-layer-cluster",
+        "archiver-cluster",
+    ]
+    assert all(services[n].get("profiles") == ["cluster"] for n in cluster_only)
+    # the default `docker compose up` starts none of them
+    assert not any(s.get("profiles") for n, s in services.items() if n not in cluster_only)

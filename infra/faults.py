@@ -1,0 +1,278 @@
+"""Fault runs against the cluster profile's Kafka: what a producer saw acknowledged vs. the log.
+
+Each run writes generator events (``app_sim.generator``) at a steady rate for a bounded time,
+injects one fault at a set moment (kill -9 of a broker, of a partition leader, ...), then reads
+the whole topic back and compares it with the producer's delivery reports, event id by event id:
+
+- ``acked``: ids whose delivery report had no error (the write was acknowledged);
+- ``lost``: acknowledged ids that are not in the log;
+- ``duplicated``: acknowledged ids in the log more often than they were sent.
+
+With ``acks=all``, ``enable.idempotence`` and ``min.insync.replicas=2`` on 3 replicas both must
+be 0 whatever single broker dies; with ``acks=1`` a leader acknowledges before its followers
+copied the write, so a leader killed at the wrong moment takes acknowledged writes with it.
+The report of each run is a JSON file under ``var/reports/faults/`` (README: Fault runs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+import zlib
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import orjson
+
+from app_sim.generator import EventGenerator, GeneratorConfig
+from infra.settings import Settings
+from infra.stack import KafkaBroker, admin_client, end_offsets
+
+FAULTS_WORKER_ID = 1022  # snowflake worker id of the fault runs' generator (the generator's is 1023)
+
+
+@dataclass
+class FaultRun:
+    """What one run did and found (the JSON report)."""
+
+    name: str
+    acks: str
+    idempotence: bool
+    fault: str
+    seconds: float
+    sent: int = 0
+    acked: int = 0
+    failed: int = 0  # delivery reports with an error: never acknowledged, the producer knows
+    in_log: int = 0
+    lost: int = 0
+    duplicated: int = 0
+    first_errors: list[str] = field(default_factory=list)
+    events: list[str] = field(default_factory=list)  # what happened when, seconds from the start
+
+    @property
+    def exactly_once(self) -> bool:
+        return self.lost == 0 and self.duplicated == 0
+
+    def write(self, directory: Path) -> Path:
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"{self.name}.json"
+        path.write_text(json.dumps({**asdict(self), "exactly_once": self.exactly_once}, indent=2) + "\n")
+        return path
+
+
+def producer_config(bootstrap: str, acks: str, idempotence: bool) -> dict:
+    """The generator's producer, with the guarantee under test; success reports on (they are counted)."""
+    return {
+        "bootstrap.servers": bootstrap,
+        "acks": acks,
+        "enable.idempotence": idempotence,
+        "linger.ms": 5,
+        "compression.type": "lz4",
+        "delivery.timeout.ms": 120_000,  # long enough to ride out a leader election
+        "client.id": "faults",
+    }
+
+
+def leader_of(settings: Settings, topic: str, partition: int) -> int:
+    """Node id of the partition's current leader."""
+    meta = admin_client(settings).list_topics(topic, timeout=10).topics[topic]
+    return meta.partitions[partition].leader
+
+
+def node(settings: Settings, node_id: int) -> KafkaBroker:
+    return KafkaBroker(settings, node_id - 1)
+
+
+def kill9(broker: KafkaBroker) -> int:
+    """SIGKILL the node's JVM (no clean shutdown, no flush): a crash."""
+    pid = broker.pid()
+    if pid is None or not broker.is_running():
+        raise RuntimeError(f"{broker.name} is not running")
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while broker.is_running() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return pid
+
+
+def read_ids(settings: Settings, topic: str, timeout_s: float = 120.0) -> Counter:
+    """Every event id in the topic, with how often it is there (a full read to the end offsets)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    ends = end_offsets(settings, topic)
+    consumer = Consumer(
+        {
+            "bootstrap.servers": settings.kafka_bootstrap,
+            "group.id": f"faults-read-{time.time_ns()}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    consumer.assign([TopicPartition(topic, p, 0) for p, end in ends.items() if end > 0])
+    left = {p: end for p, end in ends.items() if end > 0}
+    ids: Counter = Counter()
+    deadline = time.monotonic() + timeout_s
+    try:
+        while left and time.monotonic() < deadline:
+            for msg in consumer.consume(10_000, timeout=1.0):
+                if msg.error() is not None:
+                    continue
+                ids[orjson.loads(msg.value())["event_id"]] += 1
+                if msg.offset() + 1 >= left.get(msg.partition(), 0):
+                    left.pop(msg.partition(), None)
+    finally:
+        consumer.close()
+    if left:
+        raise RuntimeError(f"could not read {topic} to its end in {timeout_s} s: {left}")
+    return ids
+
+
+def run(
+    settings: Settings,
+    topic: str,
+    *,
+    name: str,
+    fault: str,
+    inject: Callable[[FaultRun], None],
+    acks: str = "all",
+    idempotence: bool = True,
+    seconds: float = 20.0,
+    fault_at_s: float = 5.0,
+    rate: float = 2000.0,
+    users: int = 200,
+) -> FaultRun:
+    """Write at ``rate`` events/s for ``seconds``, call ``inject`` at ``fault_at_s``, then count."""
+    from confluent_kafka import Producer
+
+    result = FaultRun(name=name, acks=acks, idempotence=idempotence, fault=fault, seconds=seconds)
+    acked: Counter = Counter()
+    start = time.monotonic()
+
+    def on_delivery(err, msg):
+        if err is None:
+            acked[orjson.loads(msg.value())["event_id"]] += 1
+        else:
+            result.failed += 1
+            if len(result.first_errors) < 3:
+                result.first_errors.append(str(err))
+
+    producer = Producer(
+        {**producer_config(settings.kafka_bootstrap, acks, idempotence), "on_delivery": on_delivery}
+    )
+    # Wall-clock ids from a worker id of its own: a fault run appended to a topic that already has
+    # a generator run (spark_worker_killed) must not reuse its post and message ids (snowflakes of
+    # the simulated clock and worker 1023), which the contract requires unique (docs/events.md).
+    config = GeneratorConfig(
+        users=users,
+        mean_followers=5.0,
+        seed=zlib.crc32(name.encode()) & 0xFFFF,
+        realtime=True,
+        worker_id=FAULTS_WORKER_ID,
+    )
+    records = EventGenerator(int(rate * seconds) + users * 10, config).records()
+    fault_thread: threading.Thread | None = None
+    for key, value, _injected in records:
+        now = time.monotonic() - start
+        if now >= seconds:
+            break
+        if fault_thread is None and now >= fault_at_s:
+            result.events.append(f"{now:.1f}s fault: {fault}")
+            fault_thread = threading.Thread(target=inject, args=(result,), daemon=True)
+            fault_thread.start()
+        while True:
+            try:
+                producer.produce(topic, orjson.dumps(value), key)
+                break
+            except BufferError:
+                producer.poll(0.05)
+        result.sent += 1
+        producer.poll(0)
+        ahead = result.sent / rate - (time.monotonic() - start)
+        if ahead > 0:
+            time.sleep(ahead)
+    if fault_thread is not None:
+        fault_thread.join(timeout=180)
+    remaining = producer.flush(150)
+    result.failed += remaining
+    result.events.append(f"{time.monotonic() - start:.1f}s producer flushed ({remaining} undelivered)")
+    in_log = read_ids(settings, topic)
+    result.acked = sum(acked.values())
+    result.in_log = sum(in_log.values())
+    result.lost = sum(max(0, n - in_log.get(i, 0)) for i, n in acked.items())
+    # more copies in the log than acknowledged sends of an id (a retry written twice)
+    result.duplicated = sum(max(0, in_log[i] - acked.get(i, 0)) for i in in_log if in_log[i] > 1)
+    return result
+
+
+def spark_worker_killed(settings: Settings, *, seconds: float = 30.0, rate: float = 1000.0) -> dict:
+    """Against a running cluster profile (``SOCIAL_PROFILE=cluster make up``): write for ``seconds``,
+    kill -9 Spark worker 1 with its executors (its whole process group: a lost machine) while the
+    speed layer runs micro-batches, restart it later; then the speed layer must apply every event
+    (fences = end offsets) with events read = applied + duplicates + rejected + quarantined."""
+    from infra.stack import SparkWorker
+    from pipelines import namespaces
+    from pipelines.serving import connect
+    from pipelines.speed import functions
+
+    if not settings.clustered:
+        raise SystemExit("run with SOCIAL_PROFILE=cluster against `SOCIAL_PROFILE=cluster make up`")
+    worker = SparkWorker(settings, 0)
+
+    def kill_worker(run: FaultRun) -> None:
+        pid = worker.pid()
+        if pid is None or not worker.is_running():
+            raise RuntimeError(f"{worker.name} is not running")
+        os.killpg(pid, signal.SIGKILL)  # the worker JVM and the executors it launched
+        run.events.append(f"kill -9 {worker.name} and its executors (process group {pid})")
+        time.sleep(seconds / 3)
+        worker.start()
+        run.events.append(f"{worker.name} restarted")
+
+    topic = settings.events_topic
+    run_ = run(settings, topic, name="spark_worker_killed", fault="kill -9 a Spark worker mid-batch",
+               inject=kill_worker, seconds=seconds, fault_at_s=seconds / 4, rate=rate)  # fmt: skip
+    namespace = namespaces.active(settings)
+    client = connect(settings.redis_url)
+    ends = end_offsets(settings, topic)
+    deadline = time.monotonic() + 600
+    while (fences := functions.fences(client, namespace)) != ends and time.monotonic() < deadline:
+        time.sleep(1)
+    run_.events.append(f"speed layer caught up: {fences == ends}")
+    stats = functions.accounting(client, namespace, sorted(ends))
+    read = sum(ends.values())
+    report = {
+        **asdict(run_),
+        "exactly_once": run_.exactly_once,
+        "caught_up": fences == ends,
+        "accounting": {**stats, "events_read": read},
+        "accounting_ok": read
+        == stats["applied"] + stats["duplicates"] + stats["rejected"] + stats["quarantined"],
+    }
+    path = settings.reports_dir / "faults" / "spark_worker_killed.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    from infra.settings import get_settings
+
+    p = argparse.ArgumentParser(prog="python -m infra.faults", description=__doc__.splitlines()[0])
+    p.add_argument("run", choices=["spark-worker"])
+    p.add_argument("--seconds", type=float, default=30.0)
+    p.add_argument("--rate", type=float, default=1000.0)
+    args = p.parse_args(argv)
+    report = spark_worker_killed(get_settings(), seconds=args.seconds, rate=args.rate)
+    print(json.dumps({k: v for k, v in report.items() if k != "first_errors"}, indent=2))
+    return 0 if report["exactly_once"] and report["caught_up"] and report["accounting_ok"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,64 @@
+"""The cluster profile's layout (README: Scaling out), worked out by hand from the settings."""
+
+from __future__ import annotations
+
+import pytest
+
+from infra.settings import Settings, get_settings
+from infra.stack import (
+    SERVICES,
+    KafkaBroker,
+    SparkMaster,
+    SparkWorker,
+    Stack,
+    events_topic_configs,
+)
+
+
+def test_local_stays_the_default():
+    s = get_settings()
+    assert s.profile == "local" and s.replication_factor == 1 and s.min_insync_replicas == 1
+    assert [x.name for x in Stack(s).services][:2] == ["kafka", "redis"]
+    assert not SparkMaster.instances(s) and not SparkWorker.instances(s)
+
+
+def test_cluster_nodes_ports_and_quorum():
+    s = get_settings(profile="cluster", kafka_port=43092, kafka_controller_port=43093)
+    assert s.broker_ports() == [(43092, 43093), (43094, 43095), (43096, 43097)]
+    assert s.kafka_bootstrap == "127.0.0.1:43092,127.0.0.1:43094,127.0.0.1:43096"
+    assert s.spark_master == "spark://127.0.0.1:7077"
+    nodes = KafkaBroker.instances(s)
+    assert [n.name for n in nodes] == ["kafka-1", "kafka-2", "kafka-3"]
+    assert len({n.data_dir for n in nodes}) == 3
+    props = nodes[1].server_properties()
+    assert props["node.id"] == "2"
+    assert props["controller.quorum.voters"] == "1@127.0.0.1:43093,2@127.0.0.1:43095,3@127.0.0.1:43097"
+    assert props["listeners"] == "PLAINTEXT://127.0.0.1:43094,CONTROLLER://127.0.0.1:43095"
+    assert (props["default.replication.factor"], props["min.insync.replicas"]) == ("3", "2")
+    assert events_topic_configs(s)["min.insync.replicas"] == "2"
+    names = [x.name for x in Stack(s).services]
+    assert names[:7] == [
+        "kafka-1", "kafka-2", "kafka-3", "redis", "spark-master", "spark-worker-1", "spark-worker-2",
+    ]  # fmt: skip
+
+
+def test_an_explicit_bootstrap_or_master_wins_over_the_profile():
+    s = get_settings(profile="cluster", kafka_bootstrap="k:1", spark_master="local[2]")
+    assert (s.kafka_bootstrap, s.spark_master) == ("k:1", "local[2]")
+
+
+def test_down_sees_a_cluster_started_under_the_other_profile():
+    names = {x.name for x in Stack(get_settings()).other_profile_services()}
+    assert {"kafka-1", "kafka-3", "spark-master", "spark-worker-2"} <= names and "kafka" not in names
+
+
+def test_a_workers_command_points_at_the_master():
+    s = get_settings(profile="cluster", spark_master_port=43077)
+    argv = SparkWorker(s, 1).command()
+    assert argv[-1] == "spark://127.0.0.1:43077" and "org.apache.spark.deploy.worker.Worker" in argv
+    assert SparkMaster in SERVICES and SparkWorker in SERVICES
+
+
+def test_an_unknown_profile_is_a_clear_error():
+    with pytest.raises(ValueError, match="SOCIAL_PROFILE='clustr'"):
+        Settings(profile="clustr")
