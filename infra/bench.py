@@ -34,6 +34,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from infra.settings import Settings, get_settings
+from pipelines.speed.functions import connect as keyed_connect
 
 SECTIONS: dict[str, Callable[[BenchContext], dict]] = {}
 
@@ -318,11 +319,10 @@ def serving(ctx: BenchContext) -> dict:
 
 
 def _drop_namespace(settings: Settings, namespace: str) -> None:
-    import redis
 
     from pipelines.speed.functions import drop_namespace
 
-    drop_namespace(redis.Redis.from_url(settings.redis_url), namespace)
+    drop_namespace(keyed_connect(settings.redis_url), namespace)
 
 
 # --- the speed layer, the replay, scaling (issue 3) -----------------------------------------------------

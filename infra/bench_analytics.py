@@ -53,6 +53,7 @@ from infra.bench_keyed import _pct, _wait_fences
 from infra.settings import Settings
 from infra.speed_layer_process import SpeedLayerProcess
 from pipelines.report import png_bytes
+from pipelines.speed.functions import connect as keyed_connect
 from pipelines.speed.processor import FRESHNESS_CAP_MS
 
 ANALYTICS_LATENESS_S = 10  # so windows close within the run (the default, 120 s, would not)
@@ -355,7 +356,7 @@ def analytics_section(ctx: BenchContext) -> dict:
 
     var = Path(tempfile.mkdtemp(prefix="bench-analytics-"))
     base = dataclasses.replace(ctx.settings, var_dir=var, analytics_lateness_s=ANALYTICS_LATENESS_S)
-    r = redis.Redis.from_url(base.redis_url)
+    r = keyed_connect(base.redis_url)
     out: dict = {
         "rate_events_per_s": ctx.analytics_rate,
         "seconds_per_phase": ctx.analytics_seconds,

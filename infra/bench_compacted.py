@@ -25,6 +25,7 @@ from pathlib import Path
 import redis
 
 from infra.bench import BenchContext, _fill, section
+from pipelines.speed.functions import connect as keyed_connect
 
 SEGMENT_MS = 1000
 CLEAN_WAIT_S = 120
@@ -106,7 +107,7 @@ def _freshness_with(ctx: BenchContext, publish: bool) -> dict:
         compacted_topics=int(publish),
         var_dir=Path(ctx.settings.var_dir) / "bench" / f"compacted-{tag}",
     )
-    r = redis.Redis.from_url(settings.redis_url)
+    r = keyed_connect(settings.redis_url)
     sl = _SpeedLayer(settings, topic, namespace, Path(settings.var_dir) / "speed_layer.log")
     try:
         boot = GeneratorConfig(users=1000, seed=5, graph_seed=5, mean_followers=15, realtime=True)
@@ -173,7 +174,7 @@ def _size_and_cost(ctx: BenchContext) -> dict:
     namespace = f"bench_compacted_{ctx.run_id}".lower()
     topic, _summary = _fill(ctx, "compacted", events, users=max(200, events // 100))
     log = _read_log(settings, topic)
-    r = redis.Redis.from_url(settings.redis_url)
+    r = keyed_connect(settings.redis_url)
     proc = Processor(
         ProcessorConfig(redis_url=settings.redis_url, namespace=namespace, record_freshness=False)
     )

@@ -29,6 +29,7 @@ import redis
 from infra.bench import BenchContext, section
 from infra.settings import Settings
 from infra.speed_layer_process import SpeedLayerProcess
+from pipelines.speed.functions import connect as keyed_connect
 
 
 def _free_port() -> int:
@@ -186,7 +187,7 @@ def keyed_section(ctx: BenchContext) -> dict:
         api_port=_free_port(),
         var_dir=Path(ctx.settings.var_dir) / "bench" / "keyed",
     )
-    r = redis.Redis.from_url(settings.redis_url)
+    r = keyed_connect(settings.redis_url)
     out: dict = {}
     sl = SpeedLayerProcess(
         settings, topic, namespace, Path(settings.var_dir) / "speed_layer.log", archive=False
@@ -300,7 +301,7 @@ def _replay_vs_bare_read(ctx: BenchContext, settings: Settings, topic: str, name
     t0 = time.perf_counter()
     replay_keyed(spark, settings, topic, ends, scratch)
     replay = time.perf_counter() - t0
-    drop_namespace(redis.Redis.from_url(settings.redis_url), scratch)
+    drop_namespace(keyed_connect(settings.redis_url), scratch)
     spark.stop()
     return {
         "replay_events": n,
@@ -327,7 +328,7 @@ def scaling_section(ctx: BenchContext) -> dict:
     from pipelines.speed import functions
     from pipelines.speed.processor import Processor, ProcessorConfig
 
-    r = redis.Redis.from_url(ctx.settings.redis_url)
+    r = keyed_connect(ctx.settings.redis_url)
     functions.ensure_loaded(r)
     parts = ctx.settings.events_partitions
     base, probe = ctx.scaling_state_events, ctx.scaling_probe_events

@@ -29,6 +29,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from infra.settings import REPO_ROOT, Settings, get_settings
+from pipelines.speed.functions import connect as keyed_connect
 
 SCHEDULE_S = 3600  # the batch_layer DAG runs hourly (dags/batch_layer.py)
 # The code each path adds (the contract checks, the Kafka source and the archive are shared).
@@ -100,7 +101,6 @@ def speed_layer_freshness(settings: Settings) -> dict:
 
 
 def run(settings: Settings, events: int) -> dict:
-    import redis
 
     from app_sim.generator import GeneratorConfig, produce
     from infra.stack import create_topic, delete_topic
@@ -116,7 +116,7 @@ def run(settings: Settings, events: int) -> dict:
     topic = f"compare.{run_id}".lower()
     kappa_ns, archive_ns = f"compare-kappa-{run_id}".lower(), f"compare-{run_id}".lower()
     create_topic(settings, topic, settings.events_partitions)
-    client = redis.Redis.from_url(settings.redis_url)
+    client = keyed_connect(settings.redis_url)
     lake = Path(settings.lake_dir)
     spark = build_spark("compare", settings)
     try:

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from infra.reports import write_index
 from infra.settings import REPO_ROOT, Settings, get_settings
+from pipelines.speed.functions import connect as keyed_connect
 
 
 def say(msg: str) -> None:
@@ -43,7 +44,6 @@ def log_end_offsets(settings: Settings, topic: str) -> dict[int, int]:
 
 def committed_position(settings: Settings) -> dict[int, int]:
     """Per-partition end offsets both the keyed state (Redis) and the Delta views cover."""
-    import redis
 
     from pipelines import namespaces
     from pipelines.lake import committed_position as committed
@@ -52,7 +52,7 @@ def committed_position(settings: Settings) -> dict[int, int]:
     ns = namespaces.active(settings)
     found = committed(settings.lake_dir, ns)
     lake = found[1] if found else {}
-    keyed = fences(redis.Redis.from_url(settings.redis_url), ns)
+    keyed = fences(keyed_connect(settings.redis_url), ns)
     return {p: min(lake.get(p, 0), keyed.get(p, 0)) for p in set(lake) | set(keyed)}
 
 

@@ -281,7 +281,7 @@ def run(
 
     namespace = namespace or namespaces.active(settings)
     topic = topic or settings.events_topic
-    client = redis.Redis.from_url(settings.redis_url)
+    client = functions.connect(settings.redis_url)
     functions.ensure_loaded(client)
     spark = build_spark(f"archiver-{namespace}", settings)
     lake = Lake(spark, settings.lake_dir, namespace, writer="archiver")

@@ -67,7 +67,7 @@ def _write(client: redis.Redis, namespace: str, kind: str, rows: Iterable[tuple]
 
 
 def restore(spark, settings: Settings, namespace: str, *, force: bool = False) -> dict:
-    client = redis.Redis.from_url(settings.redis_url)
+    client = functions.connect(settings.redis_url)
     existing = next(iter(client.scan_iter(match=f"{namespace}:*", count=1000)), None)
     if existing is not None:
         if not force:

@@ -32,6 +32,7 @@ from pipelines.batch_layer.verify import summary as batch_layer_summary
 from pipelines.batch_layer.verify import verify_batch_layer
 from pipelines.lake import Lake
 from pipelines.replay import recompute
+from pipelines.speed.functions import connect as keyed_connect
 from pipelines.tables import TABLES
 from pipelines.views import materialize
 
@@ -171,7 +172,6 @@ def verify_keyed(spark, settings: Settings, namespace: str, topic: str) -> dict:
     be at P when the comparison ends (fences read again); a stream that moved on meanwhile makes
     the comparison ``skipped``, never a false mismatch.
     """
-    import redis
 
     from pipelines.replay import replay_keyed
     from pipelines.speed import functions
@@ -179,7 +179,7 @@ def verify_keyed(spark, settings: Settings, namespace: str, topic: str) -> dict:
     from pipelines.speed.functions import drop_namespace
     from pipelines.speed.stream import topic_partitions
 
-    client = redis.Redis.from_url(settings.redis_url)
+    client = keyed_connect(settings.redis_url)
     position = functions.fences(client, namespace)
     partitions = topic_partitions(settings, topic)
     ends = {p: position.get(p, 0) for p in partitions}

@@ -18,7 +18,6 @@ import sys
 import time
 from pathlib import Path
 
-import redis
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
@@ -28,6 +27,7 @@ from pipelines.batch_layer.cross_check import cross_check
 from pipelines.batch_layer.definition import QUARANTINED, below
 from pipelines.batch_layer.job import Archive, batch_config, views_at
 from pipelines.speed import functions
+from pipelines.speed.functions import connect as keyed_connect
 
 
 def verify_batch_layer(
@@ -35,7 +35,7 @@ def verify_batch_layer(
 ) -> dict:
     """Compare the keyed state of ``redis_namespace`` (default ``namespace``) with the batch layer
     over ``namespace``'s archive, both at the keyed state's position."""
-    client = redis.Redis.from_url(settings.redis_url)
+    client = keyed_connect(settings.redis_url)
     redis_namespace = redis_namespace or namespace
     archive = Archive(spark, Path(settings.lake_dir) / namespace)
     if not archive.exists():

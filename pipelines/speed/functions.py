@@ -47,6 +47,17 @@ LIBRARY = Path(__file__).with_name("redis_functions") / "social.lua"
 NAME = "social"
 
 
+# One FCALL over a large group of records can keep Redis busy for seconds on a loaded machine, and
+# every other client waits behind it; redis-py's default read timeout (5 s) would then fail a
+# cut, a verify or a restore that only had to wait.
+SOCKET_TIMEOUT_S = 60
+
+
+def connect(url: str, **kwargs) -> redis.Redis:
+    """A client of the keyed state (bytes in and out), with :data:`SOCKET_TIMEOUT_S`."""
+    return redis.Redis.from_url(url, socket_timeout=SOCKET_TIMEOUT_S, **kwargs)
+
+
 def key(namespace: str, *parts) -> str:
     return ":".join([namespace, *map(str, parts)])
 

@@ -29,8 +29,6 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import redis
-
 from infra.settings import Settings
 from pipelines.speed import functions
 from pipelines.speed.processor import Applied, Processor, ProcessorConfig
@@ -134,7 +132,7 @@ def topic_partitions(settings: Settings, topic: str, timeout_s: float = 10.0) ->
 
 def starting_offsets(settings: Settings, namespace: str, topic: str) -> str:
     """Kafka ``startingOffsets`` from Redis's fences: every partition, -2 (earliest) where none."""
-    client = redis.Redis.from_url(settings.redis_url)
+    client = functions.connect(settings.redis_url)
     fences = functions.fences(client, namespace)
     if not fences:
         return "earliest"
@@ -187,7 +185,7 @@ def start(
     ``on_batch(summary rows)`` is called after each micro-batch that read records (the compacted
     topics' publisher wakes on it: :mod:`pipelines.speed.compacted`); it must not block."""
     cfg = processor_config(settings, namespace)
-    functions.ensure_loaded(redis.Redis.from_url(settings.redis_url))
+    functions.ensure_loaded(functions.connect(settings.redis_url))
     fn = apply_partitions(cfg)
 
     def each_batch(records, batch_id: int) -> None:
