@@ -440,31 +440,11 @@ def F_lit_null():  # noqa: N802
 # ---------------------------------------------------------------------------------------------
 # Erasure (docs/views.md, "Erasure"): the speed layer's hand-worked logs, users apart.
 # ---------------------------------------------------------------------------------------------
-def _shift(events, by):
-    """The same events with every user id + ``by`` (even: the partitions stay) and new event ids."""
-    out = []
-    for e in events:
-        e = dict(e, event_id=f"{e['event_id']}+{by}")
-        for f in ("user_id", "followee_id", "recipient_id"):
-            if f in e:
-                e[f] += by
-        out.append(e)
-    return out
-
-
 @pytest.fixture(scope="module")
 def erasure_log(spark):
-    from tests.unit import test_speed_processor as sp
+    from tests.unit.test_speed_processor import erasure_cases_log
 
-    authors = [e for part in sp.erasure_authors_log() for e in part]
-    messages = [e for part in sp.erasure_messages_log() for e in part]
-    log = (
-        authors
-        + _shift(messages, 100)
-        + _shift(sp.erasure_reregister_log(), 200)
-        + _shift(sp.erasure_cross_partition_log(), 300)
-    )
-    return collect(batch(spark, log, fanout_threshold=2, timeline_length=2))
+    return collect(batch(spark, erasure_cases_log(), fanout_threshold=2, timeline_length=2))
 
 
 def test_erasure_of_an_author_and_a_celebrity(erasure_log):

@@ -473,6 +473,31 @@ def stepper(url, ns, **cfg):
     return redis.Redis.from_url(url, decode_responses=True), step
 
 
+def shift_users(events, by):
+    """The same events with every user id + ``by`` (even: the partitions stay) and new event ids."""
+    out = []
+    for e in events:
+        e = dict(e, event_id=f"{e['event_id']}+{by}")
+        for f in ("user_id", "followee_id", "recipient_id"):
+            if f in e:
+                e[f] += by
+        out.append(e)
+    return out
+
+
+def erasure_cases_log():
+    """Every hand-worked erasure case in one log, each on its own users (ids shifted by 100s):
+    the batch layer's and the fold's tests run them all at once."""
+    authors = [e for part in erasure_authors_log() for e in part]
+    messages = [e for part in erasure_messages_log() for e in part]
+    return (
+        authors
+        + shift_users(messages, 100)
+        + shift_users(erasure_reregister_log(), 200)
+        + shift_users(erasure_cross_partition_log(), 300)
+    )
+
+
 def erasure_authors_log():
     """1, 2 follow 10 (2 followers: fanned out); 3, 4, 5 follow 20 (3 > threshold 2: merged at read
     time); 1 and 10 follow 30. Timelines hold N = 2."""

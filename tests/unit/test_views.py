@@ -234,17 +234,9 @@ def test_chunked_fold_equals_one_shot_replay(spark):
 def test_erasure_in_the_whole_prefix_fold(spark):
     """The speed layer's hand-worked erasure logs (users apart, as in test_batch_layer) folded in
     one step, as verify's replay does; a fold step over prior state refuses an erasure."""
-    from tests.unit import test_speed_processor as sp
-    from tests.unit.test_batch_layer import _shift
+    from tests.unit.test_speed_processor import erasure_cases_log
 
-    authors = [e for part in sp.erasure_authors_log() for e in part]
-    messages = [e for part in sp.erasure_messages_log() for e in part]
-    log = (
-        authors
-        + _shift(messages, 100)
-        + _shift(sp.erasure_reregister_log(), 200)
-        + _shift(sp.erasure_cross_partition_log(), 300)
-    )
+    log = erasure_cases_log()
     state, (out,) = run(spark, [log], fanout_threshold=2, timeline_length=2)
     tl = {}
     for u, p in rows(state.home_timeline, "user_id", "post_id"):
