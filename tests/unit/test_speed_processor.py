@@ -207,6 +207,49 @@ def test_duplicates_within_window_only(redis_url, ns):
     assert r.hgetall(functions.key(ns, "stats", 1)) == {"applied": "1", "duplicates": "1", "rejected": "1"}
 
 
+@pytest.mark.parametrize("group_size", [1, 2, 5])
+def test_forgetting_event_ids_does_not_depend_on_how_the_log_is_grouped(redis_url, ns, group_size):
+    # window W = 1 h, grace G = 1 h: after each event the memory holds the ids received at most
+    # W + G before the partition's newest received_time (docs/architecture.md, "Dedup")
+    h = 3600.0
+
+    def status(eid, at_h):
+        return ev("status_updated", 1, at_h * h, eid=eid, text=eid)
+
+    log = [
+        status("A", 0),  # applied; memory {A@0}
+        status("B", 3),  # applied; newest 3 h, so A (0 h < 1 h) is forgotten: memory {B@3}
+        status("A", 0.5),  # A is not remembered: applied, and forgotten at once (0.5 h < 1 h)
+        status("A", 0.6),  # the same again: applied
+        status("B", 3.5),  # B seen 0.5 h before: a duplicate; memory {B@3.5}
+    ]
+    r = apply(
+        redis_url,
+        ns,
+        [log],
+        dedup_window_ms=int(h * 1000),
+        dedup_grace_ms=int(h * 1000),
+        group_size=group_size,
+    )
+    p = 1 % PARTITIONS
+    assert [f["d"] for f in changelog(r, ns, p)] == ["a", "a", "a", "a", "d"]
+    b = str(T0 + int(3.5 * h * 1000))
+    assert r.hgetall(functions.key(ns, "seen", p)) == {"B": b}
+    assert r.zrange(functions.key(ns, "seenq", p), 0, -1, withscores=True) == [("B", float(b))]
+    assert r.hget(functions.key(ns, "hwm"), p) == b
+    assert r.hget(functions.key(ns, "fence"), p) == "5"
+    # and after the first three alone: A, received 0.5 h, is below the bound at once
+    apply(
+        redis_url,
+        f"{ns}x",
+        [log[:3]],
+        dedup_window_ms=int(h * 1000),
+        dedup_grace_ms=int(h * 1000),
+        group_size=group_size,
+    )
+    assert r.hgetall(functions.key(f"{ns}x", "seen", p)) == {"B": str(T0 + int(3 * h * 1000))}
+
+
 def test_offline_events_ordered_by_corrected_time(redis_url, ns):
     skewed = ev("post_created", 2, 50, post_id=30, text="old, device clock 1 h behind")
     skewed["device_time"] -= 3600_000

@@ -25,7 +25,7 @@ Per event, atomically (a function runs alone in Redis):
      set of applied events, not of how partitions interleave;
   4. accounting (stats:<p>) and one changelog entry (stream changelog:<p>, id "<offset>-1", so an
      entry exists once per offset by construction) with the disposition, the view changes and a
-     global sequence number `s` (INCR seq): the order in which Redis applied events of all
+     global sequence number `s` (key seq): the order in which Redis applied events of all
      partitions, so the last change per key in `s` order is the key's value (the compaction's rule).
 
 Erasure (docs/views.md, "Erasure"): `erased` is the set of erased user ids, a tombstone kept forever.
@@ -45,7 +45,7 @@ are ids zero-padded to 19 digits, so ZREVRANGE order = (event_time desc, id desc
 strings here: Lua numbers are doubles and would round 64-bit ids.
 ]]
 
-local VERSION = '6'
+local VERSION = '7'
 local EVENT_ARGS = 10
 
 local function cmp_gt(s1, m1, s2, m2) -- (score, member) ordering of the timelines
@@ -58,7 +58,11 @@ local function pad(id) return string.rep('0', 19 - #id) .. id end
 local Ctx = {}
 Ctx.__index = Ctx
 
-function Ctx:k(...) return self.ns .. ':' .. table.concat({...}, ':') end
+-- A key of the namespace: `c:k('tl', u)` -> '<ns>:tl:<u>' (no table per call: this is the hot path).
+function Ctx:k(a, b)
+  if b == nil then return self.ns .. ':' .. a end
+  return self.ns .. ':' .. a .. ':' .. b
+end
 
 -- A view change for the changelog; numbers as integer strings (cjson would round them).
 function Ctx:change(...)
@@ -434,81 +438,109 @@ function apply.user_erased(c, e)
 end
 
 -- ---------------------------------------------------------------------------------------------
-local function dedup(c, p, eid, rt)
-  local seen, q = c:k('seen', p), c:k('seenq', p)
-  local prev = redis.call('HGET', seen, eid)
-  local dup = prev ~= false and tonumber(prev) >= rt - c.window
-  if prev == false or tonumber(prev) < rt then
-    redis.call('HSET', seen, eid, string.format('%d', rt))
-    redis.call('ZADD', q, rt, eid)
+-- Dedup (docs/views.md): per event, the memory holds exactly the ids received at most
+-- window + grace before the partition's newest received_time (hwm), so the decision is a function
+-- of the log prefix, the same in any replay and for any grouping of events into calls (no wall
+-- clock). Forgetting is done once per call (`forget`); until then an id older than that bound is
+-- treated as forgotten already, which decides every event exactly as forgetting after each would.
+local function dedup(c, eid, rt)
+  local prev = redis.call('HGET', c.seen, eid)
+  if prev ~= false then
+    prev = tonumber(prev)
+    if prev < c.hwm - c.window - c.grace then prev = false end -- forgotten (lazily)
   end
-  -- forget ids received more than window + grace before the newest received_time of the
-  -- partition: a function of the log prefix, so the same in any replay (no wall clock)
-  local hwm = tonumber(redis.call('HGET', c:k('hwm'), p) or '-inf')
-  if rt > hwm then
-    hwm = rt
-    redis.call('HSET', c:k('hwm'), p, string.format('%d', rt))
+  local dup = prev ~= false and prev >= rt - c.window
+  if prev == false or prev < rt then
+    local rts = string.format('%d', rt)
+    redis.call('HSET', c.seen, eid, rts)
+    redis.call('ZADD', c.seenq, rts, eid)
   end
-  -- all of them (not a bounded number per event): the memory is then exactly a function of the
-  -- log prefix, which a restore from the archive rebuilds (about one id leaves per id that comes)
-  local old = redis.call('ZRANGEBYSCORE', q, '-inf', '(' .. string.format('%d', hwm - c.window - c.grace))
-  if #old > 0 then
-    redis.call('HDEL', seen, unpack(old))
-    redis.call('ZREM', q, unpack(old))
-  end
+  if rt > c.hwm then c.hwm = rt end
   return dup
 end
 
+-- Forget the ids below the bound (all of them, in slices that fit Lua's stack): the memory is
+-- then exactly a function of the log prefix, which a restore from the archive rebuilds.
+local function forget(c)
+  local bound = '(' .. string.format('%d', c.hwm - c.window - c.grace)
+  while true do
+    local old = redis.call('ZRANGEBYSCORE', c.seenq, '-inf', bound, 'LIMIT', 0, 1000)
+    if #old == 0 then return end
+    redis.call('HDEL', c.seen, unpack(old))
+    redis.call('ZREM', c.seenq, unpack(old))
+  end
+end
+
 local DISPOSITION = {a = 'applied', d = 'duplicates', r = 'rejected', q = 'quarantined'}
+
+-- One event (EVENT_ARGS arguments from args[i]) at `offset`: its effects, then its changelog entry.
+local function apply_one(c, counts, args, i, offset)
+  local e = {type = args[i + 1], eid = args[i + 2], user = args[i + 3], rt = tonumber(args[i + 4]),
+    et = tonumber(args[i + 5]), id1 = args[i + 6], id2 = args[i + 7], s1 = args[i + 8], s2 = args[i + 9]}
+  c.changes, c.tl = {}, {}
+  local disp, reason
+  if e.type == '!' then
+    disp, reason = 'q', e.s1
+  elseif dedup(c, e.eid, e.rt) then
+    disp = 'd'
+  elseif c:is_erased(e.user) then
+    -- written after the erasure of its key user in this partition (log order): no effect
+    disp, reason = 'r', 'user_erased'
+  else
+    local handler = apply[e.type]
+    local ok, res = pcall(handler, c, e)
+    if not ok then
+      -- one record must never stop the stream: dead-letter it with the error as its reason
+      disp, reason = 'q', 'processing_error:' .. tostring(res):sub(1, 200)
+    elseif res ~= nil then
+      disp, reason = 'r', res
+    else
+      disp = 'a'
+    end
+  end
+  counts[disp] = counts[disp] + 1
+  c.seq = c.seq + 1
+  local entry = {'d', disp, 's', string.format('%d', c.seq)}
+  if reason then entry[#entry + 1] = 'r'; entry[#entry + 1] = reason end
+  if #c.changes > 0 then entry[#entry + 1] = 'c'; entry[#entry + 1] = cjson.encode(c.changes) end
+  if #c.tl > 0 then entry[#entry + 1] = 't'; entry[#entry + 1] = table.concat(c.tl, ',') end
+  redis.call('XADD', c.changelog, string.format('%d', offset) .. '-1', unpack(entry))
+end
 
 local function social_apply(keys, args)
   local ns, p = args[1], args[2]
   local c = setmetatable({ns = ns, window = tonumber(args[3]), grace = tonumber(args[4]),
     N = tonumber(args[5]), T = tonumber(args[6]), S = tonumber(args[7])}, Ctx)
-  local fence_key, stats = c:k('fence'), c:k('stats', p)
-  local next_offset = tonumber(redis.call('HGET', fence_key, p) or '0')
+  c.seen, c.seenq, c.changelog = c:k('seen', p), c:k('seenq', p), c:k('changelog', p)
+  -- the per-partition bookkeeping is read once here and written once below, whatever happens
+  -- in between: a function's writes are not rolled back by an error, so the fence must always
+  -- cover exactly the events whose effects were written
+  local fence_key, hwm_key, seq_key = c:k('fence'), c:k('hwm'), c:k('seq')
+  local start = tonumber(redis.call('HGET', fence_key, p) or '0')
+  local next_offset = start
+  c.hwm = tonumber(redis.call('HGET', hwm_key, p) or '-inf')
+  c.seq = tonumber(redis.call('GET', seq_key) or '0')
+  local hwm0, seq0 = c.hwm, c.seq
   local counts = {a = 0, d = 0, r = 0, q = 0, skipped = 0}
-  local i = 8
-  while i + EVENT_ARGS - 1 <= #args do
-    local offset = tonumber(args[i])
-    if offset < next_offset then
-      counts.skipped = counts.skipped + 1
-    else
-      local e = {type = args[i + 1], eid = args[i + 2], user = args[i + 3], rt = tonumber(args[i + 4]),
-        et = tonumber(args[i + 5]), id1 = args[i + 6], id2 = args[i + 7], s1 = args[i + 8], s2 = args[i + 9]}
-      c.changes, c.tl = {}, {}
-      local disp, reason
-      if e.type == '!' then
-        disp, reason = 'q', e.s1
-      elseif dedup(c, p, e.eid, e.rt) then
-        disp = 'd'
-      elseif c:is_erased(e.user) then
-        -- written after the erasure of its key user in this partition (log order): no effect
-        disp, reason = 'r', 'user_erased'
+  local ok, err = pcall(function()
+    for i = 8, #args - EVENT_ARGS + 1, EVENT_ARGS do
+      local offset = tonumber(args[i])
+      if offset < next_offset then
+        counts.skipped = counts.skipped + 1
       else
-        local handler = apply[e.type]
-        local ok, res = pcall(handler, c, e)
-        if not ok then
-          -- one record must never stop the stream: dead-letter it with the error as its reason
-          disp, reason = 'q', 'processing_error:' .. tostring(res):sub(1, 200)
-        elseif res ~= nil then
-          disp, reason = 'r', res
-        else
-          disp = 'a'
-        end
+        apply_one(c, counts, args, i, offset)
+        next_offset = offset + 1
       end
-      counts[disp] = counts[disp] + 1
-      redis.call('HINCRBY', stats, DISPOSITION[disp], 1)
-      local entry = {'d', disp, 's', redis.call('INCR', c:k('seq'))}
-      if reason then entry[#entry + 1] = 'r'; entry[#entry + 1] = reason end
-      if #c.changes > 0 then entry[#entry + 1] = 'c'; entry[#entry + 1] = cjson.encode(c.changes) end
-      if #c.tl > 0 then entry[#entry + 1] = 't'; entry[#entry + 1] = table.concat(c.tl, ',') end
-      redis.call('XADD', c:k('changelog', p), string.format('%d', offset) .. '-1', unpack(entry))
-      next_offset = offset + 1
-      redis.call('HSET', fence_key, p, string.format('%d', next_offset))
     end
-    i = i + EVENT_ARGS
+  end)
+  if next_offset ~= start then redis.call('HSET', fence_key, p, string.format('%d', next_offset)) end
+  if c.seq ~= seq0 then redis.call('SET', seq_key, string.format('%d', c.seq)) end
+  if c.hwm ~= hwm0 then redis.call('HSET', hwm_key, p, string.format('%d', c.hwm)) end
+  if c.hwm > -math.huge then forget(c) end -- every call: a late id may fall below the bound at once
+  for d, name in pairs(DISPOSITION) do
+    if counts[d] > 0 then redis.call('HINCRBY', c:k('stats', p), name, counts[d]) end
   end
+  if not ok then error(err) end
   return {counts.a, counts.d, counts.r, counts.q, counts.skipped}
 end
 
