@@ -160,6 +160,18 @@ class Settings:
         10,
         "the Kafka source's `fetch.max.wait.ms` (Kafka's default, 500, is a floor under every micro-batch)",
     )
+    speed_tasks: int = _setting(
+        "SOCIAL_SPEED_TASKS",
+        0,
+        "Spark tasks per keyed micro-batch: the Kafka partitions' ranges are coalesced into this many "
+        "(0: Spark's default parallelism, one per core the query may use)",
+    )
+    async_progress: int = _setting(
+        "SOCIAL_ASYNC_PROGRESS",
+        1,
+        "1: the keyed query writes Spark's offset and commit logs in the background, off every "
+        "micro-batch's path (safe here: a re-applied batch changes nothing; README: Latency)",
+    )
     processor_group_size: int = _setting(
         "SOCIAL_PROCESSOR_GROUP_SIZE", 200, "events per Redis function call (one atomic run, one round trip)"
     )
