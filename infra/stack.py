@@ -179,7 +179,15 @@ class Service:
 
     def pid(self) -> int | None:
         try:
-            return int(self.pid_file.read_text().strip())
+            return int(self.pid_file.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def recorded_ports(self) -> list[int] | None:
+        """The ports the process in the pid file was started with (None: not recorded)."""
+        try:
+            lines = self.pid_file.read_text().splitlines()
+            return [int(p) for p in lines[1].split(",") if p] if len(lines) > 1 else None
         except (OSError, ValueError):
             return None
 
@@ -208,8 +216,14 @@ class Service:
     def start(self) -> str:
         """Start unless running; returns what happened ('started' or 'already running')."""
         if self.is_running():
-            self.wait_ready(time.monotonic() + self.ready_timeout_s)
-            return "already running"
+            recorded = self.recorded_ports()
+            if recorded is None or recorded == self.ports():
+                self.wait_ready(time.monotonic() + self.ready_timeout_s)
+                return "already running"
+            # ours (its pid file, its command line) but started for other ports, e.g. by a
+            # benchmark that was killed before it could stop it: waiting on the new ports would
+            # only time out, so it is stopped and started again as configured now
+            self.stop()
         self.pid_file.unlink(missing_ok=True)  # stale
         self.check_ports()
         for d in (self.settings.run_dir, self.settings.log_dir):
@@ -227,7 +241,7 @@ class Service:
                 start_new_session=True,  # a Ctrl-C in the terminal that ran `make up` does not reach it
             )
         _children[proc.pid] = proc
-        self.pid_file.write_text(f"{proc.pid}\n")
+        self.pid_file.write_text(f"{proc.pid}\n{','.join(map(str, self.ports()))}\n")
         try:
             self.wait_ready(time.monotonic() + self.ready_timeout_s)
             self.after_ready()
