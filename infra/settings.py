@@ -170,7 +170,7 @@ class Settings:
         "SOCIAL_ASYNC_PROGRESS",
         1,
         "1: the keyed query writes Spark's offset and commit logs in the background, off every "
-        "micro-batch's path (safe here: a re-applied batch changes nothing; README: Latency)",
+        "micro-batch's path (safe here: a re-applied batch changes nothing)",
     )
     processor_group_size: int = _setting(
         "SOCIAL_PROCESSOR_GROUP_SIZE", 200, "events per Redis function call (one atomic run, one round trip)"
