@@ -177,19 +177,25 @@ class Service:
     def log_file(self) -> Path:
         return self.settings.log_dir / f"{self.name}.log"
 
-    def pid(self) -> int | None:
+    def _pid_record(self) -> tuple[int | None, list[int] | None]:
+        """The pid file: ``<pid>`` then ``<port>,<port>`` (ports absent in older files)."""
         try:
-            return int(self.pid_file.read_text().split()[0])
+            lines = self.pid_file.read_text().splitlines()
+            pid = int(lines[0])
         except (OSError, ValueError, IndexError):
-            return None
+            return None, None
+        try:
+            ports = [int(p) for p in lines[1].split(",") if p] if len(lines) > 1 else None
+        except ValueError:
+            ports = None
+        return pid, ports
+
+    def pid(self) -> int | None:
+        return self._pid_record()[0]
 
     def recorded_ports(self) -> list[int] | None:
         """The ports the process in the pid file was started with (None: not recorded)."""
-        try:
-            lines = self.pid_file.read_text().splitlines()
-            return [int(p) for p in lines[1].split(",") if p] if len(lines) > 1 else None
-        except (OSError, ValueError):
-            return None
+        return self._pid_record()[1]
 
     def _ours(self, pid: int) -> bool:
         """pid is a live process of this service (not a reused pid of something else)."""

@@ -77,7 +77,7 @@ def apply_partitions(cfg: ProcessorConfig):
             offsets = batch.column("offset").to_pylist()
             values = batch.column("value").to_pylist()
             rows, start = [], 0
-            while start < len(parts):  # runs of one partition (a task normally holds one)
+            while start < len(parts):  # runs of one partition (a coalesced task holds several)
                 end = start
                 while end < len(parts) and parts[end] == parts[start]:
                     end += 1
