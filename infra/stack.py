@@ -953,8 +953,16 @@ def create_topic(
 
 
 def end_offsets(settings: Settings, topic: str, timeout_s: float = 10.0) -> dict[int, int]:
-    """The current end (high watermark) of every partition of ``topic``."""
-    from confluent_kafka import Consumer, TopicPartition
+    """The current end (high watermark) of every partition of ``topic``.
+
+    Retriable broker errors are retried for up to ``timeout_s``: a broker that has just
+    restarted answers "not leader for partition" until its partitions have leaders again.
+    """
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
+    from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
+
+    def retriable(exc: BaseException) -> bool:
+        return isinstance(exc, KafkaException) and exc.args[0].retriable()
 
     consumer = Consumer(
         {
@@ -967,9 +975,14 @@ def end_offsets(settings: Settings, topic: str, timeout_s: float = 10.0) -> dict
         meta = consumer.list_topics(topic, timeout=timeout_s).topics[topic]
         if meta.error is not None:
             raise StackError(f"topic {topic}: {meta.error}")
+        watermarks = Retrying(
+            retry=retry_if_exception(retriable),
+            wait=wait_exponential(multiplier=0.1, max=2),
+            stop=stop_after_delay(timeout_s),
+            reraise=True,
+        ).wraps(consumer.get_watermark_offsets)
         return {
-            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)[1]
-            for p in sorted(meta.partitions)
+            p: watermarks(TopicPartition(topic, p), timeout=timeout_s)[1] for p in sorted(meta.partitions)
         }
     finally:
         consumer.close()
