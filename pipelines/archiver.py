@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import signal
 import sys
 import threading
@@ -339,11 +338,10 @@ def run(
     log.info("stopping")
 
 
-NICE = 10  # off the serving path: when both want the cores, the speed layer gets them
-
-
 def main(argv: list[str] | None = None) -> int:
-    os.nice(NICE)  # before the JVM starts: it inherits the priority
+    from pipelines.spark import run_behind_serving_path
+
+    run_behind_serving_path()  # before the JVM starts: it inherits the priority
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--namespace", help="views version to archive (default: the active one)")
     p.add_argument("--topic", help="event topic (default: SOCIAL_EVENTS_TOPIC)")

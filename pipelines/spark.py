@@ -117,3 +117,27 @@ def build_spark(
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+OFF_SERVING_PATH_NICE = 10
+
+
+def run_behind_serving_path(nice: int = OFF_SERVING_PATH_NICE) -> None:
+    """Lower this process's CPU priority, before it starts its JVM (which inherits it).
+
+    For the jobs off the serving path (the archiver, the analytics): when they and the speed
+    layer both want the cores, the speed layer gets them. ``nice`` alone is not enough where the
+    kernel schedules by autogroup (``/proc/sys/kernel/sched_autogroup_enabled`` = 1, the default
+    of many distributions): nice then orders threads only inside one session, and a process
+    started in a session of its own (as ``make up``, the tests and the benchmarks start every
+    service) competes with the speed layer's session at equal weight whatever its nice. So a
+    session leader also lowers its autogroup's nice. A process started by hand inside a
+    terminal's session leaves the terminal's autogroup alone.
+    """
+    os.nice(nice)
+    if os.getsid(0) != os.getpid():
+        return
+    try:
+        Path("/proc/self/autogroup").write_text(f"{nice}\n")
+    except OSError:  # no autogroup scheduling in this kernel: plain nice is what counts
+        pass

@@ -1,0 +1,60 @@
+"""Jobs off the serving path run behind the speed layer even where the kernel schedules by
+autogroup (a process in a session of its own is then weighed by its autogroup's nice, not by its
+own): ``run_behind_serving_path`` lowers both, and never the autogroup of a caller's terminal."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CHILD = (
+    "import os, sys; from pipelines.spark import run_behind_serving_path; run_behind_serving_path(); "
+    "print(os.getpriority(os.PRIO_PROCESS, 0)); sys.stdout.flush(); sys.stdin.read()"
+)
+AUTOGROUP = Path("/proc/self/autogroup")
+
+
+def _autogroup(pid: int) -> tuple[str, int]:
+    name, _, nice = Path(f"/proc/{pid}/autogroup").read_text().split()
+    return name, int(nice)
+
+
+def _run_child(new_session: bool):
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=new_session,
+    )
+    nice = int(child.stdout.readline())
+    return child, nice
+
+
+@pytest.mark.skipif(not AUTOGROUP.exists(), reason="this kernel has no autogroup scheduling")
+def test_a_service_in_its_own_session_lowers_its_autogroup_too():
+    mine = _autogroup(os.getpid())
+    child, nice = _run_child(new_session=True)
+    try:
+        assert nice == os.getpriority(os.PRIO_PROCESS, 0) + 10
+        name, group_nice = _autogroup(child.pid)
+        assert name != mine[0]  # its own session, its own autogroup
+        assert group_nice == 10
+    finally:
+        child.communicate("")
+    assert _autogroup(os.getpid()) == mine
+
+
+@pytest.mark.skipif(not AUTOGROUP.exists(), reason="this kernel has no autogroup scheduling")
+def test_a_job_started_inside_a_terminal_session_leaves_that_session_alone():
+    mine = _autogroup(os.getpid())
+    child, nice = _run_child(new_session=False)
+    try:
+        assert nice == os.getpriority(os.PRIO_PROCESS, 0) + 10
+        assert _autogroup(child.pid) == mine  # the caller's group, its nice untouched
+    finally:
+        child.communicate("")
