@@ -97,7 +97,10 @@ class _AnalyticsBeside:
         self.done = threading.Event()
         self.threads: list[threading.Thread] = []
         self.injected = 0
+        self.caught_up: bool | None = None  # every query read the whole load (after it)
+        self.caught_up_after_s: float | None = None
         self._read_to = 0  # bytes of the progress file already parsed
+        self._lock = threading.Lock()  # the sampler and wait_read both read the progress file
         self._last: dict[str, dict] = {}  # query -> its last progress
 
     def start(self) -> None:
@@ -116,6 +119,10 @@ class _AnalyticsBeside:
 
     def _progress(self) -> list[dict]:
         """The progress lines written since the last call (whole lines only)."""
+        with self._lock:
+            return self._read_progress()
+
+    def _read_progress(self) -> list[dict]:
         if self.proc is not None and self.proc.poll() is not None:
             raise RuntimeError(f"the analytics exited with {self.proc.returncode}; see {self.log_path}")
         try:
@@ -129,23 +136,44 @@ class _AnalyticsBeside:
         out = [json.loads(line) for line in complete.splitlines() if line.strip()]
         for p in out:
             self._last[p["name"]] = p
+            if self.measuring_since is not None:
+                self.batches[(p["name"], p["batchId"])] = {
+                    "t_s": self._t(),
+                    "query": p["name"],
+                    "batch_id": p["batchId"],
+                    "ms": p["durationMs"].get("triggerExecution"),
+                    "rows": p.get("numInputRows", 0),
+                    "duration_ms": p["durationMs"],  # Spark's breakdown: where a batch's time went
+                }
         return out
 
-    def warm_up(self, ends: dict[int, int], timeout_s: float) -> bool:
-        """Until every query has a finished micro-batch that read up to ``ends`` (the bootstrap):
-        the load is then measured beside queries in their steady state, not their start-up."""
-        from pipelines.analytics.runner import QUERIES
+    def wait_read(self, ends: dict[int, int], timeout_s: float) -> bool:
+        """Until every query has a finished micro-batch that read up to ``ends``: before the load
+        (the bootstrap: the load is then measured beside queries in their steady state, not their
+        start-up) and after it (the analytics' own lag behind the log's end).
 
-        topic = self.settings.events_topic
+        The ``events`` query reads the log (Kafka offsets in its progress); an output query has
+        read up to ``ends`` once a micro-batch of it started after the ``events`` batch that got
+        there had committed its rows to the table the outputs read.
+        """
+        from datetime import datetime
+
+        from pipelines.analytics.runner import EVENTS, QUERIES
+
+        topic, parse = self.settings.events_topic, f"analytics_{EVENTS}"
+        parsed_at: float | None = None  # when the events batch that reached ``ends`` finished
         covered: set[str] = set()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             for p in self._progress():
-                for source in p.get("sources", []):
-                    end = source.get("endOffset")
+                started = datetime.fromisoformat(p["timestamp"]).timestamp()
+                if p["name"] == parse and parsed_at is None:
+                    end = p["sources"][0].get("endOffset")
                     got = (json.loads(end) if isinstance(end, str) else end or {}).get(topic, {})
                     if all(int(got.get(str(part), 0)) >= o for part, o in ends.items()):
-                        covered.add(p["name"])
+                        parsed_at = started + p["durationMs"]["triggerExecution"] / 1000
+                elif parsed_at is not None and started >= parsed_at:
+                    covered.add(p["name"])
             if len(covered) == len(QUERIES):
                 return True
             time.sleep(2)
@@ -164,14 +192,7 @@ class _AnalyticsBeside:
 
     def _sample(self) -> None:
         while not self.done.wait(SAMPLE_S):
-            for p in self._progress():
-                self.batches[(p["name"], p["batchId"])] = {
-                    "t_s": self._t(),
-                    "query": p["name"],
-                    "batch_id": p["batchId"],
-                    "ms": p["durationMs"].get("triggerExecution"),
-                    "rows": p.get("numInputRows", 0),
-                }
+            self._progress()
             row = {"t_s": self._t(), "state_rows": 0, "state_bytes": 0, "state_sst_bytes": 0}
             for last in self._last.values():
                 for op in last.get("stateOperators", []):
@@ -274,7 +295,7 @@ def _phase(
             raise RuntimeError(f"the speed layer did not apply the bootstrap; see {log_path}")
         warm = None
         if beside is not None:
-            warm = beside.warm_up(end_offsets(settings, topic), WARM_UP_S)
+            warm = beside.wait_read(end_offsets(settings, topic), WARM_UP_S)
         r.delete(functions.key(ns, "freshness"))
         if beside is not None:
             beside.measure()
@@ -289,9 +310,13 @@ def _phase(
             progress=False,
         )
         sent_s = time.perf_counter() - t0
-        caught_up = _wait_fences(r, ns, end_offsets(settings, topic), CATCH_UP_S)
+        ends = end_offsets(settings, topic)
+        caught_up = _wait_fences(r, ns, ends, CATCH_UP_S)
         behind_s = time.perf_counter() - t0 - sent_s
         fresh = keyed_freshness(r, ns)
+        if beside is not None:  # the analytics' own lag: until every query has read the load
+            beside.caught_up = beside.wait_read(ends, CATCH_UP_S)
+            beside.caught_up_after_s = round(time.perf_counter() - t0 - sent_s, 1)
     finally:
         sl.stop()
         if beside is not None:
@@ -397,8 +422,17 @@ def analytics_section(ctx: BenchContext) -> dict:
         samples = [s for s in analytics.samples if s["t_s"] > 0]
         rows0, rows1 = _thirds([s["state_rows"] for s in samples])
         ms0, ms1 = _thirds([x["ms"] for x in batches if x["ms"] is not None])
+        parts = sorted({k for x in batches for k in x["duration_ms"]})
         out.update(
             {
+                "analytics_caught_up": analytics.caught_up,
+                # after the load, until every query had read it: the analytics' own lag
+                "analytics_caught_up_after_s": analytics.caught_up_after_s,
+                # where a micro-batch's time goes (Spark's durationMs), median over every query
+                "batch_ms_median_by_part": {
+                    k: _pct([x["duration_ms"][k] for x in batches if k in x["duration_ms"]], 0.5)
+                    for k in parts
+                },
                 "patterns_injected_events": analytics.injected,
                 "alerts": len(alerts),
                 "alert_latency_p50_ms": _pct(alerts, 0.5),

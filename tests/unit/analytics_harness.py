@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from pipelines.analytics import runner
+from pipelines.analytics import runner, source
 from pipelines.analytics.config import AnalyticsConfig
 
 T0_MS = 1_767_225_600_000
@@ -117,7 +117,7 @@ class Log:
     def run(self, spark, names, per_trigger: int = 1, **kw) -> None:
         queries = runner.start(
             spark,
-            lambda: self.records(spark, per_trigger),
+            lambda: source.events(self.records(spark, per_trigger)),
             self.paths,
             self.cfg,
             names=tuple(names),
