@@ -264,8 +264,9 @@ class Settings:
     )
     analytics_trigger_interval: str = _setting(
         "SOCIAL_ANALYTICS_TRIGGER_INTERVAL",
-        "10 seconds",
-        "micro-batch trigger interval of each analytics query",
+        "30 seconds",
+        "micro-batch trigger interval of each analytics query (a batch's fixed cost dominates: at "
+        "2,000 events/s the ten queries took 1.75 cores at 10 s, 0.83 at 30 s)",
     )
     analytics_lateness_s: int = _setting(
         "SOCIAL_ANALYTICS_LATENESS_S",

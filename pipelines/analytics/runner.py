@@ -202,7 +202,7 @@ def _trigger(writer, trigger: str | None):
 
 
 def start_events(
-    spark, records: Callable[[], DataFrame], paths: Paths, trigger: str | None = "10 seconds"
+    spark, records: Callable[[], DataFrame], paths: Paths, trigger: str | None
 ) -> StreamingQuery:
     """The log read and parsed once: contract-valid events (with ``event_ts``) appended to Delta.
 
@@ -236,7 +236,7 @@ def start(
     namespace: str = "v1",
     views_root: Path | None = None,
     kafka: tuple[str, str] | None = None,
-    trigger: str | None = "10 seconds",
+    trigger: str | None,
 ) -> list[StreamingQuery]:
     """Start the named queries over ``events()``: contract-valid events with ``event_ts``
     (:func:`parsed_events` when live, or a test's file stream through :func:`source.events`).
