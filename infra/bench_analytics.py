@@ -21,6 +21,8 @@ Measured:
   p99 sits at the cap in both phases and the ratio says nothing, so each phase also gives how
   long after the load it caught up with the log's end and the rate it applied (events over the
   load's time plus that lag), with their ratio;
+- how long after the load every analytics query had read it (their own lag), and the median of
+  each part of Spark's ``durationMs`` over their micro-batches (where a batch's time goes);
 - the analytics' own end-to-end latency: an alert's record time on the alerts topic - the
   receive time of the newest event that fired it; a tumbling window's Delta commit time - its
   window end (the newest event of a window is received just before its end, and the row cannot
