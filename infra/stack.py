@@ -971,19 +971,25 @@ def end_offsets(settings: Settings, topic: str, timeout_s: float = 10.0) -> dict
             "enable.auto.commit": False,
         }
     )
-    try:
+
+    def lookup() -> dict[int, int]:
         meta = consumer.list_topics(topic, timeout=timeout_s).topics[topic]
         if meta.error is not None:
+            if meta.error.retriable():  # e.g. LEADER_NOT_AVAILABLE while the broker starts
+                raise KafkaException(meta.error)
             raise StackError(f"topic {topic}: {meta.error}")
-        watermarks = Retrying(
+        return {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)[1]
+            for p in sorted(meta.partitions)
+        }
+
+    try:
+        return Retrying(
             retry=retry_if_exception(retriable),
             wait=wait_exponential(multiplier=0.1, max=2),
             stop=stop_after_delay(timeout_s),
             reraise=True,
-        ).wraps(consumer.get_watermark_offsets)
-        return {
-            p: watermarks(TopicPartition(topic, p), timeout=timeout_s)[1] for p in sorted(meta.partitions)
-        }
+        )(lookup)
     finally:
         consumer.close()
 
