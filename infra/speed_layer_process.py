@@ -113,7 +113,8 @@ class SpeedLayerProcess:
     def wait_caught_up(self, timeout: float = 300.0) -> dict[int, int]:
         from infra.stack import end_offsets
 
-        return self.wait_for(end_offsets(self.settings, self.topic), timeout)
+        # the log's end, waiting out a broker that is still electing leaders (a restart)
+        return self.wait_for(end_offsets(self.settings, self.topic, timeout_s=min(timeout, 120.0)), timeout)
 
     def wait_running(self, timeout: float = 180.0) -> None:
         """Block until the current process has its streaming query running (JVM up, query started)."""
