@@ -111,10 +111,20 @@ class SpeedLayerProcess:
             time.sleep(0.5)
 
     def wait_caught_up(self, timeout: float = 300.0) -> dict[int, int]:
-        from infra.stack import end_offsets
+        from confluent_kafka import KafkaException
+        from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
-        # the log's end, waiting out a broker that is still electing leaders (a restart)
-        return self.wait_for(end_offsets(self.settings, self.topic, timeout_s=min(timeout, 120.0)), timeout)
+        from infra.stack import StackError, end_offsets
+
+        # the log's end, waiting out a broker that has just restarted and does not know the
+        # topic's leaders yet (its reads answer "not leader" or "unknown topic" for a while)
+        ends = Retrying(
+            retry=retry_if_exception_type((StackError, KafkaException)),
+            wait=wait_fixed(1),
+            stop=stop_after_delay(min(timeout, 120.0)),
+            reraise=True,
+        )(end_offsets, self.settings, self.topic)
+        return self.wait_for(ends, timeout)
 
     def wait_running(self, timeout: float = 180.0) -> None:
         """Block until the current process has its streaming query running (JVM up, query started)."""

@@ -448,7 +448,13 @@ class KafkaBroker(Service):
                         return
                 else:
                     metadata = admin.list_topics(timeout=2)
-                    if len(metadata.brokers) >= len(self.settings.broker_ports()):
+                    # one node leads every partition: after a restart it is ready once it does
+                    # again (until then reads answer "not leader" or "unknown topic")
+                    led = not single or all(
+                        t.error is None and all(p.leader >= 0 for p in t.partitions.values())
+                        for t in metadata.topics.values()
+                    )
+                    if len(metadata.brokers) >= len(self.settings.broker_ports()) and led:
                         return
             except Exception:  # noqa: BLE001 - librdkafka raises KafkaException until the broker answers
                 pass
