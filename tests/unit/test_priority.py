@@ -4,6 +4,7 @@ own): ``run_behind_serving_path`` lowers both, and never the autogroup of a call
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -23,7 +24,9 @@ def _autogroup(pid: int) -> tuple[str, int]:
     return name, int(nice)
 
 
-def _run_child(new_session: bool):
+@contextlib.contextmanager
+def _child(new_session: bool):
+    """A child that ran ``run_behind_serving_path`` and waits; its own nice is checked here."""
     child = subprocess.Popen(
         [sys.executable, "-c", CHILD],
         stdin=subprocess.PIPE,
@@ -31,30 +34,25 @@ def _run_child(new_session: bool):
         text=True,
         start_new_session=new_session,
     )
-    nice = int(child.stdout.readline())
-    return child, nice
+    try:
+        assert int(child.stdout.readline()) == os.getpriority(os.PRIO_PROCESS, 0) + 10
+        yield child
+    finally:
+        child.communicate("")
 
 
 @pytest.mark.skipif(not AUTOGROUP.exists(), reason="this kernel has no autogroup scheduling")
 def test_a_service_in_its_own_session_lowers_its_autogroup_too():
     mine = _autogroup(os.getpid())
-    child, nice = _run_child(new_session=True)
-    try:
-        assert nice == os.getpriority(os.PRIO_PROCESS, 0) + 10
+    with _child(new_session=True) as child:
         name, group_nice = _autogroup(child.pid)
         assert name != mine[0]  # its own session, its own autogroup
         assert group_nice == 10
-    finally:
-        child.communicate("")
     assert _autogroup(os.getpid()) == mine
 
 
 @pytest.mark.skipif(not AUTOGROUP.exists(), reason="this kernel has no autogroup scheduling")
 def test_a_job_started_inside_a_terminal_session_leaves_that_session_alone():
     mine = _autogroup(os.getpid())
-    child, nice = _run_child(new_session=False)
-    try:
-        assert nice == os.getpriority(os.PRIO_PROCESS, 0) + 10
+    with _child(new_session=False) as child:
         assert _autogroup(child.pid) == mine  # the caller's group, its nice untouched
-    finally:
-        child.communicate("")
