@@ -42,7 +42,7 @@ import argparse
 import heapq
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -633,8 +633,15 @@ def produce(
     bootstrap: str,
     rate: float | None = None,
     progress: bool = True,
+    pause_at: int | None = None,
+    on_pause: Callable[[], None] | None = None,
 ) -> Summary:
-    """Write one generator run to Kafka; returns once every record is acknowledged (or failed)."""
+    """Write one generator run to Kafka; returns once every record is acknowledged (or failed).
+
+    With ``pause_at``, the first ``pause_at`` records are flushed (acknowledged) and ``on_pause()``
+    runs before the rest is sent: a test can let a consumer take the first part of a run, then the
+    rest, with the run's counts still those of one run.
+    """
     from confluent_kafka import Producer
 
     gen = EventGenerator(n_events, config)
@@ -661,6 +668,9 @@ def produce(
     n = 0
     start = time.perf_counter()
     for key, value, _injected in gen.records():
+        if n == pause_at and on_pause is not None:
+            failures += producer.flush(120)
+            on_pause()
         if type(value) is dict:
             value = dumps(value)
         total_bytes += len(value)
