@@ -138,9 +138,28 @@ class AlertSink:
     def __init__(self, paths: Paths, app_id: str, kafka: tuple[str, str] | None):
         self.paths, self.app_id, self.kafka = paths, app_id, kafka
 
+    def raised(self, batch: DataFrame) -> DataFrame | None:
+        """The ids of the alerts already raised that ``batch`` could repeat; None if it is empty.
+
+        An alert's id names its window, so only alerts of the batch's windows can repeat: the read
+        is bounded to their ``window_start`` range, which Delta's file statistics turn into a scan
+        of the few files appended while those windows were open, not of every alert ever raised.
+        """
+        lo, hi = batch.agg(F.min("window_start"), F.max("window_start")).first()
+        if lo is None:
+            return None
+        return (
+            batch.sparkSession.read.format("delta")
+            .load(self.paths.table("alerts"))
+            .where(F.col("window_start").between(lo, hi))
+            .select("alert_id")
+        )
+
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        spark = batch.sparkSession
-        raised = spark.read.format("delta").load(self.paths.table("alerts")).select("alert_id")
+        batch = batch.localCheckpoint()  # read once: the window range, then the anti-join
+        raised = self.raised(batch)
+        if raised is None:
+            return
         new = (
             batch.join(raised, "alert_id", "left_anti")
             .withColumn("raised_at", F.lit(int(time.time() * 1000)).cast("bigint"))

@@ -162,3 +162,25 @@ def test_posts_enriched_with_the_current_profile(spark, tmp_path):
         (103, 3, None, None, 0),  # not in the views: kept, with nulls
         (204, 2, "bob", "sleeping", 0),
     ]
+
+
+def test_alert_dedup_reads_only_the_batchs_windows(spark, tmp_path):
+    """The anti-join against the alerts raised before is keyed by window: its read must not grow
+    with every alert ever raised. Five windows' alerts, one file each; a batch of the third window
+    reads one file and finds that window's alert."""
+    from pyspark.sql import functions as F
+
+    from pipelines.analytics.runner import AlertSink, Paths
+
+    sink = AlertSink(Paths(lake=tmp_path, checkpoints=tmp_path / "cp"), "test", kafka=None)
+    ddl = "alert_id STRING, window_start TIMESTAMP"
+    for w in range(5):
+        rows = [(f"burst:{u}:{w}", at(10 * w)) for u in (1, 2)]
+        spark.createDataFrame(rows, ddl).coalesce(1).write.format("delta").mode("append").save(
+            sink.paths.table("alerts")
+        )
+    batch = spark.createDataFrame([("burst:1:2", at(20)), ("burst:3:2", at(20))], ddl)
+    raised = sink.raised(batch)
+    assert len(raised.inputFiles()) == 1
+    assert sorted(r["alert_id"] for r in raised.collect()) == ["burst:1:2", "burst:2:2"]
+    assert sink.raised(batch.where(F.lit(False))) is None
