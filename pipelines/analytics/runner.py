@@ -240,6 +240,21 @@ def start_events(
     return _trigger(writer, trigger).start()
 
 
+def read_the_log_directly(paths: Paths, names: tuple[str, ...]) -> list[str]:
+    """The output queries whose checkpoint was written when every query read Kafka itself.
+
+    Such a checkpoint records Kafka offsets where the query now reads the ``events`` table (a
+    Delta source, whose offsets carry a ``reservoirId``); Spark cannot resume it.
+    """
+    found = []
+    for name in names:
+        offsets = Path(paths.checkpoint(name)) / "offsets"
+        batches = sorted((f for f in offsets.glob("*") if f.name.isdigit()), key=lambda f: int(f.name))
+        if batches and "reservoirId" not in batches[-1].read_text().splitlines()[-1]:
+            found.append(name)
+    return found
+
+
 def parsed_events(spark, paths: Paths) -> DataFrame:
     """The stream every output query reads: the table :func:`start_events` appends to."""
     return spark.readStream.format("delta").load(paths.table(EVENTS))
@@ -305,15 +320,21 @@ def run(
 
     namespace = namespace or namespaces.active(settings)
     topic = topic or settings.events_topic
+    paths = Paths.for_namespace(settings, namespace)
+    stale = read_the_log_directly(paths, names)
+    if stale:
+        raise SystemExit(
+            f"analytics: the checkpoints of {stale} under {paths.checkpoints} were written by the "
+            "earlier design, where every query read the log itself; now one query parses the log "
+            "and the others read its table, and Spark cannot resume those checkpoints. Rebuild the "
+            f"analytics from the log: stop them, remove {paths.checkpoints} and {paths.lake}, start again."
+        )
     spark = build_spark(f"analytics-{namespace}", settings)
     spark.streams.addListener(ProgressLog(ProgressLog.path_for(settings, namespace)))
     create_topic(settings, settings.alerts_topic, 4)
-    paths = Paths.for_namespace(settings, namespace)
+    trigger = None if available_now else settings.analytics_trigger_interval
     parse = start_events(
-        spark,
-        lambda: source.kafka_records(spark, settings, topic, max_offsets),
-        paths,
-        trigger=None if available_now else settings.analytics_trigger_interval,
+        spark, lambda: source.kafka_records(spark, settings, topic, max_offsets), paths, trigger=trigger
     )
     if available_now:  # the outputs read what the parse wrote: all of it, before they start
         parse.awaitTermination()
@@ -328,7 +349,7 @@ def run(
         namespace=namespace,
         views_root=Path(settings.lake_dir) / namespace,
         kafka=(settings.kafka_bootstrap, settings.alerts_topic),
-        trigger=None if available_now else settings.analytics_trigger_interval,
+        trigger=trigger,
     )
     log.info("analytics running: namespace=%s topic=%s queries=%s", namespace, topic, ",".join(names))
     stopping = threading.Event()

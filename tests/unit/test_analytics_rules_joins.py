@@ -8,6 +8,8 @@ in the micro-batch whose events cross the threshold.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from pipelines.analytics.config import AnalyticsConfig
@@ -184,3 +186,24 @@ def test_alert_dedup_reads_only_the_batchs_windows(spark, tmp_path):
     assert len(raised.inputFiles()) == 1
     assert sorted(r["alert_id"] for r in raised.collect()) == ["burst:1:2", "burst:2:2"]
     assert sink.raised(batch.where(F.lit(False))) is None
+
+
+# The last line of a checkpoint's offsets file: Kafka offsets per topic and partition (what the
+# outputs recorded when each read the log), or the Delta source's offset (the events table).
+KAFKA_OFFSETS = '{"social.events":{"0":304,"1":344}}'
+DELTA_OFFSETS = '{"sourceVersion":1,"reservoirId":"3152f668","reservoirVersion":4,"index":-1}'
+
+
+def test_an_earlier_designs_checkpoint_stops_the_analytics_with_the_fix(tmp_path, private_settings):
+    from pipelines.analytics import runner
+
+    settings = private_settings(tmp_path)
+    paths = runner.Paths.for_namespace(settings, "v1")
+    for name, last in (("burst", KAFKA_OFFSETS), ("sessions", DELTA_OFFSETS)):
+        offsets = Path(paths.checkpoint(name)) / "offsets"
+        offsets.mkdir(parents=True)
+        (offsets / "0").write_text('v1\n{"batchWatermarkMs":0}\n' + last)
+        (offsets / "1").write_text('v1\n{"batchWatermarkMs":0}\n' + last)
+    assert runner.read_the_log_directly(paths, ("burst", "sessions", "message_flood")) == ["burst"]
+    with pytest.raises(SystemExit, match=r"\['burst'\].*earlier design.*remove"):
+        runner.run(settings, namespace="v1", names=("burst", "sessions"))
