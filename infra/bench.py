@@ -67,6 +67,7 @@ class BenchContext:
     scaling_probe_events: int = 5_000
     analytics_rate: int = 2_000  # the target rate for the analytics beside the speed layer
     analytics_seconds: int = 120  # per phase; the curves cover the second one
+    analytics_alone_seconds: int | None = None  # the first phase's, if shorter (a long curves run)
     compacted_batch: int = 500  # compacted topics: records per partition per micro-batch
     compacted_ab_rate: int = 2_000  # compacted topics: the speed layer's load, publisher off and on
     compacted_ab_seconds: int = 30
@@ -476,6 +477,12 @@ def main(argv: list[str] | None = None) -> int:
         default=120,
         help="analytics: seconds of load per phase (alone, with the analytics); the curves span the second",
     )
+    p.add_argument(
+        "--analytics-alone-seconds",
+        type=int,
+        help="analytics: seconds of the first phase (without the analytics) if shorter: a 30-minute "
+        "curves run needs the long second phase only",
+    )
     p.add_argument("--analytics-rate", type=int, default=2_000, help="analytics: events/s (2000)")
     p.add_argument(
         "--batch-events", type=int, default=1_000_000, help="batch_layer: the 10x log (default 1M events)"
@@ -488,6 +495,7 @@ def main(argv: list[str] | None = None) -> int:
         keyed_seconds=a.keyed_seconds,
         keyed_rates=rates,
         analytics_seconds=a.analytics_seconds,
+        analytics_alone_seconds=a.analytics_alone_seconds,
         analytics_rate=a.analytics_rate,
         batch_events=a.batch_events,
     )

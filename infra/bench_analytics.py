@@ -302,7 +302,8 @@ def _phase(
         if beside is not None:
             beside.measure()
         t0 = time.perf_counter()
-        n = ctx.analytics_rate * ctx.analytics_seconds
+        seconds = ctx.analytics_seconds if beside is not None else ctx.analytics_alone_seconds
+        n = ctx.analytics_rate * (seconds or ctx.analytics_seconds)
         produce(
             n,
             _generator(GRAPH_SEED + 1, bootstrap=False),
@@ -387,6 +388,7 @@ def analytics_section(ctx: BenchContext) -> dict:
     out: dict = {
         "rate_events_per_s": ctx.analytics_rate,
         "seconds_per_phase": ctx.analytics_seconds,
+        "seconds_alone": ctx.analytics_alone_seconds or ctx.analytics_seconds,
         "lateness_s": ANALYTICS_LATENESS_S,
         "trigger": base.analytics_trigger_interval,
     }
