@@ -481,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
         "--analytics-alone-seconds",
         type=int,
         help="analytics: seconds of the first phase (without the analytics) if shorter: a 30-minute "
-        "curves run needs the long second phase only",
+        "curves run needs the long second phase only (the freshness ratio is then withheld)",
     )
     p.add_argument("--analytics-rate", type=int, default=2_000, help="analytics: events/s (2000)")
     p.add_argument(
