@@ -73,6 +73,11 @@ class BenchContext:
     compacted_ab_seconds: int = 30
     batch_events: int = 1_000_000  # the batch layer's 10x log; 1x and 3x are a tenth and 3 tenths
 
+    @property
+    def analytics_first_phase_s(self) -> int:
+        """The analytics bench's first phase (without the analytics), in seconds."""
+        return self.analytics_alone_seconds or self.analytics_seconds
+
     def topic(self, purpose: str, partitions: int | None = None) -> str:
         """A fresh topic for this run (deleted at the end), with the event topic's partition count."""
         from infra.stack import create_topic

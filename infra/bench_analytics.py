@@ -302,8 +302,9 @@ def _phase(
         if beside is not None:
             beside.measure()
         t0 = time.perf_counter()
-        seconds = ctx.analytics_seconds if beside is not None else ctx.analytics_alone_seconds
-        n = ctx.analytics_rate * (seconds or ctx.analytics_seconds)
+        n = ctx.analytics_rate * (
+            ctx.analytics_seconds if beside is not None else ctx.analytics_first_phase_s
+        )
         produce(
             n,
             _generator(GRAPH_SEED + 1, bootstrap=False),
@@ -388,7 +389,7 @@ def analytics_section(ctx: BenchContext) -> dict:
     out: dict = {
         "rate_events_per_s": ctx.analytics_rate,
         "seconds_per_phase": ctx.analytics_seconds,
-        "seconds_alone": ctx.analytics_alone_seconds or ctx.analytics_seconds,
+        "seconds_alone": ctx.analytics_first_phase_s,
         "lateness_s": ANALYTICS_LATENESS_S,
         "trigger": base.analytics_trigger_interval,
     }
