@@ -132,7 +132,8 @@ def run_behind_serving_path(nice: int = OFF_SERVING_PATH_NICE) -> None:
     started in a session of its own (as ``make up``, the tests and the benchmarks start every
     service) competes with the speed layer's session at equal weight whatever its nice. So a
     session leader also lowers its autogroup's nice. A process started by hand inside a
-    terminal's session leaves the terminal's autogroup alone.
+    terminal's session leaves the terminal's autogroup alone. Inside a cgroup of its own (a
+    container) the kernel does not group by session, and the plain nice is what counts.
     """
     os.nice(nice)
     if os.getsid(0) != os.getpid():
