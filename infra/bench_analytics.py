@@ -12,6 +12,10 @@ measured), then ``analytics_rate`` events/s of the default mix for ``analytics_s
    starts once every query has finished a micro-batch that read the bootstrap (their start-up,
    minutes on a busy machine, is not steady state), or after ``WARM_UP_S``.
 
+Between the phases the first phase's keys are dropped and Redis's AOF rewritten, so the second
+phase starts from the same Redis as the first (each phase also reports its Redis forks, the AOF
+rewrites that grow with the dataset, and the memory it ended with).
+
 Measured:
 
 - the speed layer's freshness (server receive -> applied in Redis) p50/p99 in each phase, from
@@ -379,6 +383,23 @@ def _thirds(values: list[float]) -> tuple[float | None, float | None]:
 
 
 @section("analytics")
+def _reset_redis(r: redis.Redis, ns: str, timeout_s: float = 600) -> None:
+    """Drop the first phase's namespace and rewrite the AOF, so the second phase starts from the
+    same Redis as the first (a phase's own keys make the next phase's AOF rewrites heavier)."""
+    from pipelines.speed.functions import drop_namespace
+
+    drop_namespace(r, ns)
+    deadline = time.monotonic() + timeout_s
+    while r.info("persistence")["aof_rewrite_in_progress"] and time.monotonic() < deadline:
+        time.sleep(1)
+    r.bgrewriteaof()
+    time.sleep(1)
+    while (
+        r.info("persistence")["aof_rewrite_in_progress"] or r.info("persistence")["aof_rewrite_scheduled"]
+    ) and time.monotonic() < deadline:
+        time.sleep(1)
+
+
 def analytics_section(ctx: BenchContext) -> dict:
     from pipelines.spark import build_spark
     from pipelines.speed.functions import drop_namespace
@@ -409,7 +430,14 @@ def analytics_section(ctx: BenchContext) -> dict:
             )
             beside = _AnalyticsBeside(spark, settings, ns) if label != "alone" else None
             print(f"bench analytics: {label}", flush=True)
+            forks0 = r.info("stats")["total_forks"]
             phases[label] = _phase(ctx, settings, r, var / f"speed_layer_{label}.log", beside)
+            # the speed layer's own Redis cost over the phase: its AOF rewrites (each a fork whose
+            # copy-on-write grows with the dataset), and the memory it ended with
+            phases[label]["redis_forks"] = r.info("stats")["total_forks"] - forks0
+            phases[label]["redis_used_memory_mb"] = round(r.info("memory")["used_memory"] / 2**20)
+            if beside is None:
+                _reset_redis(r, ns)
             analytics = beside or analytics
         out.update({f"{label}_{k}": v for label, p in phases.items() for k, v in p.items()})
         p0, p1 = phases["alone"]["freshness_p99_ms"], phases["with_analytics"]["freshness_p99_ms"]
