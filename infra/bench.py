@@ -15,7 +15,9 @@ too); ``replay`` (full recompute vs a bare read and vs the parse step alone, 1x 
 ``keyed`` and ``scaling`` (``infra/bench_keyed.py``: the keyed speed layer; the processor's
 cost per micro-batch on 1x and 10x state); ``analytics`` (``infra/bench_analytics.py``: the keyed speed layer's
 freshness with and without the analytics beside it, their own latency, state size and batch
-duration curves). The README says how to read each figure.
+duration curves); ``cluster_scaling`` (``infra/bench_cluster.py``: the keyed speed layer with 1
+and 3 Kafka brokers, and on ``local`` Spark and 1 and 2 standalone workers). The README says how
+to read each figure.
 """
 
 from __future__ import annotations
@@ -72,6 +74,9 @@ class BenchContext:
     compacted_ab_rate: int = 2_000  # compacted topics: the speed layer's load, publisher off and on
     compacted_ab_seconds: int = 30
     batch_events: int = 1_000_000  # the batch layer's 10x log; 1x and 3x are a tenth and 3 tenths
+    cluster_rate: int = 1_000  # cluster_scaling: the fixed rate each configuration's freshness is at
+    cluster_seconds: int = 60
+    cluster_burst_events: int = 60_000  # cluster_scaling: the backlog whose drain is the throughput
 
     @property
     def analytics_first_phase_s(self) -> int:
@@ -492,6 +497,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--batch-events", type=int, default=1_000_000, help="batch_layer: the 10x log (default 1M events)"
     )
+    p.add_argument(
+        "--cluster-seconds",
+        type=int,
+        default=60,
+        help="cluster_scaling: seconds at the fixed rate per configuration",
+    )
+    p.add_argument(
+        "--cluster-rate", type=int, default=1_000, help="cluster_scaling: the fixed rate, events/s"
+    )
+    p.add_argument(
+        "--cluster-burst-events",
+        type=int,
+        default=60_000,
+        help="cluster_scaling: the backlog drained (throughput)",
+    )
     a = p.parse_args(argv)
     rates = tuple(int(x) for x in a.keyed_rates.split(","))
     results = run(
@@ -503,6 +523,9 @@ def main(argv: list[str] | None = None) -> int:
         analytics_alone_seconds=a.analytics_alone_seconds,
         analytics_rate=a.analytics_rate,
         batch_events=a.batch_events,
+        cluster_seconds=a.cluster_seconds,
+        cluster_rate=a.cluster_rate,
+        cluster_burst_events=a.cluster_burst_events,
     )
     return 1 if any("error" in r for r in results.values()) else 0
 
@@ -511,6 +534,7 @@ def main(argv: list[str] | None = None) -> int:
 # modules; importing them registers them
 import infra.bench_analytics  # noqa: E402,F401
 import infra.bench_batch  # noqa: E402,F401
+import infra.bench_cluster  # noqa: E402,F401
 import infra.bench_compacted  # noqa: E402,F401
 import infra.bench_keyed  # noqa: E402,F401
 

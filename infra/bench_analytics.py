@@ -279,10 +279,20 @@ class _AnalyticsBeside:
         return out
 
 
-def _phase(
-    ctx: BenchContext, settings: Settings, r: redis.Redis, log_path: Path, beside: _AnalyticsBeside | None
+def speed_layer_phase(
+    settings: Settings,
+    r: redis.Redis,
+    log_path: Path,
+    beside: _AnalyticsBeside | None = None,
+    *,
+    rate: int,
+    seconds: int,
+    burst_events: int = 0,
 ) -> dict:
-    """One phase: bootstrap, reset the histogram, the measured load; the speed layer's freshness."""
+    """One phase of a speed layer of its own: bootstrap, reset the histogram, ``rate`` events/s
+    for ``seconds``; its freshness, lag and applied rate. With ``burst_events``, then that many
+    events as fast as the generator sends them: the rate it drains a backlog at (its throughput).
+    Also the ``cluster_scaling`` section's (``infra/bench_cluster.py``) measurement."""
     from app_sim.generator import produce
     from infra.stack import end_offsets
     from pipelines.speed import functions
@@ -306,15 +316,13 @@ def _phase(
         if beside is not None:
             beside.measure()
         t0 = time.perf_counter()
-        n = ctx.analytics_rate * (
-            ctx.analytics_seconds if beside is not None else ctx.analytics_first_phase_s
-        )
+        n = rate * seconds
         produce(
             n,
             _generator(GRAPH_SEED + 1, bootstrap=False),
             topic=topic,
             bootstrap=settings.kafka_bootstrap,
-            rate=ctx.analytics_rate,
+            rate=rate,
             progress=False,
         )
         sent_s = time.perf_counter() - t0
@@ -325,6 +333,7 @@ def _phase(
         if beside is not None:  # the analytics' own lag: until every query has read the load
             beside.caught_up = beside.wait_read(ends, CATCH_UP_S)
             beside.caught_up_after_s = round(time.perf_counter() - t0 - sent_s, 1)
+        burst = _burst(settings, r, burst_events) if burst_events and caught_up else {}
     finally:
         sl.stop()
         if beside is not None:
@@ -340,6 +349,35 @@ def _phase(
         **{f"freshness_{k}": v for k, v in fresh.items() if k != "events"},
         "freshness_p99_at_cap": bool(fresh["p99_ms"] and fresh["p99_ms"] > FRESHNESS_CAP_MS),
         **({} if warm is None else {"analytics_warmed_up": warm}),
+        **burst,
+    }
+
+
+def _burst(settings: Settings, r: redis.Redis, n: int) -> dict:
+    """``n`` events sent as fast as the generator goes, from a caught-up speed layer: the events/s
+    from the first send until the keyed state covers them all (the sending overlaps the applying,
+    so this is the slower of the two: the speed layer's, when the generator is faster)."""
+    from app_sim.generator import produce
+    from infra.stack import end_offsets
+
+    topic, ns = settings.events_topic, settings.views_namespace
+    t0 = time.perf_counter()
+    sent = produce(
+        n,
+        _generator(GRAPH_SEED + 2, bootstrap=False),
+        topic=topic,
+        bootstrap=settings.kafka_bootstrap,
+        progress=False,
+    )
+    sent_s = time.perf_counter() - t0
+    done = _wait_fences(r, ns, end_offsets(settings, topic), CATCH_UP_S)
+    total_s = time.perf_counter() - t0
+    return {
+        "burst_events": n,
+        "burst_sent_events_per_s": sent.events_per_s,
+        "burst_applied": done,
+        "burst_applied_events_per_s": round(n / total_s) if done else None,
+        "burst_applied_after_send_s": round(total_s - sent_s, 1) if done else None,
     }
 
 
@@ -382,7 +420,6 @@ def _thirds(values: list[float]) -> tuple[float | None, float | None]:
     return _pct(values[:k], 0.5), _pct(values[-k:], 0.5)
 
 
-@section("analytics")
 def _reset_redis(r: redis.Redis, ns: str, timeout_s: float = 600) -> None:
     """Drop the first phase's namespace and rewrite the AOF, so the second phase starts from the
     same Redis as the first (a phase's own keys make the next phase's AOF rewrites heavier)."""
@@ -400,6 +437,7 @@ def _reset_redis(r: redis.Redis, ns: str, timeout_s: float = 600) -> None:
         time.sleep(1)
 
 
+@section("analytics")
 def analytics_section(ctx: BenchContext) -> dict:
     from pipelines.spark import build_spark
     from pipelines.speed.functions import drop_namespace
@@ -431,7 +469,14 @@ def analytics_section(ctx: BenchContext) -> dict:
             beside = _AnalyticsBeside(spark, settings, ns) if label != "alone" else None
             print(f"bench analytics: {label}", flush=True)
             forks0 = r.info("stats")["total_forks"]
-            phases[label] = _phase(ctx, settings, r, var / f"speed_layer_{label}.log", beside)
+            phases[label] = speed_layer_phase(
+                settings,
+                r,
+                var / f"speed_layer_{label}.log",
+                beside,
+                rate=ctx.analytics_rate,
+                seconds=ctx.analytics_seconds if beside is not None else ctx.analytics_first_phase_s,
+            )
             # the speed layer's own Redis cost over the phase: its AOF rewrites (each a fork whose
             # copy-on-write grows with the dataset), and the memory it ended with
             phases[label]["redis_forks"] = r.info("stats")["total_forks"] - forks0
