@@ -6,7 +6,10 @@ Four configurations, each a speed layer of its own (``python -m pipelines.speed_
 fed the same generated traffic by :func:`infra.bench_analytics.speed_layer_phase`: a bootstrap of
 2,000 users (not measured), ``cluster_rate`` events/s for ``cluster_seconds`` (freshness p50/p99
 from the processor's own histogram), then a burst of ``cluster_burst_events`` sent as fast as the
-generator goes (the events/s the speed layer drains a backlog at: its throughput).
+generator goes (the events/s the speed layer drains a backlog at: its throughput). Where the time
+goes, per configuration: the speed layer's micro-batch durations (its ``keyed batch`` log lines,
+Spark's ``batchDuration``) and the acks=all round trip of single records to the topic (what a
+replicated write waits for before a consumer may read it).
 
 =======================  ====================================  ==============================
 configuration            Kafka                                 Spark
@@ -31,6 +34,7 @@ driver, Kafka and Redis: the curve and the ratios are what count (README, "The c
 from __future__ import annotations
 
 import dataclasses
+import re
 import shutil
 import socket
 import tempfile
@@ -39,6 +43,9 @@ from pathlib import Path
 
 from infra.bench import BenchContext, section
 from infra.settings import Settings
+
+BATCH_LINE = re.compile(r"keyed batch \d+: .* in ([\d.]+)s")
+ACK_PROBES = 200
 
 CONFIGS = ("1_broker_local", "3_brokers_local", "1_broker_1_worker", "1_broker_2_workers")
 
@@ -93,6 +100,30 @@ def spark_cluster_settings(base: Settings, var: Path, workers: int) -> Settings:
     )
 
 
+def batch_seconds(log_text: str) -> list[float]:
+    """Every micro-batch's duration (s) in a speed layer's log."""
+    return [float(m.group(1)) for m in BATCH_LINE.finditer(log_text)]
+
+
+def _ack_round_trips_ms(settings: Settings, topic: str, n: int = ACK_PROBES) -> list[float]:
+    """``n`` single records, each flushed alone, with the generator's producer settings (acks=all,
+    idempotence): the round trip until the broker acknowledges, i.e. until min ISR replicas
+    have it."""
+    from confluent_kafka import Producer
+
+    from app_sim.generator import producer_config
+
+    producer = Producer({**producer_config(settings.kafka_bootstrap), "linger.ms": 0})
+    out = []
+    for i in range(n):
+        t = time.perf_counter()
+        producer.produce(topic, b'{"probe": %d}' % i, str(i).encode())
+        if producer.flush(30):
+            raise RuntimeError(f"probe record {i} not acknowledged in 30 s")
+        out.append((time.perf_counter() - t) * 1000)
+    return out
+
+
 def scaling_ratios(results: dict[str, dict]) -> dict:
     """Each step's ratio of throughput (burst events/s applied) and of freshness p99, from the
     configurations' results; a ratio is None where either side has no figure."""
@@ -130,6 +161,7 @@ def _engines(config: str, base: Settings, var: Path):
 @section("cluster_scaling")
 def cluster_scaling_section(ctx: BenchContext) -> dict:
     from infra.bench_analytics import speed_layer_phase
+    from infra.bench_keyed import _pct
     from infra.stack import create_topic, events_topic_configs
     from pipelines.speed.functions import connect as keyed_connect
     from pipelines.speed.functions import drop_namespace
@@ -169,6 +201,19 @@ def cluster_scaling_section(ctx: BenchContext) -> dict:
                 rate=ctx.cluster_rate,
                 seconds=ctx.cluster_seconds,
                 burst_events=ctx.cluster_burst_events,
+            )
+            # where the time goes: the micro-batches, and a replicated write's round trip (after
+            # the speed layer stopped: the probe records are not events and nothing reads them)
+            batches = batch_seconds((var / "speed_layer.log").read_text(errors="replace"))
+            acks = _ack_round_trips_ms(settings, topic)
+            results[config].update(
+                {
+                    "batches": len(batches),
+                    "batch_ms_p50": _pct([b * 1000 for b in batches], 0.5),
+                    "batch_ms_p99": _pct([b * 1000 for b in batches], 0.99),
+                    "ack_ms_p50": _pct(acks, 0.5),
+                    "ack_ms_p99": _pct(acks, 0.99),
+                }
             )
             results[config]["spark_master"] = settings.spark_master
             results[config]["kafka_nodes"] = len(settings.kafka_bootstrap.split(","))

@@ -66,3 +66,14 @@ def test_every_bench_section_is_a_function_of_the_context_alone():
     for name, fn in SECTIONS.items():
         params = list(inspect.signature(fn).parameters.values())
         assert [p.name for p in params] == ["ctx"], (name, fn.__name__)
+
+
+def test_batch_durations_come_from_the_speed_layers_own_lines():
+    from infra.bench_cluster import batch_seconds
+
+    log = (
+        "2026-11-24 13:00:01 INFO pipelines.speed.stream keyed batch 0: {'read': 10} in 0.532s\n"
+        "2026-11-24 13:00:02 WARN some other line in 9.9s\n"
+        "2026-11-24 13:00:03 INFO pipelines.speed.stream keyed batch 1: {'read': 0, 'applied': 0} in 12.000s\n"
+    )
+    assert batch_seconds(log) == [0.532, 12.0]
