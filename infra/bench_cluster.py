@@ -36,7 +36,6 @@ from __future__ import annotations
 import dataclasses
 import re
 import shutil
-import socket
 import tempfile
 import time
 from pathlib import Path
@@ -50,23 +49,12 @@ ACK_PROBES = 200
 CONFIGS = ("1_broker_local", "3_brokers_local", "1_broker_1_worker", "1_broker_2_workers")
 
 
-def _free_block(width: int) -> int:
-    """A port p with p..p+width-1 all free."""
-    from infra.stack import port_free
-
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + width < 65000 and all(port_free(base + i) for i in range(width)):
-            return base
-    raise RuntimeError("no block of free ports")
-
-
 def kafka_cluster_settings(base: Settings, var: Path, brokers: int = 3) -> Settings:
     """The cluster profile's Kafka (``brokers`` KRaft nodes, RF 3, min ISR 2) on free ports under
     ``var``; Spark stays the base's."""
-    port = _free_block(2 * brokers)
+    from infra.stack import free_port_block
+
+    port = free_port_block(2 * brokers)
     ports = dataclasses.replace(
         base,
         profile="cluster",
@@ -77,27 +65,6 @@ def kafka_cluster_settings(base: Settings, var: Path, brokers: int = 3) -> Setti
     )
     bootstrap = ",".join(f"127.0.0.1:{b}" for b, _ in ports.broker_ports())
     return dataclasses.replace(ports, kafka_bootstrap=bootstrap, spark_master=base.spark_master)
-
-
-def spark_cluster_settings(base: Settings, var: Path, workers: int) -> Settings:
-    """A Spark standalone master and ``workers`` workers of one core each on free ports under
-    ``var``, the application allowed every worker's core; Kafka stays the base's."""
-    port = _free_block(2)
-    return dataclasses.replace(
-        base,
-        profile="cluster",
-        kafka_bootstrap=base.kafka_bootstrap,
-        kafka_port=base.kafka_port,
-        cluster_brokers=1,  # the one broker: the event topic's replication stays 1
-        spark_master_port=port,
-        spark_master_ui_port=port + 1,
-        spark_master=f"spark://127.0.0.1:{port}",
-        spark_workers=workers,
-        spark_worker_cores=1,
-        spark_app_cores=workers,
-        speed_tasks=workers,  # one task per core the application has
-        var_dir=var,
-    )
 
 
 def batch_seconds(log_text: str) -> list[float]:
@@ -146,7 +113,7 @@ def scaling_ratios(results: dict[str, dict]) -> dict:
 
 def _engines(config: str, base: Settings, var: Path):
     """The settings of one configuration, and the Stack of what it needs started (or None)."""
-    from infra.stack import KafkaBroker, SparkMaster, SparkWorker, Stack
+    from infra.stack import KafkaBroker, SparkMaster, SparkWorker, Stack, standalone_spark_settings
 
     if config == "1_broker_local":
         return base, None
@@ -154,7 +121,7 @@ def _engines(config: str, base: Settings, var: Path):
         settings = kafka_cluster_settings(base, var)
         return settings, Stack(settings, service_types=(KafkaBroker,))
     workers = 2 if config == "1_broker_2_workers" else 1
-    settings = spark_cluster_settings(base, var, workers)
+    settings = standalone_spark_settings(base, var, workers)
     return settings, Stack(settings, service_types=(SparkMaster, SparkWorker))
 
 

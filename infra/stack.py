@@ -113,6 +113,17 @@ def port_free(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
+def free_port_block(width: int) -> int:
+    """A port p with p..p+width-1 all free (a cluster's nodes side by side, beside a running stack)."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + width < 65000 and all(port_free(base + i) for i in range(width)):
+            return base
+    raise StackError(f"no block of {width} free ports")
+
+
 def _who_listens(port: int) -> str:
     """'pid 123 (redis-server)' for the process listening on port, best effort."""
     if not shutil.which("ss"):
@@ -662,6 +673,28 @@ class SparkWorker(SparkStandalone):
         # workers register one by one, in order: worker i is ready once i + 1 are alive
         alive = [w for w in status.get("workers", []) if w.get("state") == "ALIVE"]
         return len(alive) >= self.index + 1
+
+
+def standalone_spark_settings(base: Settings, var_dir: Path, workers: int, worker_cores: int = 1) -> Settings:
+    """A Spark standalone master and ``workers`` workers of ``worker_cores`` slots each, on free
+    ports with their own ``var_dir``, beside the base's one Kafka broker and Redis (which stay as
+    they are): for a fault run or a benchmark that adds a Spark cluster to a running local stack.
+    The application may use every worker's slots, one speed layer task per slot."""
+    port = free_port_block(2)
+    return replace(
+        base,
+        profile="cluster",
+        cluster_brokers=1,  # the base's one broker: the event topic's replication stays 1
+        kafka_bootstrap=base.kafka_bootstrap,
+        spark_master_port=port,
+        spark_master_ui_port=port + 1,
+        spark_master=f"spark://127.0.0.1:{port}",
+        spark_workers=workers,
+        spark_worker_cores=worker_cores,
+        spark_app_cores=workers * worker_cores,
+        speed_tasks=workers * worker_cores,
+        var_dir=var_dir,
+    )
 
 
 def settings_env(settings: Settings) -> dict[str, str]:

@@ -11,14 +11,13 @@ Each run writes var/reports/faults/<name>.json (README: Fault runs).
 from __future__ import annotations
 
 import os
-import socket
 import time
 
 import pytest
 
 from infra import faults
 from infra.settings import get_settings
-from infra.stack import KafkaBroker, Stack, create_topic, end_offsets, events_topic_configs, port_free
+from infra.stack import KafkaBroker, Stack, create_topic, end_offsets, events_topic_configs, free_port_block
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
@@ -27,20 +26,9 @@ FAULT_AT_S = min(4.0, RUN_S / 3)
 REPORTS = get_settings().reports_dir / "faults"
 
 
-def _free_block(width: int) -> int:
-    """A port p with p..p+width-1 all free (a cluster's brokers and controllers side by side)."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + width < 65000 and all(port_free(base + i) for i in range(width)):
-            return base
-    raise RuntimeError("no block of free ports")
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    base = _free_block(6)
+    base = free_port_block(6)
     settings = get_settings(
         profile="cluster",
         kafka_port=base,
@@ -129,3 +117,33 @@ def test_acks_1_counts_what_a_killed_leader_takes_with_it(cluster, topic):
     # every acknowledged write is either in the log or counted as lost, nothing in between
     assert run.acked - run.lost <= run.in_log, run
     assert path.exists()
+
+
+def test_a_spark_worker_killed_mid_batch_loses_nothing(kafka_stack, topic_factory, tmp_path):
+    """kill -9 a Spark standalone worker and its executors while the speed layer runs its
+    micro-batches on the cluster (two workers of one core; the test stack's broker and Redis),
+    restart it later: every acknowledged event applied once, and events read = applied +
+    duplicates + rejected + quarantined (infra.faults.spark_worker_killed, its reduced run)."""
+    from dataclasses import replace
+
+    from infra.speed_layer_process import SpeedLayerProcess
+    from infra.stack import SparkMaster, SparkWorker, standalone_spark_settings
+
+    base = standalone_spark_settings(kafka_stack.settings, tmp_path / "spark", workers=2)
+    settings = replace(base, events_topic=topic_factory(), views_namespace=f"faults_spark_{time.time_ns()}")
+    spark = Stack(settings, service_types=(SparkMaster, SparkWorker))
+    speed_layer = SpeedLayerProcess(
+        settings, settings.events_topic, settings.views_namespace, tmp_path / "speed_layer.log", archive=False
+    )
+    try:
+        spark.up()
+        speed_layer.start().wait_running()
+        report = faults.spark_worker_killed(settings, seconds=max(RUN_S, 10.0), rate=1000)
+    finally:
+        speed_layer.stop()
+        spark.down()
+    assert any("kill -9 spark-worker-1" in e for e in report["events"]), report["events"]
+    assert report["sent"] > 5000 and report["acked"] == report["sent"], report
+    assert report["exactly_once"] and report["caught_up"], report
+    assert report["accounting_ok"], report["accounting"]
+    assert report["accounting"]["applied"] > 5000, report["accounting"]

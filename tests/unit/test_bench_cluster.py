@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from infra.bench_cluster import kafka_cluster_settings, scaling_ratios, spark_cluster_settings
+from infra.bench_cluster import kafka_cluster_settings, scaling_ratios
 from infra.settings import get_settings
+from infra.stack import standalone_spark_settings
 
 
 def test_the_kafka_step_changes_only_kafka(tmp_path: Path):
@@ -23,7 +24,7 @@ def test_the_kafka_step_changes_only_kafka(tmp_path: Path):
 def test_the_spark_step_changes_only_spark(tmp_path: Path):
     base = get_settings(profile="local", kafka_bootstrap="127.0.0.1:19092", spark_master="local[*]")
     for workers in (1, 2):
-        s = spark_cluster_settings(base, tmp_path, workers)
+        s = standalone_spark_settings(base, tmp_path, workers)
         assert s.spark_master == f"spark://127.0.0.1:{s.spark_master_port}"
         assert s.spark_master_ui_port == s.spark_master_port + 1
         # one core per worker, the application may use them all, one task per core
