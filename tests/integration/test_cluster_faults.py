@@ -143,6 +143,8 @@ def test_a_spark_worker_killed_mid_batch_loses_nothing(kafka_stack, topic_factor
         speed_layer.stop()
         spark.down()
     assert any("kill -9 spark-worker-1" in e for e in report["events"]), report["events"]
+    # the kill took an executor the speed layer's application was using (Spark's scheduler says so)
+    assert "Lost executor" in (tmp_path / "speed_layer.log").read_text(errors="replace")
     assert report["sent"] > 5000 and report["acked"] == report["sent"], report
     assert report["exactly_once"] and report["caught_up"], report
     assert report["accounting_ok"], report["accounting"]

@@ -93,3 +93,38 @@ def test_generator_writes_what_it_reports(kafka_stack, topic_factory):
         assert per_type[t] == n + extra, t
     assert len(partition_of_key) > 8 and len(set(partition_of_key.values())) == 8
     assert DUPLICATE not in reasons
+
+
+def test_a_paused_run_has_its_first_part_in_the_log_at_the_pause_and_is_still_one_run(
+    kafka_stack, topic_factory
+):
+    """``produce(pause_at=k, on_pause=f)``: when ``f`` runs, exactly the first k records are in
+    the log (flushed, acknowledged); afterwards the log holds the same records, in the same order
+    per partition, as the same run without a pause."""
+    from infra.stack import end_offsets
+
+    cfg = GeneratorConfig(users=50, mean_followers=5, seed=3)
+    paused, plain = topic_factory(partitions=4), topic_factory(partitions=4)
+    at_pause: list[int] = []
+    summary = produce(
+        1_000,
+        cfg,
+        topic=paused,
+        bootstrap=kafka_stack.bootstrap,
+        progress=False,
+        pause_at=400,
+        on_pause=lambda: at_pause.append(sum(end_offsets(kafka_stack.settings, paused).values())),
+    )
+    produce(1_000, cfg, topic=plain, bootstrap=kafka_stack.bootstrap, progress=False)
+    assert at_pause == [400]
+    assert summary.events == 1_000 and summary.delivery_failures == 0
+
+    def per_partition(topic: str) -> dict[int, list[bytes]]:
+        out: dict[int, list[bytes]] = defaultdict(list)
+        for _key, value, partition, _offset in sorted(
+            _read_all(kafka_stack.bootstrap, topic, 1_000), key=lambda r: (r[2], r[3])
+        ):
+            out[partition].append(value)
+        return out
+
+    assert per_partition(paused) == per_partition(plain)
