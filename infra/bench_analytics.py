@@ -360,7 +360,12 @@ def _burst(settings: Settings, r: redis.Redis, n: int) -> dict:
     from app_sim.generator import produce
     from infra.stack import end_offsets
 
+    def redis_cpu_s() -> float:
+        cpu = r.info("cpu")
+        return cpu["used_cpu_sys"] + cpu["used_cpu_user"]
+
     topic, ns = settings.events_topic, settings.views_namespace
+    cpu0 = redis_cpu_s()
     t0 = time.perf_counter()
     sent = produce(
         n,
@@ -372,12 +377,16 @@ def _burst(settings: Settings, r: redis.Redis, n: int) -> dict:
     sent_s = time.perf_counter() - t0
     done = _wait_fences(r, ns, end_offsets(settings, topic), CATCH_UP_S)
     total_s = time.perf_counter() - t0
+    cpu = redis_cpu_s() - cpu0
     return {
         "burst_events": n,
         "burst_sent_events_per_s": sent.events_per_s,
         "burst_applied": done,
         "burst_applied_events_per_s": round(n / total_s) if done else None,
         "burst_applied_after_send_s": round(total_s - sent_s, 1) if done else None,
+        # Redis's own CPU over the drain (INFO cpu): a share near 1.0 means its one core is the limit
+        "burst_redis_cpu_share": round(cpu / total_s, 2),
+        "burst_redis_cpu_us_per_event": round(cpu * 1e6 / n),
     }
 
 
