@@ -497,21 +497,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--batch-events", type=int, default=1_000_000, help="batch_layer: the 10x log (default 1M events)"
     )
-    p.add_argument(
-        "--cluster-seconds",
-        type=int,
-        default=60,
-        help="cluster_scaling: seconds at the fixed rate per configuration",
-    )
-    p.add_argument(
-        "--cluster-rate", type=int, default=1_000, help="cluster_scaling: the fixed rate, events/s"
-    )
-    p.add_argument(
-        "--cluster-burst-events",
-        type=int,
-        default=60_000,
-        help="cluster_scaling: the backlog drained (throughput)",
-    )
+    # the cluster_scaling options default to BenchContext's, written once there
+    for option, field_name, what in (
+        ("--cluster-seconds", "cluster_seconds", "seconds at the fixed rate per configuration"),
+        ("--cluster-rate", "cluster_rate", "the fixed rate, events/s"),
+        ("--cluster-burst-events", "cluster_burst_events", "the backlog drained (throughput)"),
+    ):
+        default = getattr(BenchContext, field_name)
+        p.add_argument(option, type=int, default=default, help=f"cluster_scaling: {what} ({default})")
     a = p.parse_args(argv)
     rates = tuple(int(x) for x in a.keyed_rates.split(","))
     results = run(
