@@ -52,6 +52,12 @@ class Settings:
     api_secret: str = _setting(
         "SOCIAL_API_SECRET", "", "token signing secret; empty = generated once under var/api/ and reused"
     )
+    seal_personal_data: int = _setting(
+        "SOCIAL_SEAL_PERSONAL_DATA",
+        1,
+        "1: the API and the generator seal handles, display names and texts with per-user keys kept "
+        "under var/keys/ (crypto-shredding, docs/erasure.md); 0: they write plaintext",
+    )
     api_produce_timeout_ms: int = _setting(
         "SOCIAL_API_PRODUCE_TIMEOUT_MS", 5000, "longest an API write waits for the broker before a 503"
     )
@@ -338,6 +344,11 @@ class Settings:
     @property
     def lake_dir(self) -> Path:
         return Path(self.var_dir) / "lake"
+
+    @property
+    def keys_dir(self) -> Path:
+        """The data-key stores, one per event topic (``app_sim.keys``)."""
+        return Path(self.var_dir) / "keys"
 
     @property
     def reports_dir(self) -> Path:

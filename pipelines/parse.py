@@ -85,6 +85,13 @@ def _type_rules(spec: contract.EventTypeSpec, *, shape_ok: bool = False) -> list
             rules.append((present & out, F.lit(f"bad_value:{f.name}")))
         else:
             v = _value(f.name, "string")
+            if f.sealable:  # a sealed value: its form only (the producer checked the plaintext)
+                sealed = (
+                    v.startswith(contract.SEALED_PREFIX)
+                    & (F.char_length(v) <= contract.SEALED_MAX_LENGTH)
+                    & v.rlike(contract.SEALED_PATTERN)
+                )
+                present = present & ~F.coalesce(sealed, F.lit(False))
             if f.max_length is not None:
                 rules.append((present & (F.char_length(v) > f.max_length), F.lit(f"text_too_long:{f.name}")))
             bad = F.lit(False)

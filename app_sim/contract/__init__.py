@@ -6,7 +6,8 @@ truth: every event type, field, constraint and partition key (``x-partition-key`
 (the Spark speed layer and batch replay, the quality suites) cannot drift apart:
 
 - ``EVENT_TYPES``, ``required_fields(t)``, ``allowed_fields(t)``, ``text_fields(t)``,
-  ``field_spec(t, f)``, ``PARTITION_KEY`` / ``partition_key(event)`` / ``record_key(event)``;
+  ``personal_fields(t)`` (handle, display name, texts: each holds its plaintext or a value sealed
+  with the owner's data key, ``is_sealed``; docs/erasure.md), ``field_spec(t, f)``, ``PARTITION_KEY`` / ``partition_key(event)`` / ``record_key(event)``;
 - ``validate(obj)`` / ``parse_and_validate(raw)``: a validator compiled once from the schema into
   flat per-type check lists (a few microseconds per event, fast enough for the HTTP API); a unit
   test checks it accepts exactly what a full JSON Schema validator accepts;
@@ -91,6 +92,7 @@ class FieldSpec:
     max_length: int | None = None
     pattern: str | None = None
     const: Any = None
+    sealable: bool = False  # personal data: may hold a sealed value instead (``$defs/sealed``)
 
     @property
     def is_text(self) -> bool:
@@ -133,8 +135,19 @@ def _resolve(node: dict, root: dict) -> dict:
     return merged
 
 
+SEALED_REF = "#/$defs/sealed"
+
+
 def _field_spec(name: str, node: dict, required: bool, root: dict) -> FieldSpec:
     node = _resolve(node, root)
+    sealable = False
+    if "anyOf" in node:  # personal data: its plaintext rule, or a sealed value
+        branches = node["anyOf"]
+        sealable = any(b.get("$ref") == SEALED_REF for b in branches)
+        plain = [_resolve(b, root) for b in branches if b.get("$ref") != SEALED_REF]
+        if not sealable or len(plain) != 1:
+            raise ValueError(f"{name}: anyOf is only supported as [<plaintext rule>, {SEALED_REF}]")
+        node = {**plain[0], **{k: v for k, v in node.items() if k != "anyOf"}}
     json_type = node.get("type")
     if json_type is None and "const" in node:
         json_type = "integer" if isinstance(node["const"], int) else "string"
@@ -149,6 +162,7 @@ def _field_spec(name: str, node: dict, required: bool, root: dict) -> FieldSpec:
         max_length=node.get("maxLength"),
         pattern=node.get("pattern"),
         const=node.get("const"),
+        sealable=sealable,
     )
 
 
@@ -177,7 +191,24 @@ def _event_type_specs() -> dict[str, EventTypeSpec]:
     return out
 
 
-MAX_TEXT_LENGTH: int = schema()["$defs"]["text"]["maxLength"]
+MAX_TEXT_LENGTH: int = _field_spec("text", schema()["$defs"]["text"], True, schema()).max_length
+# A sealed personal value (``$defs/sealed``; ``app_sim.keys`` seals and opens them).
+SEALED_PREFIX = "sealed:v1:"
+SEALED_PATTERN: str = schema()["$defs"]["sealed"]["pattern"]
+SEALED_MAX_LENGTH: int = schema()["$defs"]["sealed"]["maxLength"]
+_sealed_form = re.compile(SEALED_PATTERN).search
+
+
+def is_sealed(value: object) -> bool:
+    """Whether ``value`` has the form of a sealed value (it may still not open: wrong or erased key)."""
+    return (
+        type(value) is str
+        and value.startswith(SEALED_PREFIX)
+        and len(value) <= SEALED_MAX_LENGTH
+        and _sealed_form(value) is not None
+    )
+
+
 EVENT_TYPES: tuple[str, ...] = tuple(schema()["properties"]["type"]["enum"])
 ENVELOPE_FIELDS: tuple[str, ...] = tuple(schema()["$defs"]["envelope"]["properties"])
 PARTITION_KEY: dict[str, str] = {t: s.partition_key for t, s in _event_type_specs().items()}
@@ -215,6 +246,11 @@ def allowed_fields(event_type_name: str) -> tuple[str, ...]:
     return tuple(f.name for f in event_type(event_type_name).fields)
 
 
+def personal_fields(event_type_name: str) -> tuple[str, ...]:
+    """Fields holding personal data, which a producer seals with the owner's key (``$defs/sealed``)."""
+    return tuple(f.name for f in event_type(event_type_name).fields if f.sealable)
+
+
 def text_fields(event_type_name: str) -> tuple[str, ...]:
     """Fields holding user-written text limited to ``MAX_TEXT_LENGTH`` code points."""
     return tuple(f.name for f in event_type(event_type_name).fields if f.is_text)
@@ -245,7 +281,7 @@ _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 class _Compiled:
     allowed: frozenset
     required: tuple[str, ...]
-    checks: tuple[tuple, ...]  # (name, kind, lo, hi, min_len, max_len, regex, const)
+    checks: tuple[tuple, ...]  # (name, kind, lo, hi, min_len, max_len, regex, const, sealable)
     cross: tuple[tuple[str, str, str], ...]  # (reason, field, other)
 
 
@@ -258,12 +294,12 @@ def _compiled() -> dict[str, _Compiled]:
             if f.name == "type":
                 continue  # already decided by the dispatch on type
             if f.const is not None:
-                checks.append((f.name, _CONST, None, None, None, None, None, f.const))
+                checks.append((f.name, _CONST, None, None, None, None, None, f.const, False))
             elif f.json_type == "integer":
-                checks.append((f.name, _INT, f.minimum, f.maximum, None, None, None, None))
+                checks.append((f.name, _INT, f.minimum, f.maximum, None, None, None, None, False))
             elif f.json_type == "string":
                 rx = re.compile(f.pattern).search if f.pattern else None
-                checks.append((f.name, _STR, None, None, f.min_length, f.max_length, rx, None))
+                checks.append((f.name, _STR, None, None, f.min_length, f.max_length, rx, None, f.sealable))
             else:  # pragma: no cover - the schema only uses these
                 raise ValueError(f"unsupported field type {f.json_type!r} of {name}.{f.name}")
         cross = tuple((r, fld, other) for r, types, fld, other in CROSS_FIELD_RULES if name in types)
@@ -296,7 +332,7 @@ def validate(obj: Any) -> str | None:
     for name in plan.required:
         if obj.get(name) is None:
             return f"missing_field:{name}"
-    for name, kind, lo, hi, min_len, max_len, rx, const in plan.checks:
+    for name, kind, lo, hi, min_len, max_len, rx, const, sealable in plan.checks:
         v = obj.get(name)
         if v is None:
             continue  # optional and absent (v1 has no optional fields, but keep the rule general)
@@ -308,6 +344,8 @@ def validate(obj: Any) -> str | None:
         elif kind == _STR:
             if type(v) is not str:
                 return f"mistyped_field:{name}"
+            if sealable and is_sealed(v):
+                continue  # the plaintext was checked by its producer before sealing
             if max_len is not None and len(v) > max_len:
                 return f"text_too_long:{name}"
             if (min_len is not None and len(v) < min_len) or (rx is not None and rx(v) is None):

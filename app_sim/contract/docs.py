@@ -19,6 +19,8 @@ def _constraints(f: c.FieldSpec) -> str:
         parts.append(f"length <= {f.max_length}")
     if f.pattern is not None:
         parts.append(f"matches `{f.pattern}`")
+    if f.sealable:
+        parts.append("or sealed (personal data, `$defs/sealed`)")
     return ", ".join(parts)
 
 
@@ -61,6 +63,21 @@ def render() -> str:
         "The API refuses a request whose `X-Device-Time` or `X-Sent-Time` header would break these",
         "rules (400 `bad_header`, naming the header), so only raw producers can write such events;",
         "the speed layer quarantines them with the reason (they never reach the views).",
+    ]
+    sealed = s["$defs"]["sealed"]
+    personal = sorted({f"`{f}`" for t in c.EVENT_TYPES for f in c.personal_fields(t)})
+    out += [
+        "",
+        "## Sealed personal data (`$defs/sealed`, `app_sim.keys`)",
+        "",
+        sealed["description"],
+        "",
+        f"- personal fields: {', '.join(personal)}",
+        f"- form: matches `{sealed['pattern']}`, length <= {sealed['maxLength']}",
+        "",
+        "The API and the generator seal every personal field; a raw producer (kcat) may still write",
+        "plaintext, which stays valid and readable in the log forever (docs/erasure.md says what an",
+        "erasure covers for it).",
     ]
     out += ["", "## Event types", "", "| type | extra fields | partition key (record key) |", "|---|---|---|"]
     for t in c.EVENT_TYPES:

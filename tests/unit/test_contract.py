@@ -94,6 +94,8 @@ def test_every_type_valid(type_, reference):
     assert reference.is_valid(e)
 
 
+SEALED = "sealed:v1:7:" + "Ab-_" * 80  # 320 base64url characters after the key id
+
 CASES = [
     ([1, 2], "not_an_object"),
     ("text", "not_an_object"),
@@ -135,6 +137,16 @@ CASES = [
     (ev("followed", followee_id=7), "self_follow"),
     (ev("unfollowed", followee_id=7), "self_follow"),
     (ev("followed", followee_id="8"), "mistyped_field:followee_id"),
+    # sealed personal data ($defs/sealed): the form of the seal is checked, the plaintext was
+    # checked by the producer (a seal may be longer than the plaintext rule allows)
+    (ev(text=SEALED), None),
+    (ev("message_sent", text=SEALED), None),
+    (ev("user_registered", handle=SEALED, display_name=SEALED), None),
+    (ev("user_registered", handle="sealed:v1:7:" + "A" * 37), "bad_value:handle"),  # too short a seal
+    (ev("user_registered", handle="sealed:v1:0:" + "A" * 40), "bad_value:handle"),  # key id 0
+    (ev(text="sealed:v1:7:" + "A" * 2037), "text_too_long:text"),  # longer than any seal
+    (ev(text="sealed:v1:7:" + "A=" * 200), "text_too_long:text"),  # not base64url
+    (ev(text="sealed:v1:7:" + "A" * 20), None),  # not a seal, but a valid plain text
 ]
 
 
@@ -237,3 +249,35 @@ def test_the_bronze_quality_suite_knows_every_event_type():
         if e["type"] == "expect_column_values_to_be_in_set" and e["kwargs"]["column"] == "type"
     ]
     assert sets == [list(contract.EVENT_TYPES)]
+
+
+def test_sealed_values_open_only_with_their_key(tmp_path):
+    """A value sealed by app_sim.keys is valid in the contract, opens with its owner's key, and
+    is unreadable once the key is erased; a value that breaks its plaintext rule stays plaintext
+    (so the log still rejects it with the rule's reason)."""
+    from app_sim import keys
+
+    store = keys.KeyStore(tmp_path / "keys.sqlite3")
+    sealer = keys.Sealer(store)
+    reg = sealer.seal(ev("user_registered", handle="canary_7", display_name="Canary Seven"))
+    post = sealer.seal(ev(text="a canary post"))
+    too_long = sealer.seal(ev(text="x" * 281))
+    assert contract.is_sealed(reg["handle"]) and contract.is_sealed(reg["display_name"])
+    assert "canary" not in orjson.dumps(reg).decode().lower() and "canary" not in post["text"]
+    assert contract.validate(reg) is None and contract.validate(post) is None
+    assert too_long["text"] == "x" * 281 and contract.validate(too_long) == "text_too_long:text"
+    assert keys.key_id(post["text"]) == 7
+    # the field name is bound in: a sealed handle does not open as a text
+    assert keys.open_value(store.get(7), "text", reg["handle"]) is None
+    assert keys.open_fields(store, [dict(post)], "text")[0]["text"] == "a canary post"
+    assert store.erase(7) and not store.erase(7)
+    assert keys.open_fields(store, [dict(post)], "text")[0]["text"] is None
+    with pytest.raises(keys.Erased):
+        store.ensure([7])
+    assert store.counts() == {"keys": 0, "erased": 1}
+    # secure_delete: the key's bytes are gone from the file, not just unlinked from the table
+    other = keys.KeyStore(tmp_path / "other.sqlite3")
+    key = other.ensure([9])[9]
+    assert key in (tmp_path / "other.sqlite3").read_bytes()
+    other.erase(9)
+    assert key not in (tmp_path / "other.sqlite3").read_bytes()

@@ -33,6 +33,8 @@ def _without(d, *keys):
     return {k: v for k, v in d.items() if k not in keys}
 
 
+SEALED_TEXT = "sealed:v1:7:" + "Ab-_" * 80  # the form of a sealed value (contract $defs/sealed)
+
 RECORDS: list[bytes] = [
     json.dumps(_ev()).encode(),
     json.dumps(_ev(type="followed", followee_id=8, post_id=None, text=None)).encode(),  # null = missing
@@ -61,6 +63,17 @@ RECORDS: list[bytes] = [
     json.dumps(_ev(received_time=-1)).encode(),
     json.dumps(_ev(post_id=2**63 - 1)).encode(),  # the largest id: valid
     json.dumps(_ev(text="")).encode(),  # no minimum length: valid
+    # personal data sealed (contract $defs/sealed): the seal's form is checked, not the plaintext's
+    json.dumps(_ev(text=SEALED_TEXT)).encode(),  # longer than 280 characters: valid when sealed
+    json.dumps(_ev(text=SEALED_TEXT[:-1] + "!")).encode(),  # not base64url: plaintext too long
+    json.dumps(_ev(text="sealed:v1:0:" + "A" * 40)).encode(),  # key id 0: a plain text (valid)
+    json.dumps(_ev(text="sealed:v1:7:" + "A" * 2040)).encode(),  # longer than a seal: too long
+    json.dumps(
+        _without(_ev(type="user_registered", handle=SEALED_TEXT, display_name=SEALED_TEXT), "post_id", "text")
+    ).encode(),
+    json.dumps(
+        _without(_ev(type="user_registered", handle="sealed:v1:7:AAA", display_name="x"), "post_id", "text")
+    ).encode(),  # neither a handle nor a seal
     json.dumps(
         _without(_ev(type="user_registered", handle="x" * 16, display_name="Ok"), "post_id", "text")
     ).encode(),

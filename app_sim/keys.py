@@ -1,0 +1,283 @@
+"""Crypto-shredding: per-user data keys, and personal fields sealed with them (docs/erasure.md).
+
+The log is immutable and kept whole, so a user's personal data cannot be deleted from it. It is
+therefore never written there in plaintext by our producers: the API and the generator seal every
+personal field of an event (``contract.personal_fields``: handle, display name, post, status and
+message texts) with the data key of the event's user, and erasing the user deletes that key. Every
+copy of every value sealed with it (Kafka segments, the bronze archive and its old Delta versions,
+the quarantine, views, Redis, checkpoints, reports) becomes unreadable at that moment, without
+rewriting any of them.
+
+- A sealed value (``contract.SEALED_PREFIX``): ``sealed:v1:<user id>:<base64url(nonce | AES-256-GCM
+  ciphertext | tag)>``, the field's name as associated data (a sealed handle cannot be passed off
+  as a post text). The nonce is 12 random bytes per value.
+- :class:`KeyStore`: one SQLite file per event topic under ``var/keys/`` (a world of user ids per
+  topic), ``secure_delete`` on, rollback journal (no WAL), so a deleted key's bytes are overwritten
+  in the file at the commit. An erased user keeps a tombstone row (``erased``): no new key is ever
+  made for them, so nothing written after the erasure can be read either.
+- :class:`Sealer`: seals an event's personal fields (only values that meet the field's plaintext
+  rule: a producer checks before it seals, the log checks only the seal's form) and opens them on
+  read (``None`` when the key is gone).
+
+Backups of the key store must honour erasures: a restored copy is older than some erasures, so
+``python -m app_sim.keys honour-erasures`` (run after any restore) deletes the keys of every user
+the served views list as erased.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import binascii
+import json
+import os
+import re
+import sqlite3
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from app_sim import contract
+from infra.settings import Settings, get_settings
+
+PREFIX = contract.SEALED_PREFIX
+KEY_BYTES = 32  # AES-256
+NONCE_BYTES = 12
+
+
+class Erased(LookupError):
+    """The user is erased: their key is gone for good and no new one is made."""
+
+
+def store_path(settings: Settings) -> Path:
+    """The key store of the settings' event topic."""
+    return Path(settings.keys_dir) / f"{settings.events_topic}.sqlite3"
+
+
+class KeyStore:
+    """Data keys by user id in one SQLite file; safe to share between processes."""
+
+    def __init__(self, path: Path | str):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA secure_delete = ON")  # freed cells (deleted keys) are zeroed
+        self._db.execute("PRAGMA journal_mode = DELETE")  # no WAL copy of a page outlives a commit
+        self._db.execute("PRAGMA synchronous = FULL")
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS keys (user_id INTEGER PRIMARY KEY, key BLOB NOT NULL, created_ms INTEGER)"
+        )
+        self._db.execute("CREATE TABLE IF NOT EXISTS erased (user_id INTEGER PRIMARY KEY, erased_ms INTEGER)")
+        os.chmod(self.path, 0o600)
+
+    @classmethod
+    def for_settings(cls, settings: Settings) -> KeyStore:
+        return cls(store_path(settings))
+
+    def close(self) -> None:
+        self._db.close()
+
+    def get(self, user_id: int) -> bytes | None:
+        row = self._db.execute("SELECT key FROM keys WHERE user_id = ?", (user_id,)).fetchone()
+        return row[0] if row else None
+
+    def get_many(self, user_ids: Iterable[int]) -> dict[int, bytes]:
+        ids = sorted(set(user_ids))
+        out: dict[int, bytes] = {}
+        for i in range(0, len(ids), 500):  # SQLite's bound-variable limit
+            part = ids[i : i + 500]
+            q = f"SELECT user_id, key FROM keys WHERE user_id IN ({','.join('?' * len(part))})"
+            out.update(self._db.execute(q, part).fetchall())
+        return out
+
+    def erased(self) -> set[int]:
+        return {u for (u,) in self._db.execute("SELECT user_id FROM erased")}
+
+    def ensure(self, user_ids: Iterable[int]) -> dict[int, bytes]:
+        """The keys of ``user_ids``, making the missing ones (one transaction); :class:`Erased`
+        when one of them is erased."""
+        ids = sorted(set(user_ids))
+        now = int(time.time() * 1000)
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            gone = self.erased().intersection(ids)
+            if gone:
+                raise Erased(f"user {min(gone)} is erased: no data key is made for them again")
+            self._db.executemany(
+                "INSERT OR IGNORE INTO keys (user_id, key, created_ms) VALUES (?, ?, ?)",
+                ((u, os.urandom(KEY_BYTES), now) for u in ids),
+            )
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        return self.get_many(ids)
+
+    def erase(self, user_id: int) -> bool:
+        """Delete the user's key and keep a tombstone; True when a key was deleted."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            deleted = self._db.execute("DELETE FROM keys WHERE user_id = ?", (user_id,)).rowcount
+            self._db.execute(
+                "INSERT OR IGNORE INTO erased (user_id, erased_ms) VALUES (?, ?)",
+                (user_id, int(time.time() * 1000)),
+            )
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        return bool(deleted)
+
+    def counts(self) -> dict[str, int]:
+        (keys,) = self._db.execute("SELECT count(*) FROM keys").fetchone()
+        (erased,) = self._db.execute("SELECT count(*) FROM erased").fetchone()
+        return {"keys": keys, "erased": erased}
+
+
+def _b64(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def seal_value(aead: AESGCM, user_id: int, field: str, plaintext: str) -> str:
+    nonce = os.urandom(NONCE_BYTES)
+    sealed = aead.encrypt(nonce, plaintext.encode("utf-8"), field.encode("ascii"))
+    return f"{PREFIX}{user_id}:{_b64(nonce + sealed)}"
+
+
+def key_id(value: str) -> int | None:
+    """The user id whose key sealed ``value`` (None for a plaintext value)."""
+    if not contract.is_sealed(value):
+        return None
+    return int(value[len(PREFIX) :].partition(":")[0])
+
+
+def open_value(key: bytes | None, field: str, value: str) -> str | None:
+    """The plaintext of a sealed ``value`` (None when the key is gone or does not open it)."""
+    if key is None:
+        return None
+    blob = _unb64(value[len(PREFIX) :].partition(":")[2])
+    try:
+        return (
+            AESGCM(key).decrypt(blob[:NONCE_BYTES], blob[NONCE_BYTES:], field.encode("ascii")).decode("utf-8")
+        )
+    except (InvalidTag, ValueError, binascii.Error):
+        return None
+
+
+def _plain_ok(spec: contract.FieldSpec, value: object) -> bool:
+    """Whether ``value`` meets the field's plaintext rule (only such values are sealed)."""
+    if type(value) is not str or contract.is_sealed(value):
+        return False
+    if spec.max_length is not None and len(value) > spec.max_length:
+        return False
+    if spec.min_length is not None and len(value) < spec.min_length:
+        return False
+    return spec.pattern is None or _PATTERNS[spec.pattern](value) is not None
+
+
+_PERSONAL: dict[str, tuple[contract.FieldSpec, ...]] = {
+    t: tuple(contract.field_spec(t, f) for f in contract.personal_fields(t)) for t in contract.EVENT_TYPES
+}
+_PATTERNS = {
+    s.pattern: re.compile(s.pattern).search for specs in _PERSONAL.values() for s in specs if s.pattern
+}
+
+
+class Sealer:
+    """Seals events' personal fields with their users' keys (keys cached per process).
+
+    The cache holds keys of users this process writes for; :meth:`forget` drops one (after an
+    erasure). Readers use :func:`open_fields`, which asks the store every time, so an erasure is
+    seen by every reader at once.
+    """
+
+    def __init__(self, store: KeyStore):
+        self.store = store
+        self._aead: dict[int, AESGCM] = {}
+
+    def prepare(self, user_ids: Iterable[int]) -> None:
+        """Make (or load) the keys of ``user_ids`` in one transaction."""
+        missing = [u for u in user_ids if u not in self._aead]
+        if missing:
+            for u, key in self.store.ensure(missing).items():
+                self._aead[u] = AESGCM(key)
+
+    def forget(self, user_id: int) -> None:
+        self._aead.pop(user_id, None)
+
+    def seal(self, event: dict) -> dict:
+        """Seal ``event``'s personal fields in place (a dict that is not a valid event is left as is
+        where its fields break their plaintext rule); returns it."""
+        specs = _PERSONAL.get(event.get("type")) if type(event.get("type")) is str else None
+        if not specs:
+            return event
+        user_id = event.get("user_id")
+        if type(user_id) is not int or user_id < 1:
+            return event
+        aead = self._aead.get(user_id)
+        for spec in specs:
+            value = event.get(spec.name)
+            if _plain_ok(spec, value):
+                if aead is None:
+                    self.prepare([user_id])
+                    aead = self._aead[user_id]
+                event[spec.name] = seal_value(aead, user_id, spec.name, value)
+        return event
+
+
+def open_fields(store: KeyStore, items: list[dict], field: str) -> list[dict]:
+    """``items`` with ``item[field]`` opened where sealed (None where its key is gone); one store
+    read for all their keys."""
+    owners = {key_id(it.get(field)) for it in items if type(it.get(field)) is str}
+    owners.discard(None)
+    keys = store.get_many(owners) if owners else {}
+    for it in items:
+        value = it.get(field)
+        uid = key_id(value) if type(value) is str else None
+        if uid is not None:
+            it[field] = open_value(keys.get(uid), field, value)
+    return items
+
+
+# --- the CLI ------------------------------------------------------------------------------------
+
+
+def honour_erasures(settings: Settings) -> dict:
+    """Delete the key of every user the served views list as erased (run after a restore)."""
+    import redis
+
+    from pipelines import namespaces
+
+    client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+    ns = settings.views_namespace or client.get(namespaces.REDIS_KEY) or namespaces.active(settings)
+    erased = [int(u) for u in client.smembers(f"{ns}:erased")]
+    store = KeyStore.for_settings(settings)
+    deleted = sum(store.erase(u) for u in erased)
+    return {"namespace": ns, "erased_users": len(erased), "keys_deleted": deleted, **store.counts()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="The data-key store of crypto-shredding (docs/erasure.md).")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("stats", help="keys and erased users in the store of SOCIAL_EVENTS_TOPIC")
+    sub.add_parser("honour-erasures", help="after restoring a key store backup: delete erased users' keys")
+    args = p.parse_args(argv)
+    settings = get_settings()
+    if args.cmd == "stats":
+        out = {"store": str(store_path(settings)), **KeyStore.for_settings(settings).counts()}
+    else:
+        out = honour_erasures(settings)
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
