@@ -2,7 +2,8 @@
 
 Appends the same ``user_erased`` event as ``DELETE /v1/users/me`` (through the API's
 :class:`app_sim.api.eventlog.EventLog`: validated against the contract, acknowledged by the
-broker) and revokes the user's tokens (:func:`app_sim.auth.revoke`). A user the served views do
+broker), deletes the user's data key (``app_sim.keys``: every sealed copy of their personal data
+becomes unreadable) and revokes the user's tokens (:func:`app_sim.auth.revoke`). A user the served views do
 not know (and the API has not just registered) is refused with a clear error and exit code 2;
 a user already erased is reported and nothing is appended (exit code 0: erasing twice is
 harmless; a second ``user_erased`` in the log would be rejected as ``user_erased`` anyway).
@@ -20,6 +21,7 @@ import redis.asyncio
 from app_sim import auth
 from app_sim.api.eventlog import EventLog, LogUnavailable
 from app_sim.ids import new_event_id, wall_clock_ms
+from app_sim.keys import KeyStore
 from infra.settings import Settings, get_settings
 
 
@@ -47,7 +49,8 @@ async def erase(user_id: int, settings: Settings) -> dict:
         pipe.hexists(f"{ns}:users", user_id)
         pipe.exists(f"api:recent:user:{user_id}")
         erased, known, recent = await pipe.execute()
-        if erased:
+        if erased:  # again harmless: covers a crash between an earlier append and these
+            KeyStore.for_settings(settings).erase(user_id)
             await auth.revoke(client, user_id)
             return {"user_id": user_id, "already_erased": True}
         if not (known or recent):
@@ -67,6 +70,7 @@ async def erase(user_id: int, settings: Settings) -> dict:
             at = await log.append(event)
         finally:
             log.close()
+        KeyStore.for_settings(settings).erase(user_id)  # every sealed copy of their data: unreadable
         await auth.revoke(client, user_id)
         return {
             "user_id": user_id,

@@ -43,13 +43,14 @@ import heapq
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import orjson
 
 from app_sim import contract, graph
 from app_sim.ids import GENERATOR_WORKER_ID, Snowflake, event_ids
+from app_sim.keys import KeyStore, Sealer
 
 SIM_EPOCH_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z: start of the simulated server clock
 
@@ -635,16 +636,29 @@ def produce(
     progress: bool = True,
     pause_at: int | None = None,
     on_pause: Callable[[], None] | None = None,
+    sealer: Sealer | None = None,
 ) -> Summary:
     """Write one generator run to Kafka; returns once every record is acknowledged (or failed).
 
     With ``pause_at``, the first ``pause_at`` records are flushed (acknowledged) and ``on_pause()``
     runs before the rest is sent: a test can let a consumer take the first part of a run, then the
     rest, with the run's counts still those of one run.
+
+    With ``sealer`` (``app_sim.keys``; the CLI's default) every personal field is sealed with its
+    user's data key as it is sent (``generate`` stays plaintext and reproducible). A duplicate is
+    the same dict as its original, so it goes out sealed identically (the same bytes). An erasure
+    deletes the user's key once the records before it are acknowledged (at the next progress
+    step, or at the end); later records of that user are sealed with a key no one keeps.
     """
     from confluent_kafka import Producer
 
     gen = EventGenerator(n_events, config)
+    if sealer is not None:
+        sealer.shred_erased = True  # records of an erased user: sealed with a throwaway key
+        sealer.prepare(range(1, gen.config.users + 1))  # every user's key in one transaction
+    seal = sealer.seal if sealer is not None else None
+    erasing: list[int] = []  # users erased in the records sent since the last progress step
+    erased_at_step: list[int] = []  # ... and in the step before (acknowledged by now: erase keys)
     failures = 0
     first_error: list[str] = []
 
@@ -667,11 +681,15 @@ def produce(
     total_bytes = 0
     n = 0
     start = time.perf_counter()
-    for key, value, _injected in gen.records():
+    for key, value, injected in gen.records():
         if n == pause_at and on_pause is not None:
             failures += producer.flush(120)
             on_pause()
         if type(value) is dict:
+            if seal is not None:
+                seal(value)
+                if injected is None and value["type"] == "user_erased":
+                    erasing.append(value["user_id"])
             value = dumps(value)
         total_bytes += len(value)
         try:
@@ -687,6 +705,10 @@ def produce(
         n += 1
         if not n & 0x3FFF:
             poll(0)
+            if sealer is not None:
+                for u in erased_at_step:
+                    sealer.erase(u)
+                erased_at_step, erasing = erasing, []
             if bar is not None:
                 bar.update(0x4000)
             if rate:
@@ -699,6 +721,9 @@ def produce(
                 time.sleep(ahead)
     remaining = producer.flush(120)
     elapsed = time.perf_counter() - start
+    if sealer is not None:
+        for u in erased_at_step + erasing:
+            sealer.erase(u)
     if bar is not None:
         bar.update(n - bar.n)
         bar.close()
@@ -851,6 +876,12 @@ def main(argv: list[str] | None = None) -> int:
         help="after the run, append this alert pattern (repeatable; with --events 0, only the patterns)",
     )
     p.add_argument("--inject-user", type=int, default=1, help="the user who acts out the patterns")
+    p.add_argument(
+        "--no-seal",
+        action="store_true",
+        help="write personal fields in plaintext (default: sealed with per-user keys unless "
+        "SOCIAL_SEAL_PERSONAL_DATA=0; docs/erasure.md)",
+    )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--no-progress", action="store_true")
     a = p.parse_args(argv)
@@ -867,8 +898,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     failures = 0
     if a.events:
+        sealer = None
+        if settings.seal_personal_data and not a.no_seal:
+            sealer = Sealer(KeyStore.for_settings(replace(settings, events_topic=a.topic)))
         summary = produce(
-            a.events, config, topic=a.topic, bootstrap=a.bootstrap, rate=a.rate, progress=not a.no_progress
+            a.events,
+            config,
+            topic=a.topic,
+            bootstrap=a.bootstrap,
+            rate=a.rate,
+            progress=not a.no_progress,
+            sealer=sealer,
         )
         failures = summary.delivery_failures
         print(

@@ -10,7 +10,7 @@ rewriting any of them.
 
 - A sealed value (``contract.SEALED_PREFIX``): ``sealed:v1:<user id>:<base64url(nonce | AES-256-GCM
   ciphertext | tag)>``, the field's name as associated data (a sealed handle cannot be passed off
-  as a post text). The nonce is 12 random bytes per value.
+  as a post text). Nonces never repeat within a process and almost surely not across (``_Nonces``).
 - :class:`KeyStore`: one SQLite file per event topic under ``var/keys/`` (a world of user ids per
   topic), ``secure_delete`` on, rollback journal (no WAL), so a deleted key's bytes are overwritten
   in the file at the commit. An erased user keeps a tombstone row (``erased``): no new key is ever
@@ -138,16 +138,36 @@ class KeyStore:
         return {"keys": keys, "erased": erased}
 
 
+_URLSAFE = bytes.maketrans(b"+/", b"-_")
+
+
 def _b64(raw: bytes) -> str:
-    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+    return binascii.b2a_base64(raw, newline=False).rstrip(b"=").translate(_URLSAFE).decode("ascii")
 
 
 def _unb64(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
+class _Nonces:
+    """Unique 96-bit nonces: a random start per process, then a counter (NIST SP 800-38D's
+    deterministic construction in spirit; two processes collide only if their random starts
+    fall within one run's length of each other, about 2**-60 for a billion values each)."""
+
+    def __init__(self):
+        self._next = int.from_bytes(os.urandom(NONCE_BYTES), "big")
+
+    def __call__(self) -> bytes:
+        n = self._next
+        self._next = (n + 1) % (1 << 96)
+        return n.to_bytes(NONCE_BYTES, "big")
+
+
+_nonce = _Nonces()
+
+
 def seal_value(aead: AESGCM, user_id: int, field: str, plaintext: str) -> str:
-    nonce = os.urandom(NONCE_BYTES)
+    nonce = _nonce()
     sealed = aead.encrypt(nonce, plaintext.encode("utf-8"), field.encode("ascii"))
     return f"{PREFIX}{user_id}:{_b64(nonce + sealed)}"
 
@@ -174,7 +194,7 @@ def open_value(key: bytes | None, field: str, value: str) -> str | None:
 
 def _plain_ok(spec: contract.FieldSpec, value: object) -> bool:
     """Whether ``value`` meets the field's plaintext rule (only such values are sealed)."""
-    if type(value) is not str or contract.is_sealed(value):
+    if type(value) is not str or (value.startswith(PREFIX) and contract.is_sealed(value)):
         return False
     if spec.max_length is not None and len(value) > spec.max_length:
         return False
@@ -194,23 +214,33 @@ _PATTERNS = {
 class Sealer:
     """Seals events' personal fields with their users' keys (keys cached per process).
 
-    The cache holds keys of users this process writes for; :meth:`forget` drops one (after an
-    erasure). Readers use :func:`open_fields`, which asks the store every time, so an erasure is
+    With ``cache`` (the generator, the only writer for its users) keys stay in memory and
+    :meth:`erase` drops one; without (the API, whose users another process may
+    erase) every event reads its key from the store. Readers use :func:`open_fields`, which asks the store every time, so an erasure is
     seen by every reader at once.
     """
 
-    def __init__(self, store: KeyStore):
+    def __init__(self, store: KeyStore, *, cache: bool = True, shred_erased: bool = False):
         self.store = store
+        self.cache = cache  # False: read the key from the store for every event (the API)
+        # an erased user's event: Erased (the API refuses it), or sealed with a throwaway key
+        # that no one keeps (the generator, whose simulated users keep turning up after erasure)
+        self.shred_erased = shred_erased
         self._aead: dict[int, AESGCM] = {}
 
     def prepare(self, user_ids: Iterable[int]) -> None:
         """Make (or load) the keys of ``user_ids`` in one transaction."""
         missing = [u for u in user_ids if u not in self._aead]
+        if missing and self.shred_erased:
+            gone = self.store.erased()
+            missing = [u for u in missing if u not in gone]
         if missing:
             for u, key in self.store.ensure(missing).items():
                 self._aead[u] = AESGCM(key)
 
-    def forget(self, user_id: int) -> None:
+    def erase(self, user_id: int) -> None:
+        """Delete the user's key in the store and in this process."""
+        self.store.erase(user_id)
         self._aead.pop(user_id, None)
 
     def seal(self, event: dict) -> dict:
@@ -227,10 +257,23 @@ class Sealer:
             value = event.get(spec.name)
             if _plain_ok(spec, value):
                 if aead is None:
-                    self.prepare([user_id])
-                    aead = self._aead[user_id]
+                    aead = self._load(user_id)
                 event[spec.name] = seal_value(aead, user_id, spec.name, value)
         return event
+
+    def _load(self, user_id: int) -> AESGCM:
+        key = None if self.cache else self.store.get(user_id)  # a read: no write lock when it exists
+        if key is None:
+            try:
+                key = self.store.ensure([user_id])[user_id]
+            except Erased:
+                if not self.shred_erased:
+                    raise
+                key = AESGCM.generate_key(bit_length=256)
+        aead = AESGCM(key)
+        if self.cache:
+            self._aead[user_id] = aead
+        return aead
 
 
 def open_fields(store: KeyStore, items: list[dict], field: str) -> list[dict]:

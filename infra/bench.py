@@ -16,8 +16,9 @@ too); ``replay`` (full recompute vs a bare read and vs the parse step alone, 1x 
 cost per micro-batch on 1x and 10x state); ``analytics`` (``infra/bench_analytics.py``: the keyed speed layer's
 freshness with and without the analytics beside it, their own latency, state size and batch
 duration curves); ``cluster_scaling`` (``infra/bench_cluster.py``: the keyed speed layer with 1
-and 3 Kafka brokers, and on ``local`` Spark and 1 and 2 standalone workers). The README says how
-to read each figure.
+and 3 Kafka brokers, and on ``local`` Spark and 1 and 2 standalone workers); ``sealing``
+(``infra/bench_sealing.py``: the generator's and the API's write throughput with personal data
+sealed and in plaintext). The README says how to read each figure.
 """
 
 from __future__ import annotations
@@ -77,6 +78,8 @@ class BenchContext:
     cluster_rate: int = 1_000  # cluster_scaling: the fixed rate each configuration's freshness is at
     cluster_seconds: int = 60
     cluster_burst_events: int = 60_000  # cluster_scaling: the backlog whose drain is the throughput
+    sealing_api_seconds: int = 15  # sealing: each API write run (off, on, off, on)
+    sealing_api_concurrency: int = 32  # sealing: asyncio clients posting at once
 
     @property
     def analytics_first_phase_s(self) -> int:
@@ -530,6 +533,7 @@ import infra.bench_batch  # noqa: E402,F401
 import infra.bench_cluster  # noqa: E402,F401
 import infra.bench_compacted  # noqa: E402,F401
 import infra.bench_keyed  # noqa: E402,F401
+import infra.bench_sealing  # noqa: E402,F401
 
 if __name__ == "__main__":
     # run the imported module's main: `python -m` makes this file __main__, a second copy whose

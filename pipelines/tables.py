@@ -195,7 +195,8 @@ applied `user_erased` events of `events_bronze`.
 What this does not remove: the erased user's events themselves stay in the log
 (`social.events`), in `events_bronze` and `quarantine`, and older versions of the Delta views
 keep their rows until Delta's history is vacuumed; the views and the serving state are what it
-clears.
+clears. Their personal fields in all those copies are sealed with the user's data key, which the
+erasure deletes, so they stay but cannot be read ([erasure.md](erasure.md)).
 """
 
 

@@ -23,7 +23,7 @@ from fastapi.responses import Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app_sim import auth, contract
+from app_sim import auth, contract, keys
 from app_sim.api import dual_write
 from app_sim.api import models as m
 from app_sim.api.eventlog import EventLog, LogUnavailable
@@ -99,6 +99,8 @@ class Api:
     log: EventLog
     tokens: auth.TokenSigner
     ids: Snowflake
+    keystore: keys.KeyStore  # data keys: seal personal fields on write, open them on read
+    sealer: keys.Sealer | None  # None: SOCIAL_SEAL_PERSONAL_DATA=0, plaintext writes
     _ns: tuple[float, str] = (0.0, "")
 
     async def namespace(self) -> str:
@@ -378,9 +380,14 @@ async def append(
             for name in mint:
                 event[name] = api.ids.next_id(received)
             event["event_id"] = _event_id(event["user_id"], etype, client.idempotency_key)
-        reason = contract.validate(event)
-        if reason is not None:  # the models should make this impossible; never append it
-            raise ApiError(422, "invalid_event", f"the event would break the contract: {reason}")
+            reason = contract.validate(event)  # the plaintext: a seal hides it from the log's checks
+            if reason is not None:  # the models should make this impossible; never append it
+                raise ApiError(422, "invalid_event", f"the event would break the contract: {reason}")
+            if api.sealer is not None:
+                try:
+                    api.sealer.seal(event)  # personal fields sealed with the user's data key
+                except keys.Erased:
+                    raise ApiError(401, "erased", f"user {event['user_id']} is erased") from None
         produced = True
         at = await api.log.append(event)
     except BaseException:
@@ -447,18 +454,22 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         log = EventLog(settings.kafka_bootstrap, settings.events_topic, settings.api_produce_timeout_ms)
         # SOCIAL_WRITE_MODE=dual / SOCIAL_FAULT_*: the measured anti-pattern (make dual-write); off by default
         log = dual_write.wrap(log, client, settings, worker_id)
+        keystore = keys.KeyStore.for_settings(settings)
         app.state.api = Api(
             settings=settings,
             redis=client,
             log=log,
             tokens=auth.TokenSigner(auth.load_secret(settings)),
             ids=Snowflake(worker_id),
+            keystore=keystore,
+            sealer=keys.Sealer(keystore, cache=False) if settings.seal_personal_data else None,
         )
         try:
             yield
         finally:
             log.close()
             await client.aclose()
+            keystore.close()
             lock.close()
 
     app = FastAPI(
@@ -667,19 +678,27 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     async def _erase(api: Api, client: ClientTimes, me: int):
         out = await append(api, client, "user_erased", me, {})
-        await auth.revoke(api.redis, me)  # after the append: a failed append erases nothing
+        # after the append (a failed append erases nothing): the data key goes first, so every
+        # sealed copy of this user's data is unreadable from here on; then the token
+        api.keystore.erase(me)
+        await auth.revoke(api.redis, me)
         return _json(out, 202)
 
     @app.get("/v1/timeline", response_model=m.Timeline, responses=ERRORS, tags=["reads"])
     async def timeline(request: Request, me: Caller, limit: Limit = 50):
         """Your home timeline: your posts and those of whom you follow, newest first."""
-        posts, as_of = await (await _api(request).store()).timeline(me, limit)
+        api = _api(request)
+        posts, as_of = await (await api.store()).timeline(me, limit)
+        # sealed texts opened; a post whose key is gone is an erased author's, leaving every timeline
+        posts = [p for p in keys.open_fields(api.keystore, posts, "text") if p["text"] is not None]
         return _json({"user_id": me, "posts": posts, "as_of": as_of})
 
     @app.get("/v1/inbox", response_model=m.Inbox, responses=ERRORS, tags=["reads"])
     async def inbox(request: Request, me: Caller, limit: Limit = 50):
         """Your inbox, newest first, each message with its read state."""
-        messages, as_of = await (await _api(request).store()).inbox(me, limit)
+        api = _api(request)
+        messages, as_of = await (await api.store()).inbox(me, limit)
+        keys.open_fields(api.keystore, messages, "text")  # null once the sender is erased
         return _json({"user_id": me, "messages": messages, "as_of": as_of})
 
     @app.get("/v1/unread", response_model=m.Unread, responses=ERRORS, tags=["reads"])
@@ -698,6 +717,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         """Anyone's current status (public, no token needed); ``status`` is null if never set."""
         api = _api(request)
         status, as_of = await (await api.store()).status(user_id)
+        if status is not None and keys.open_fields(api.keystore, [status], "text")[0]["text"] is None:
+            status = None  # sealed with a key that is gone: the user is erased
         if status is None and not await api.user_exists(user_id):
             raise ApiError(404, "unknown_user", f"user {user_id} does not exist")
         return _json({"user_id": user_id, "status": status, "as_of": as_of})

@@ -23,7 +23,7 @@ import pytest
 import requests
 import uvicorn
 
-from app_sim import contract
+from app_sim import contract, keys
 from app_sim.auth import TokenSigner, load_secret
 from infra.settings import REPO_ROOT, Settings
 
@@ -636,7 +636,14 @@ def test_erasure_appends_user_erased_and_revokes_the_token(api_factory):
     api = api_factory()
     alice, alice_token = api.register("alice")
     bob, bob_token = api.register("bob")
+    store = keys.KeyStore.for_settings(api.settings)
     with api.client(alice_token) as c:
+        posted = c.post("/v1/posts", json={"text": "canary 41f3 of alice"}).json()
+        _key, post = record_at(api.settings, api.topic, posted["partition"], posted["offset"])
+        # crypto-shredding: the log holds the text sealed with alice's key, never the plaintext
+        assert contract.is_sealed(post["text"]) and "41f3" not in post["text"]
+        assert keys.key_id(post["text"]) == alice
+        assert keys.open_fields(store, [dict(post)], "text")[0]["text"] == "canary 41f3 of alice"
         r = c.delete("/v1/users/me")
         assert r.status_code == 202, r.text
         out = r.json()
@@ -646,6 +653,10 @@ def test_erasure_appends_user_erased_and_revokes_the_token(api_factory):
     key, event = record_at(api.settings, api.topic, out["partition"], out["offset"])
     assert key == str(alice).encode() and event["type"] == "user_erased" and event["user_id"] == alice
     assert event["event_id"] == out["event_id"] and contract.validate(event) is None
+    # the key is gone: every copy of that sealed text is unreadable now, and no new key is made
+    assert store.get(alice) is None and keys.open_fields(store, [dict(post)], "text")[0]["text"] is None
+    with pytest.raises(keys.Erased):
+        store.ensure([alice])
     with api.client(bob_token) as c:
         assert c.delete(f"/v1/users/{bob}").status_code == 202  # one's own id: the same as /me
         assert c.get("/v1/unread").status_code == 401
@@ -669,6 +680,7 @@ def test_social_erase_operator_command(api_factory):
         "SOCIAL_VIEWS_NAMESPACE": api.settings.views_namespace,
         "SOCIAL_KAFKA_BOOTSTRAP": api.settings.kafka_bootstrap,
         "SOCIAL_REDIS_URL": api.settings.redis_url,
+        "SOCIAL_VAR_DIR": str(api.settings.var_dir),
     }
     import os
 
@@ -692,6 +704,7 @@ def test_social_erase_operator_command(api_factory):
     assert event["type"] == "user_erased" and event["user_id"] == carol
     with api.client(token) as c:
         assert c.get("/v1/unread").status_code == 401
+    assert keys.KeyStore.for_settings(api.settings).get(carol) is None  # her data key is deleted
 
 
 def test_broker_down_is_a_quick_503_never_a_hang(kafka_stack, topic_factory):

@@ -18,7 +18,9 @@ import time
 
 import pytest
 
+from app_sim.contract import is_sealed
 from app_sim.generator import GeneratorConfig, produce
+from app_sim.keys import KeyStore, Sealer, open_fields
 from pipelines.tables import TABLES, VIEWS
 
 pytestmark = pytest.mark.integration
@@ -80,13 +82,26 @@ def assert_no_duplicate_keys(settings, namespace: str, versions: dict) -> None:
 def test_stream_equals_replay(kafka_stack, topic_factory, speed_layer_factory, tmp_path):
     topic = topic_factory(8)
     cfg = GeneratorConfig(users=1000, seed=11, mean_followers=30, invalid_share=0.01, duplicate_share=0.01)
-    summary = produce(60_000, cfg, topic=topic, bootstrap=kafka_stack.bootstrap, progress=False)
+    # personal data sealed as the generator's CLI writes it (docs/erasure.md): replays stay exact
+    store = KeyStore(tmp_path / "keys.sqlite3")
+    summary = produce(
+        60_000, cfg, topic=topic, bootstrap=kafka_stack.bootstrap, progress=False, sealer=Sealer(store)
+    )
     assert summary.delivery_failures == 0
     sl = speed_layer_factory(topic=topic, namespace="stream", max_offsets_per_trigger=100_000)
     sl.wait_caught_up(timeout=900)
     report = run_verify(kafka_stack.settings, topic, "stream", tmp_path)
     assert_verified(report, summary)
     assert report["views"]["home_timeline"]["live_rows"] > 30_000  # the fan-out really happened
+    # the serving store holds sealed values only; they open with the user's key
+    import redis
+
+    from pipelines.speed.functions import key
+
+    r = redis.Redis.from_url(kafka_stack.settings.redis_url)
+    profile = json.loads(r.hget(key("stream", "users"), 7))
+    assert is_sealed(profile["handle"]) and is_sealed(profile["display_name"])
+    assert open_fields(store, [profile], "handle")[0]["handle"] == "u7"  # the generator's handle of user 7
 
 
 @pytest.mark.slow

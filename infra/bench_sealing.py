@@ -1,0 +1,149 @@
+"""``make bench`` section ``sealing``: what crypto-shredding costs on the write path (docs/erasure.md).
+
+Side by side in one run, alternating so that the machine's noise falls on both alike:
+
+- the generator's events/s into Kafka, sealing off and on (``produce(sealer=...)``), same
+  records, same broker, ``rounds`` times each, and the records' mean size (a sealed text is
+  random bytes: lz4 no longer shrinks it);
+- the API's write throughput, sealing off and on: two API servers (``SOCIAL_SEAL_PERSONAL_DATA``
+  0 and 1), each driven in turn for ``api_seconds`` by ``api_concurrency`` asyncio clients posting
+  ``POST /v1/posts`` as registered users (every write reads its author's key from the store and
+  seals the text).
+
+The target (issue 20): sealing costs <= 10% of either throughput, i.e. the ratio on/off >= 0.9.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from pathlib import Path
+
+from infra.bench import BenchContext, section
+from infra.bench_keyed import _free_port
+
+
+def _generator_rate(ctx: BenchContext, events: int, sealed: bool, key_dir: Path) -> dict:
+    from app_sim.generator import GeneratorConfig, produce
+    from app_sim.keys import KeyStore, Sealer
+
+    cfg = GeneratorConfig(users=2000, seed=42, invalid_share=0.001, duplicate_share=0.001)
+    topic = ctx.topic(f"sealing-gen-{'on' if sealed else 'off'}")
+    sealer = Sealer(KeyStore(key_dir / f"{topic}.sqlite3")) if sealed else None
+    s = produce(
+        events, cfg, topic=topic, bootstrap=ctx.settings.kafka_bootstrap, progress=False, sealer=sealer
+    )
+    if s.delivery_failures:
+        raise RuntimeError(f"{s.delivery_failures} records were not delivered to {topic}")
+    return {"events_per_s": s.events_per_s, "mean_record_bytes": s.mean_record_bytes}
+
+
+async def _drive_writes(base: str, tokens: list[str], seconds: float, concurrency: int) -> dict:
+    import httpx
+
+    done = 0
+    failed = 0
+    stop_at = time.perf_counter() + seconds
+    text = "a post of about sixty characters, like most of the generator's"
+
+    async def client(i: int) -> None:
+        nonlocal done, failed
+        headers = {"Authorization": f"Bearer {tokens[i % len(tokens)]}"}
+        async with httpx.AsyncClient(base_url=base, headers=headers, timeout=30) as c:
+            while time.perf_counter() < stop_at:
+                r = await c.post("/v1/posts", json={"text": text})
+                if r.status_code == 202:
+                    done += 1
+                else:
+                    failed += 1
+
+    start = time.perf_counter()
+    await asyncio.gather(*(client(i) for i in range(concurrency)))
+    elapsed = time.perf_counter() - start
+    return {"writes": done, "failed": failed, "seconds": round(elapsed, 2)}
+
+
+def _register(base: str, n: int) -> list[str]:
+    import httpx
+
+    tokens = []
+    with httpx.Client(base_url=base, timeout=30) as c:
+        for i in range(n):
+            r = c.post("/v1/users", json={"handle": f"seal{i}", "display_name": f"Sealing {i}"})
+            r.raise_for_status()
+            tokens.append(r.json()["token"])
+    return tokens
+
+
+@section("sealing")
+def sealing_section(ctx: BenchContext) -> dict:
+    from infra.stack import ApiServer
+
+    rounds = 2
+    events = min(ctx.events, 300_000)
+    key_dir = Path(ctx.settings.var_dir) / "bench" / "sealing" / "keys"
+    gen: dict[str, list[dict]] = {"off": [], "on": []}
+    for _ in range(rounds):
+        for mode in ("off", "on"):
+            gen[mode].append(_generator_rate(ctx, events, mode == "on", key_dir))
+
+    servers = {}
+    for mode in ("off", "on"):
+        settings = dataclasses.replace(
+            ctx.settings,
+            events_topic=ctx.topic(f"sealing-api-{mode}"),
+            api_port=_free_port(),
+            views_namespace=f"bench_sealing_{mode}_{ctx.run_id}".lower(),
+            seal_personal_data=1 if mode == "on" else 0,
+            var_dir=Path(ctx.settings.var_dir) / "bench" / "sealing" / mode,
+        )
+        servers[mode] = ApiServer(settings)
+    api: dict[str, list[dict]] = {"off": [], "on": []}
+    try:
+        tokens = {}
+        for mode, server in servers.items():
+            server.start()
+            tokens[mode] = _register(f"http://127.0.0.1:{server.settings.api_port}", 50)
+        for _ in range(rounds):
+            for mode, server in servers.items():
+                base = f"http://127.0.0.1:{server.settings.api_port}"
+                api[mode].append(
+                    asyncio.run(
+                        _drive_writes(
+                            base, tokens[mode], ctx.sealing_api_seconds, ctx.sealing_api_concurrency
+                        )
+                    )
+                )
+    finally:
+        for server in servers.values():
+            server.stop()
+
+    def gen_rate(mode: str) -> float:
+        runs = gen[mode]
+        return round(rounds * events / sum(events / r["events_per_s"] for r in runs))
+
+    def api_rate(mode: str) -> float:
+        runs = api[mode]
+        return round(sum(r["writes"] for r in runs) / sum(r["seconds"] for r in runs), 1)
+
+    gen_ratio = round(gen_rate("on") / gen_rate("off"), 3)
+    api_ratio = round(api_rate("on") / api_rate("off"), 3)
+    return {
+        "generator_events": events,
+        "rounds": rounds,
+        "generator_events_per_s_plain": gen_rate("off"),
+        "generator_events_per_s_sealed": gen_rate("on"),
+        "generator_ratio_sealed_vs_plain": gen_ratio,
+        "generator_mean_record_bytes_plain": gen["off"][0]["mean_record_bytes"],
+        "generator_mean_record_bytes_sealed": gen["on"][0]["mean_record_bytes"],
+        "api_concurrency": ctx.sealing_api_concurrency,
+        "api_writes_per_s_plain": api_rate("off"),
+        "api_writes_per_s_sealed": api_rate("on"),
+        "api_ratio_sealed_vs_plain": api_ratio,
+        "api_failed_writes": sum(r["failed"] for m in api.values() for r in m),
+        "generator_runs": gen,
+        "api_runs": api,
+        "target": "sealing costs <= 10% of the generator's and the API's write throughput",
+        "target_met": gen_ratio >= 0.9 and api_ratio >= 0.9,
+    }

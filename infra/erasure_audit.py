@@ -1,0 +1,396 @@
+"""``make erasure-audit``: prove that an erased user's personal data is unreadable everywhere.
+
+On a scratch stack of its own (Kafka, Redis, the API, the keyed speed layer with its archiver and
+compaction, under ``var/erasure_audit/``, on free ports), or on a running one (``audit()``, as the
+integration test does):
+
+1. a small sealed world from the generator, and a *canary* user made through the API, whose every
+   personal field holds a random canary string: handle, display name, posts, a status, messages;
+   it follows three users and three follow it, one of whom also messages it;
+2. a *control* user written by a raw producer in plaintext (as ``kcat`` would): the proof that
+   the search sees plaintext where there is some (docs/erasure.md: what erasure does not cover);
+3. the pipeline runs over it: speed layer, archive, compaction, the compacted topics (and with
+   ``--full``: the analytics, the quality suites and the reports index);
+4. a search of every file the stack wrote (``pipelines/erasure_audit.py``: Kafka segments
+   decoded batch by batch, Parquet values, Spark's lz4 files, Redis's AOF and RDB strings, logs,
+   reports) for the canary strings, and for values sealed with the canary's key that still open;
+5. ``DELETE /v1/users/me`` as the canary; the times until the key is gone (the erasure is complete
+   for everything sealed), until the speed layer applied it, until the archive holds it;
+6. the pipeline again, the search again: 0 plaintext hits of the canary and 0 readable sealed
+   values anywhere, while the control is still found; ``verify``: the live state equals a replay.
+
+Writes ``var/reports/erasure_audit/latest.json`` and ``index.html``; exits 1 when a hit remains
+or verify fails. The report never contains the canary strings themselves, only their SHA-256.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import html
+import json
+import secrets
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from infra.settings import Settings, get_settings
+
+
+def _say(msg: str) -> None:
+    print(f"==> {msg}", flush=True)
+
+
+@dataclasses.dataclass
+class Canary:
+    token: str  # in every personal field of the canary user: the needle
+    handle: str
+
+    @classmethod
+    def new(cls, prefix: str = "c") -> Canary:
+        token = secrets.token_hex(7)
+        return cls(token=token, handle=f"{prefix}{token}"[:15])
+
+    @property
+    def needles(self) -> list[str]:
+        return [self.token, self.handle]
+
+    def digest(self) -> str:
+        return hashlib.sha256(self.token.encode()).hexdigest()
+
+
+def _api(base: str):
+    import httpx
+
+    return httpx.Client(base_url=base, timeout=30)
+
+
+def act_out_canary(base: str, canary: Canary) -> dict:
+    """The canary user and its neighbours, through the API; returns ids and the canary's token."""
+    with _api(base) as c:
+
+        def register(handle: str, name: str) -> tuple[int, str]:
+            r = c.post("/v1/users", json={"handle": handle, "display_name": name})
+            r.raise_for_status()
+            return r.json()["user_id"], r.json()["token"]
+
+        me, token = register(canary.handle, f"Canary {canary.token}")
+        friends = [register(f"friend{i}_{canary.token[:6]}", f"Friend {i}") for i in range(3)]
+        auth = {"Authorization": f"Bearer {token}"}
+        for i in range(3):
+            c.post("/v1/posts", json={"text": f"post {i} by {canary.token}"}, headers=auth).raise_for_status()
+        c.put("/v1/status", json={"text": f"status of {canary.token}"}, headers=auth).raise_for_status()
+        for fid, ftoken in friends:
+            fauth = {"Authorization": f"Bearer {ftoken}"}
+            c.post("/v1/follows", json={"followee_id": fid}, headers=auth).raise_for_status()
+            c.post("/v1/follows", json={"followee_id": me}, headers=fauth).raise_for_status()
+            c.post(
+                "/v1/messages", json={"recipient_id": fid, "text": f"hello from {canary.token}"}, headers=auth
+            ).raise_for_status()
+        fid, ftoken = friends[0]
+        c.post(
+            "/v1/messages",
+            json={"recipient_id": me, "text": "hi canary"},
+            headers={"Authorization": f"Bearer {ftoken}"},
+        ).raise_for_status()
+    return {"user_id": me, "token": token, "friends": [f for f, _ in friends]}
+
+
+def write_control(settings: Settings, control: Canary) -> int:
+    """A user and a post written in plaintext by a raw producer (not the API): never sealed."""
+    import orjson
+    from confluent_kafka import Producer
+
+    from app_sim import contract
+    from app_sim.generator import producer_config
+    from app_sim.ids import new_event_id, wall_clock_ms
+
+    user = 8_000_000_000_000_000 + secrets.randbelow(10**15)
+    now = wall_clock_ms()
+    env = {"schema_version": 1, "user_id": user, "device_time": now, "sent_time": now, "received_time": now}
+    events = [
+        {
+            **env,
+            "event_id": new_event_id(),
+            "type": "user_registered",
+            "handle": control.handle,
+            "display_name": "kcat",
+        },
+        {
+            **env,
+            "event_id": new_event_id(),
+            "type": "post_created",
+            "post_id": user,
+            "text": f"raw {control.token}",
+        },
+    ]
+    p = Producer(producer_config(settings.kafka_bootstrap))
+    for e in events:
+        assert contract.validate(e) is None, contract.validate(e)
+        p.produce(settings.events_topic, orjson.dumps(e), contract.record_key(e))
+    if p.flush(30):
+        raise RuntimeError("the control records were not acknowledged")
+    return user
+
+
+def scan_roots(settings: Settings, namespace: str) -> list[Path]:
+    """Every store the stack writes under its var dir."""
+    return [Path(settings.var_dir)]
+
+
+def _opens(keystore):
+    """Does a sealed value still open (with its owner's key, as any personal field)?"""
+    from app_sim import contract, keys
+
+    fields = sorted({f for t in contract.EVENT_TYPES for f in contract.personal_fields(t)})
+
+    def opens(value: str) -> bool:
+        key = keystore.get(keys.key_id(value))
+        return any(keys.open_value(key, f, value) is not None for f in fields)
+
+    return opens
+
+
+def search(
+    roots: list[Path], canary: Canary, control: Canary, user_id: int, keystore, progress: bool
+) -> dict:
+    from pipelines import erasure_audit as ea
+
+    out: dict = {"canary": {}, "control": {}}
+    opens = _opens(keystore)
+    for root in roots:
+        for store, f in ea.scan(
+            root, canary.needles, user_id=user_id, opens=opens, progress=progress
+        ).items():
+            out["canary"][f"{root.name}/{store}"] = f.as_dict()
+        for store, f in ea.scan(root, control.needles).items():
+            out["control"][f"{root.name}/{store}"] = {"plaintext": f.plaintext}
+    stores = out["canary"].values()
+    out["canary_plaintext"] = sum(s["plaintext"] for s in stores)
+    out["canary_sealed"] = sum(s["sealed"] for s in stores)
+    out["canary_readable"] = sum(s["readable"] for s in stores)
+    out["control_plaintext"] = sum(s["plaintext"] for s in out["control"].values())
+    out["files"] = sum(s["files"] for s in stores)
+    out["bytes"] = sum(s["bytes"] for s in stores)
+    out["decoded_containers"] = sum(s["decoded_containers"] for s in stores)
+    return out
+
+
+def run_verify(settings: Settings, topic: str, namespace: str) -> dict:
+    from infra.stack import settings_env
+
+    done = subprocess.run(
+        [sys.executable, "-m", "pipelines.verify", "--topic", topic, "--namespace", namespace],
+        env=settings_env(settings),
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    report = json.loads((Path(settings.reports_dir) / "verify" / "latest.json").read_text())
+    return {"exit_code": done.returncode, "ok": bool(report.get("ok")) and done.returncode == 0}
+
+
+def _run_module(settings: Settings, *args: str, timeout: float = 1800) -> int:
+    from infra.stack import settings_env
+
+    return subprocess.run(
+        [sys.executable, "-m", *args], env=settings_env(settings), timeout=timeout, capture_output=True
+    ).returncode
+
+
+def audit(
+    settings: Settings,
+    *,
+    world_events: int = 3_000,
+    full: bool = False,
+    roots: list[Path] | None = None,
+    progress: bool = True,
+) -> dict:
+    """Run the scenario on the stack of ``settings`` (Kafka and Redis running, the topic created,
+    ``views_namespace`` set); returns the report (see the module docstring)."""
+    import redis
+
+    from app_sim.generator import GeneratorConfig, produce
+    from app_sim.keys import KeyStore, Sealer
+    from infra.speed_layer_process import SpeedLayerProcess
+    from infra.stack import ApiServer, end_offsets
+
+    topic, ns = settings.events_topic, settings.views_namespace
+    roots = roots or scan_roots(settings, ns)
+    canary, control = Canary.new("c"), Canary.new("k")
+    keystore = KeyStore.for_settings(settings)
+    report: dict = {"topic": topic, "namespace": ns, "canary_sha256": canary.digest(), "full": full}
+
+    _say(f"a sealed world of {world_events:,} generator events")
+    world = GeneratorConfig(users=300, seed=5, mean_followers=10, realtime=True)
+    produce(
+        world_events,
+        world,
+        topic=topic,
+        bootstrap=settings.kafka_bootstrap,
+        progress=False,
+        sealer=Sealer(keystore),
+    )
+    sl = SpeedLayerProcess(settings, topic, ns, Path(settings.log_dir) / f"erasure-audit-{ns}.log")
+    api = ApiServer(settings)
+    sl.start()
+    api.start()
+    try:
+        base = f"http://127.0.0.1:{settings.api_port}"
+        _say("the canary user (API, sealed) and a control user (raw producer, plaintext)")
+        who = act_out_canary(base, canary)
+        report["control_user"] = write_control(settings, control)
+        user = who["user_id"]
+        report["canary_user"] = user
+        sl.wait_for(end_offsets(settings, topic), timeout=900)
+        if full:
+            _pipeline_extras(settings, topic, ns)
+        r = redis.Redis.from_url(settings.redis_url)
+        r.bgrewriteaof()  # the AOF's RDB base as well as its tail hold the data now
+        time.sleep(2)
+        _say("search before the erasure")
+        report["before"] = search(roots, canary, control, user, keystore, progress)
+
+        _say("erase the canary: DELETE /v1/users/me")
+        with _api(base) as c:
+            t0 = time.perf_counter()
+            r_del = c.delete("/v1/users/me", headers={"Authorization": f"Bearer {who['token']}"})
+            t_accepted = time.perf_counter() - t0
+        r_del.raise_for_status()
+        gone = keystore.get(user) is None
+        at = r_del.json()
+        partition, offset = at["partition"], at["offset"]
+        while sl.redis_position().get(partition, 0) <= offset:
+            time.sleep(0.05)
+        t_applied = time.perf_counter() - t0
+        sl.wait_for({partition: offset + 1}, timeout=900)
+        t_archived = time.perf_counter() - t0
+        report["erasure"] = {
+            "key_deleted_when_accepted": gone,
+            "accepted_s": round(t_accepted, 3),
+            "complete_for_sealed_data_s": round(t_accepted, 3),  # the key is gone once the 202 is sent
+            "applied_by_speed_layer_s": round(t_applied, 3),
+            "archived_and_compacted_s": round(t_archived, 3),
+        }
+        sl.wait_for(end_offsets(settings, topic), timeout=900)
+        if full:
+            _pipeline_extras(settings, topic, ns)
+        r.bgrewriteaof()
+        time.sleep(2)
+        _say("search after the erasure")
+        report["after"] = search(roots, canary, control, user, keystore, progress)
+    finally:
+        api.stop()
+        sl.stop()
+    _say("verify: the live state equals a replay of the log")
+    report["verify"] = run_verify(settings, topic, ns)
+    a, b = report["after"], report["before"]
+    report["ok"] = (
+        a["canary_plaintext"] == 0
+        and a["canary_readable"] == 0
+        and b["canary_plaintext"] == 0
+        and b["canary_readable"] > 0  # before: the search finds the sealed data and it opens
+        and a["control_plaintext"] > 0  # the search sees plaintext where a raw producer wrote some
+        and report["erasure"]["key_deleted_when_accepted"]
+        and report["verify"]["ok"]
+    )
+    return report
+
+
+def _pipeline_extras(settings: Settings, topic: str, ns: str) -> None:
+    """The rest of the pipeline over the namespace: analytics (one pass), quality, reports."""
+    _say("analytics (one pass), quality suites, reports index")
+    _run_module(
+        settings, "pipelines.analytics.runner", "--topic", topic, "--namespace", ns, "--available-now"
+    )
+    _run_module(settings, "pipelines.quality", "--namespace", ns)
+    from infra.reports import write_index
+
+    write_index(settings)
+
+
+def render(report: dict) -> str:
+    rows = []
+    for phase in ("before", "after"):
+        for store, f in sorted(report[phase]["canary"].items()):
+            ctl = report[phase]["control"].get(store, {}).get("plaintext", 0)
+            rows.append(
+                f"<tr><td>{phase}</td><td>{html.escape(store)}</td><td>{f['files']:,}</td><td>{f['bytes']:,}</td>"
+                f"<td>{f['decoded_containers']:,}</td><td>{f['plaintext']}</td><td>{f['sealed']}</td>"
+                f"<td>{f['readable']}</td><td>{ctl}</td></tr>"
+            )
+    e = report["erasure"]
+    verdict = "CLEAN" if report["ok"] else "NOT CLEAN"
+    return f"""<!doctype html><meta charset="utf-8"><title>erasure audit: {verdict}</title>
+<style>body{{font:14px system-ui;margin:2em}}td,th{{padding:2px 8px;text-align:right}}td:nth-child(2){{text-align:left}}</style>
+<h1>Erasure audit: {verdict}</h1>
+<p>Canary user {report["canary_user"]} (canary SHA-256 {report["canary_sha256"][:16]}...), topic
+<code>{html.escape(report["topic"])}</code>, namespace <code>{html.escape(report["namespace"])}</code>.
+Erasure accepted (and the key deleted) in {e["accepted_s"]} s, applied by the speed layer after
+{e["applied_by_speed_layer_s"]} s, archived after {e["archived_and_compacted_s"]} s. Verify after the
+erasure: {"ok" if report["verify"]["ok"] else "FAILED"}.</p>
+<p><b>plaintext</b>: files holding a canary string; <b>sealed</b>: values sealed with the canary's key;
+<b>readable</b>: those that still open; <b>control</b>: files holding the raw producer's plaintext
+(the search does see plaintext where there is some).</p>
+<table><tr><th>phase</th><th>store</th><th>files</th><th>bytes</th><th>decoded</th><th>plaintext</th>
+<th>sealed</th><th>readable</th><th>control</th></tr>{"".join(rows)}</table>
+"""
+
+
+def write_report(report: dict, settings: Settings) -> Path:
+    out = Path(settings.reports_dir) / "erasure_audit"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "latest.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / "index.html").write_text(render(report))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--world-events", type=int, default=20_000, help="generator events around the canary")
+    p.add_argument("--quick", action="store_true", help="skip the analytics, quality and reports steps")
+    a = p.parse_args(argv)
+    from infra.stack import BACKBONE, Stack, create_topic, free_port_block
+
+    base = get_settings()
+    var = Path(base.var_dir) / "erasure_audit"
+    shutil.rmtree(var, ignore_errors=True)
+    port = free_port_block(4)
+    settings = dataclasses.replace(
+        base,
+        profile="local",
+        var_dir=var,
+        kafka_port=port,
+        kafka_controller_port=port + 1,
+        kafka_bootstrap=f"127.0.0.1:{port}",
+        redis_port=port + 2,
+        redis_url=f"redis://127.0.0.1:{port + 2}/0",
+        api_port=port + 3,
+        views_namespace="audit",
+    )
+    stack = Stack(settings, service_types=BACKBONE)
+    _say(f"a scratch stack under {var}")
+    stack.up()
+    try:
+        create_topic(settings, settings.events_topic, settings.events_partitions)
+        report = audit(settings, world_events=a.world_events, full=not a.quick)
+    finally:
+        stack.down()
+    out = write_report(report, base)
+    b, f = report["before"], report["after"]
+    print(
+        f"\nbefore: {b['files']:,} files, canary plaintext {b['canary_plaintext']}, sealed {b['canary_sealed']}, "
+        f"readable {b['canary_readable']}; control plaintext {b['control_plaintext']}\n"
+        f"after:  {f['files']:,} files, canary plaintext {f['canary_plaintext']}, sealed {f['canary_sealed']}, "
+        f"readable {f['canary_readable']}; control plaintext {f['control_plaintext']}\n"
+        f"erasure: {report['erasure']}\nverify: {report['verify']}\n"
+        f"{'CLEAN' if report['ok'] else 'NOT CLEAN'}: {out / 'index.html'}"
+    )
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
