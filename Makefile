@@ -8,7 +8,7 @@ UV      := .tools/bin/uv
 STAMP   := .venv/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help setup up down status airflow demo test test-faults test-unit test-integration bench load load-steps tail history reports dual-write compare lint fmt clean
+.PHONY: help setup up down status airflow demo test test-faults test-unit test-integration bench load load-steps tail history reports dual-write compare erasure-audit lint fmt clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -82,6 +82,9 @@ dual-write: setup ## dual writes (the anti-pattern) vs. the log, same workload a
 
 compare: setup ## Lambda (batch layer) vs Kappa (replay) on one generated log -> var/reports/compare/
 	@$(PY) -m infra.compare $(COMPARE_ARGS)
+
+erasure-audit: setup ## erase a canary user on a scratch stack, then search every store for it -> var/reports/erasure_audit/
+	@$(PY) -m infra.erasure_audit $(AUDIT_ARGS)
 
 lint: setup ## ruff
 	$(PY) -m ruff check .

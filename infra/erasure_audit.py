@@ -225,7 +225,7 @@ def audit(
     report: dict = {"topic": topic, "namespace": ns, "canary_sha256": canary.digest(), "full": full}
 
     _say(f"a sealed world of {world_events:,} generator events")
-    world = GeneratorConfig(users=300, seed=5, mean_followers=10, realtime=True)
+    world = GeneratorConfig(users=100, seed=5, mean_followers=5, realtime=True)
     produce(
         world_events,
         world,

@@ -8,7 +8,7 @@ a file holds containers of those formats, their decoded contents as well:
 
 =====================  ==========================================================================
 ``kafka``              ``<20 digits>.log`` segments: each v2 record batch, decompressed (none,
-                       gzip, lz4; snappy and zstd batches are counted as ``undecoded``)
+                       gzip, lz4, zstd; snappy batches are counted as ``undecoded``)
 ``parquet``            ``*.parquet``: every value of every column (pyarrow)
 ``lz4-java``           every ``LZ4Block`` stream block in any file (Spark's lz4 codec)
 ``rdb``                ``*.rdb``: every LZF-compressed string (the 0xC3 encoding)
@@ -40,6 +40,7 @@ from pathlib import Path
 
 import lz4.block
 import lz4.frame
+import zstandard
 
 SEGMENT = re.compile(r"^\d{20}\.log$")
 LZ4_JAVA_MAGIC = b"LZ4Block"
@@ -65,7 +66,10 @@ class StoreFindings:
 
 
 def kafka_batches(data: bytes) -> Iterator[bytes | None]:
-    """The records section of every v2 batch of a segment, decompressed (None: unsupported codec)."""
+    """The records section of every v2 batch of a segment, decompressed (None: unsupported codec).
+
+    The batch layout is Kafka's (KIP-98): base offset, length, leader epoch, magic (2), CRC,
+    attributes (codec in the low 3 bits), ..., record count: 61 bytes, then the records."""
     pos = 0
     while pos + 61 <= len(data):
         _base, length = struct.unpack_from(">qi", data, pos)
@@ -82,9 +86,11 @@ def kafka_batches(data: bytes) -> Iterator[bytes | None]:
                     yield gzip.decompress(payload)
                 elif codec == 3:
                     yield lz4.frame.decompress(payload)
+                elif codec == 4:
+                    yield zstandard.ZstdDecompressor().decompressobj().decompress(payload)
                 else:
                     yield None
-            except (OSError, RuntimeError, EOFError):  # a torn batch at a segment's end
+            except (OSError, RuntimeError, EOFError, zstandard.ZstdError):  # a torn batch at a segment's end
                 yield None
         pos = end
 

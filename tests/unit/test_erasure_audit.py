@@ -14,6 +14,7 @@ import lz4.block
 import lz4.frame
 import pyarrow as pa
 import pyarrow.parquet as pq
+import zstandard
 
 from pipelines import erasure_audit as ea
 
@@ -23,7 +24,12 @@ HIDDEN = b'{"text": "canary-5be1 and canary-5be1d0c3"}'
 
 def _batch(records: bytes, codec: int) -> bytes:
     """A Kafka v2 record batch (KIP-98 layout): 61 header bytes, then the records section."""
-    body = {0: records, 1: gzip.compress(records), 3: lz4.frame.compress(records)}[codec]
+    body = {
+        0: records,
+        1: gzip.compress(records),
+        3: lz4.frame.compress(records),
+        4: zstandard.ZstdCompressor().compress(records),
+    }[codec]
     header_after_length = struct.pack(
         ">ibIhiqqqhii", 0, 2, 0, codec, 0, 0, 0, -1, -1, -1, 1
     )  # leader epoch, magic 2, crc, attributes, last offset delta, 2 timestamps, producer id/epoch, seq, count
@@ -37,9 +43,9 @@ def test_lzf_back_references_worked_by_hand():
 
 
 def test_kafka_segment_batches_are_decompressed():
-    segment = _batch(HIDDEN, 3) + _batch(HIDDEN, 1) + _batch(HIDDEN, 0)
+    segment = _batch(HIDDEN, 3) + _batch(HIDDEN, 1) + _batch(HIDDEN, 4) + _batch(HIDDEN, 0)
     assert segment.count(CANARY.encode()) == 1  # only the uncompressed batch spells it out
-    assert [b == HIDDEN for b in ea.kafka_batches(segment)] == [True] * 3
+    assert [b == HIDDEN for b in ea.kafka_batches(segment)] == [True] * 4
 
 
 def test_every_container_kind_is_searched(tmp_path):
