@@ -224,13 +224,15 @@ def _decoded(name: str, data: bytes, st: StoreFindings) -> Iterable[bytes]:
 def scan(
     root: Path,
     needles: Iterable[str],
-    user_id: int | None = None,
+    user_id: int | Iterable[int] | None = None,
     opens: SealedCheck | None = None,
     progress: bool = False,
 ) -> dict[str, StoreFindings]:
     """Search every file under ``root`` (see the module docstring); findings by store."""
     raw_needles = [n.encode("utf-8") for n in needles if n]
-    sealed = re.compile(rb"sealed:v1:%d:[A-Za-z0-9_-]{38,}" % user_id) if user_id is not None else None
+    ids = [user_id] if isinstance(user_id, int) else sorted(set(user_id or ()))
+    alternatives = b"|".join(b"%d" % u for u in ids)
+    sealed = re.compile(rb"sealed:v1:(?:%s):[A-Za-z0-9_-]{38,}" % alternatives) if ids else None
     files = sorted(p for p in Path(root).rglob("*") if p.is_file() and not p.is_symlink())
     bar = None
     if progress:
@@ -291,3 +293,70 @@ def totals(findings: dict[str, StoreFindings]) -> dict[str, int]:
         "readable",
     )
     return {k: sum(getattr(f, k) for f in findings.values()) for k in keys}
+
+
+# --- the CLI: the audit after each erasure (the erasure_audit DAG) --------------------------------
+
+
+def audit_erasures(settings, user_ids: list[int] | None = None, progress: bool = True) -> dict:
+    """For each erased user (the given ones, else every one erased since the last audit): is the
+    data key gone, and does any value sealed with it still open anywhere under the var dir?"""
+    import json
+    import time
+
+    from app_sim import contract, keys
+
+    store = keys.KeyStore.for_settings(settings)
+    out_dir = Path(settings.reports_dir) / "erasure_audit"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ledger_path = out_dir / "audited.json"
+    ledger = json.loads(ledger_path.read_text()) if ledger_path.exists() else {}
+    erased = store.erased()
+    users = sorted(user_ids if user_ids else (u for u in erased if str(u) not in ledger))
+    fields = sorted({f for t in contract.EVENT_TYPES for f in contract.personal_fields(t)})
+
+    def opens(value: str) -> bool:
+        key = store.get(keys.key_id(value))
+        return any(keys.open_value(key, f, value) is not None for f in fields)
+
+    found = scan(Path(settings.var_dir), [], user_id=users, opens=opens, progress=progress) if users else {}
+    per_user = {str(u): {"tombstone": u in erased, "key_deleted": store.get(u) is None} for u in users}
+    report = {
+        "checked_at_ms": int(time.time() * 1000),
+        "users": per_user,
+        "stores": {k: v.as_dict() for k, v in found.items()},
+        **{k: v for k, v in totals(found).items() if k in ("files", "bytes", "sealed", "readable")},
+    }
+    report["ok"] = all(v["tombstone"] and v["key_deleted"] for v in per_user.values()) and not report.get(
+        "readable"
+    )
+    if report["ok"]:
+        ledger.update({u: report["checked_at_ms"] for u in per_user})
+        ledger_path.write_text(json.dumps(ledger, indent=1) + "\n")
+    (out_dir / "erasures-latest.json").write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import json
+
+    from infra.settings import get_settings
+
+    p = argparse.ArgumentParser(
+        description="Audit erasures: each erased user's data key is gone and nothing sealed with it "
+        "opens anywhere under the var dir (docs/erasure.md). Default: the users erased since the "
+        "last clean audit. Exit 1 when a check fails."
+    )
+    p.add_argument("--user-id", type=int, action="append", help="audit this user (repeatable)")
+    p.add_argument("--no-progress", action="store_true")
+    a = p.parse_args(argv)
+    report = audit_erasures(get_settings(), a.user_id, progress=not a.no_progress)
+    print(json.dumps({k: v for k, v in report.items() if k != "stores"}, indent=2))
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

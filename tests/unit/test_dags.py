@@ -13,7 +13,7 @@ import pytest
 
 from infra.settings import REPO_ROOT
 
-DAG_IDS = {"verify_views", "rebuild_views", "data_quality", "maintenance", "batch_layer"}
+DAG_IDS = {"verify_views", "rebuild_views", "data_quality", "maintenance", "batch_layer", "erasure_audit"}
 HEAVY = ("pyspark", "great_expectations", "delta", "pandas", "confluent_kafka")
 
 
@@ -46,6 +46,7 @@ def test_schedules(dagbag):
     assert dagbag.dags["rebuild_views"].schedule is None  # manual only
     assert dagbag.dags["maintenance"].schedule == "@daily"
     assert dagbag.dags["batch_layer"].schedule == "@hourly"
+    assert dagbag.dags["erasure_audit"].schedule == "@hourly"
     # verify and quality: on their clock, and right after a rebuild's switch (the live_views asset)
     for dag_id, cron in (("verify_views", "0 * * * *"), ("data_quality", "0 0 * * *")):
         timetable = dagbag.dags[dag_id].timetable

@@ -101,3 +101,28 @@ def test_sealed_values_of_the_user_are_counted_and_checked(tmp_path):
     assert found["lake"].sealed == 1 and found["lake"].readable == 0 and checked == [sealed]
     found = ea.scan(tmp_path, [], user_id=42, opens=lambda v: True)
     assert found["lake"].readable == 1 and found["lake"].where == ["lake/users.parquet"]
+
+
+def test_the_audit_after_an_erasure_checks_the_key_and_what_still_opens(tmp_path):
+    """The erasure_audit DAG's job: a user is clean when the key is gone and nothing sealed with it
+    opens; a user the store never erased (key still there) fails the audit."""
+    from app_sim import keys
+    from infra.settings import get_settings
+
+    settings = get_settings(var_dir=tmp_path, events_topic="t")
+    store = keys.KeyStore.for_settings(settings)
+    sealer = keys.Sealer(store)
+    erased = sealer.seal({"type": "post_created", "user_id": 5, "text": "gone"})["text"]
+    kept = sealer.seal({"type": "post_created", "user_id": 6, "text": "still here"})["text"]
+    (tmp_path / "lake").mkdir()
+    pq.write_table(pa.table({"text": [erased, kept]}), tmp_path / "lake" / "posts.parquet")
+    store.erase(5)
+
+    report = ea.audit_erasures(settings, progress=False)  # default: the users erased since last time
+    assert report["ok"] and list(report["users"]) == ["5"] and report["sealed"] == 1
+    assert report["readable"] == 0
+    assert ea.audit_erasures(settings, progress=False)["users"] == {}  # already audited: nothing new
+
+    report = ea.audit_erasures(settings, [6], progress=False)  # never erased: its key opens its text
+    assert not report["ok"] and report["readable"] == 1
+    assert report["users"]["6"] == {"tombstone": False, "key_deleted": False}
