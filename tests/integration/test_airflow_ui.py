@@ -15,7 +15,7 @@ import pytest
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-DAG_IDS = {"verify_views", "rebuild_views", "data_quality", "maintenance", "batch_layer"}
+DAG_IDS = {"verify_views", "rebuild_views", "data_quality", "maintenance", "batch_layer", "erasure_audit"}
 
 
 @pytest.fixture(scope="module")
