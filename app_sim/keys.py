@@ -10,7 +10,7 @@ rewriting any of them.
 
 - A sealed value (``contract.SEALED_PREFIX``): ``sealed:v1:<user id>:<base64url(nonce | AES-256-GCM
   ciphertext | tag)>``, the field's name as associated data (a sealed handle cannot be passed off
-  as a post text). Nonces never repeat within a process and almost surely not across (``_Nonces``).
+  as a post text). Nonces never repeat within a process and almost surely not across (``_nonces``).
 - :class:`KeyStore`: one SQLite file per event topic under ``var/keys/`` (a world of user ids per
   topic), ``secure_delete`` on, rollback journal (no WAL), so a deleted key's bytes are overwritten
   in the file at the commit. An erased user keeps a tombstone row (``erased``): no new key is ever
@@ -29,13 +29,14 @@ from __future__ import annotations
 import argparse
 import base64
 import binascii
+import itertools
 import json
 import os
 import re
 import sqlite3
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from cryptography.exceptions import InvalidTag
@@ -149,21 +150,16 @@ def _unb64(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
-class _Nonces:
+def _nonces() -> Callable[[], bytes]:
     """Unique 96-bit nonces: a random start per process, then a counter (NIST SP 800-38D's
     deterministic construction in spirit; two processes collide only if their random starts
-    fall within one run's length of each other, about 2**-60 for a billion values each)."""
-
-    def __init__(self):
-        self._next = int.from_bytes(os.urandom(NONCE_BYTES), "big")
-
-    def __call__(self) -> bytes:
-        n = self._next
-        self._next = (n + 1) % (1 << 96)
-        return n.to_bytes(NONCE_BYTES, "big")
+    fall within one run's length of each other, about 2**-60 for a billion values each). The
+    start leaves 2**64 values before the counter could pass 2**96."""
+    counter = itertools.count(int.from_bytes(os.urandom(NONCE_BYTES), "big") % ((1 << 96) - (1 << 64)))
+    return lambda: next(counter).to_bytes(NONCE_BYTES, "big")
 
 
-_nonce = _Nonces()
+_nonce = _nonces()
 
 
 def seal_value(aead: AESGCM, user_id: int, field: str, plaintext: str) -> str:
@@ -192,22 +188,19 @@ def open_value(key: bytes | None, field: str, value: str) -> str | None:
         return None
 
 
-def _plain_ok(spec: contract.FieldSpec, value: object) -> bool:
-    """Whether ``value`` meets the field's plaintext rule (only such values are sealed)."""
-    if type(value) is not str or (value.startswith(PREFIX) and contract.is_sealed(value)):
-        return False
-    if spec.max_length is not None and len(value) > spec.max_length:
-        return False
-    if spec.min_length is not None and len(value) < spec.min_length:
-        return False
-    return spec.pattern is None or _PATTERNS[spec.pattern](value) is not None
-
-
 _PERSONAL: dict[str, tuple[contract.FieldSpec, ...]] = {
     t: tuple(contract.field_spec(t, f) for f in contract.personal_fields(t)) for t in contract.EVENT_TYPES
 }
 _PATTERNS = {
     s.pattern: re.compile(s.pattern).search for specs in _PERSONAL.values() for s in specs if s.pattern
+}
+# what the seal checks per field before it seals: (name, associated data, max len, min len, pattern)
+_PLANS: dict[str, tuple[tuple, ...]] = {
+    t: tuple(
+        (s.name, s.name.encode("ascii"), s.max_length, s.min_length, _PATTERNS.get(s.pattern)) for s in specs
+    )
+    for t, specs in _PERSONAL.items()
+    if specs
 }
 
 
@@ -215,9 +208,9 @@ class Sealer:
     """Seals events' personal fields with their users' keys (keys cached per process).
 
     With ``cache`` (the generator, the only writer for its users) keys stay in memory and
-    :meth:`erase` drops one; without (the API, whose users another process may
-    erase) every event reads its key from the store. Readers use :func:`open_fields`, which asks the store every time, so an erasure is
-    seen by every reader at once.
+    :meth:`erase` drops one; without (the API, whose users another process may erase) every
+    event reads its key from the store. Readers use :func:`open_fields`, which asks the store
+    every time, so an erasure is seen by every reader at once.
     """
 
     def __init__(self, store: KeyStore, *, cache: bool = True, shred_erased: bool = False):
@@ -246,19 +239,28 @@ class Sealer:
     def seal(self, event: dict) -> dict:
         """Seal ``event``'s personal fields in place (a dict that is not a valid event is left as is
         where its fields break their plaintext rule); returns it."""
-        specs = _PERSONAL.get(event.get("type")) if type(event.get("type")) is str else None
-        if not specs:
+        etype = event.get("type")
+        plans = _PLANS.get(etype) if type(etype) is str else None
+        if not plans:
             return event
         user_id = event.get("user_id")
         if type(user_id) is not int or user_id < 1:
             return event
         aead = self._aead.get(user_id)
-        for spec in specs:
-            value = event.get(spec.name)
-            if _plain_ok(spec, value):
-                if aead is None:
-                    aead = self._load(user_id)
-                event[spec.name] = seal_value(aead, user_id, spec.name, value)
+        for name, aad, max_len, min_len, rx in plans:
+            value = event.get(name)
+            if (
+                type(value) is not str
+                or (max_len is not None and len(value) > max_len)
+                or (min_len is not None and len(value) < min_len)
+                or (rx is not None and rx(value) is None)
+                or (value.startswith(PREFIX) and contract.is_sealed(value))
+            ):
+                continue  # not a plaintext this field allows: left for the log to reject
+            if aead is None:
+                aead = self._load(user_id)
+            nonce = _nonce()
+            event[name] = f"{PREFIX}{user_id}:{_b64(nonce + aead.encrypt(nonce, value.encode('utf-8'), aad))}"
         return event
 
     def _load(self, user_id: int) -> AESGCM:

@@ -1,12 +1,13 @@
 """``make bench`` section ``sealing``: what crypto-shredding costs on the write path (docs/erasure.md).
 
-Side by side in one run, alternating so that the machine's noise falls on both alike:
+Side by side in one run, alternating (off then on, then on then off, ...) so that the machine's
+noise and any warm-up fall on both alike:
 
 - the generator's events/s into Kafka, sealing off and on (``produce(sealer=...)``), same
   records, same broker, ``rounds`` times each, and the records' mean size (a sealed text is
   random bytes: lz4 no longer shrinks it);
-- the API's write throughput, sealing off and on: two API servers (``SOCIAL_SEAL_PERSONAL_DATA``
-  0 and 1), each driven in turn for ``api_seconds`` by ``api_concurrency`` asyncio clients posting
+- the API's write throughput, sealing off and on: an API server (``SOCIAL_SEAL_PERSONAL_DATA``
+  0 or 1) started afresh for each run, driven for ``api_seconds`` by ``api_concurrency`` asyncio clients posting
   ``POST /v1/posts`` as registered users (every write reads its author's key from the store and
   seals the text).
 
@@ -24,12 +25,12 @@ from infra.bench import BenchContext, section
 from infra.bench_keyed import _free_port
 
 
-def _generator_rate(ctx: BenchContext, events: int, sealed: bool, key_dir: Path) -> dict:
+def _generator_rate(ctx: BenchContext, events: int, sealed: bool, key_dir: Path, i: int) -> dict:
     from app_sim.generator import GeneratorConfig, produce
     from app_sim.keys import KeyStore, Sealer
 
     cfg = GeneratorConfig(users=2000, seed=42, invalid_share=0.001, duplicate_share=0.001)
-    topic = ctx.topic(f"sealing-gen-{'on' if sealed else 'off'}")
+    topic = ctx.topic(f"sealing-gen-{'on' if sealed else 'off'}-{i}")
     sealer = Sealer(KeyStore(key_dir / f"{topic}.sqlite3")) if sealed else None
     s = produce(
         events, cfg, topic=topic, bootstrap=ctx.settings.kafka_bootstrap, progress=False, sealer=sealer
@@ -80,44 +81,36 @@ def _register(base: str, n: int) -> list[str]:
 def sealing_section(ctx: BenchContext) -> dict:
     from infra.stack import ApiServer
 
-    rounds = 2
+    rounds = 3
     events = min(ctx.events, 300_000)
     key_dir = Path(ctx.settings.var_dir) / "bench" / "sealing" / "keys"
     gen: dict[str, list[dict]] = {"off": [], "on": []}
-    for _ in range(rounds):
-        for mode in ("off", "on"):
-            gen[mode].append(_generator_rate(ctx, events, mode == "on", key_dir))
-
-    servers = {}
-    for mode in ("off", "on"):
-        settings = dataclasses.replace(
-            ctx.settings,
-            events_topic=ctx.topic(f"sealing-api-{mode}"),
-            api_port=_free_port(),
-            views_namespace=f"bench_sealing_{mode}_{ctx.run_id}".lower(),
-            seal_personal_data=1 if mode == "on" else 0,
-            var_dir=Path(ctx.settings.var_dir) / "bench" / "sealing" / mode,
-        )
-        servers[mode] = ApiServer(settings)
     api: dict[str, list[dict]] = {"off": [], "on": []}
-    try:
-        tokens = {}
-        for mode, server in servers.items():
+    for i in range(rounds):
+        order = ("off", "on") if i % 2 == 0 else ("on", "off")  # neither always goes first
+        for mode in order:
+            gen[mode].append(_generator_rate(ctx, events, mode == "on", key_dir, i))
+        for mode in order:  # one API at a time, started afresh: no idle server beside it
+            settings = dataclasses.replace(
+                ctx.settings,
+                events_topic=ctx.topic(f"sealing-api-{mode}-{i}"),
+                api_port=_free_port(),
+                views_namespace=f"bench_sealing_{mode}_{ctx.run_id}".lower(),
+                seal_personal_data=1 if mode == "on" else 0,
+                var_dir=Path(ctx.settings.var_dir) / "bench" / "sealing" / mode,
+            )
+            server = ApiServer(settings)
             server.start()
-            tokens[mode] = _register(f"http://127.0.0.1:{server.settings.api_port}", 50)
-        for _ in range(rounds):
-            for mode, server in servers.items():
-                base = f"http://127.0.0.1:{server.settings.api_port}"
+            try:
+                base = f"http://127.0.0.1:{settings.api_port}"
+                tokens = _register(base, 50)
                 api[mode].append(
                     asyncio.run(
-                        _drive_writes(
-                            base, tokens[mode], ctx.sealing_api_seconds, ctx.sealing_api_concurrency
-                        )
+                        _drive_writes(base, tokens, ctx.sealing_api_seconds, ctx.sealing_api_concurrency)
                     )
                 )
-    finally:
-        for server in servers.values():
-            server.stop()
+            finally:
+                server.stop()
 
     def gen_rate(mode: str) -> float:
         runs = gen[mode]
