@@ -162,12 +162,6 @@ def _nonces() -> Callable[[], bytes]:
 _nonce = _nonces()
 
 
-def seal_value(aead: AESGCM, user_id: int, field: str, plaintext: str) -> str:
-    nonce = _nonce()
-    sealed = aead.encrypt(nonce, plaintext.encode("utf-8"), field.encode("ascii"))
-    return f"{PREFIX}{user_id}:{_b64(nonce + sealed)}"
-
-
 def key_id(value: str) -> int | None:
     """The user id whose key sealed ``value`` (None for a plaintext value)."""
     if not contract.is_sealed(value):
@@ -276,6 +270,17 @@ class Sealer:
         if self.cache:
             self._aead[user_id] = aead
         return aead
+
+
+PERSONAL_FIELDS: tuple[str, ...] = tuple(
+    sorted({f for t in contract.EVENT_TYPES for f in contract.personal_fields(t)})
+)
+
+
+def still_opens(store: KeyStore, value: str) -> bool:
+    """Whether a sealed ``value`` of any personal field still opens with the store's keys."""
+    key = store.get(key_id(value))
+    return any(open_value(key, f, value) is not None for f in PERSONAL_FIELDS)
 
 
 def open_fields(store: KeyStore, items: list[dict], field: str) -> list[dict]:

@@ -136,46 +136,33 @@ def write_control(settings: Settings, control: Canary) -> int:
     return user
 
 
-def scan_roots(settings: Settings, namespace: str) -> list[Path]:
-    """Every store the stack writes under its var dir."""
-    return [Path(settings.var_dir)]
-
-
-def _opens(keystore):
-    """Does a sealed value still open (with its owner's key, as any personal field)?"""
-    from app_sim import contract, keys
-
-    fields = sorted({f for t in contract.EVENT_TYPES for f in contract.personal_fields(t)})
-
-    def opens(value: str) -> bool:
-        key = keystore.get(keys.key_id(value))
-        return any(keys.open_value(key, f, value) is not None for f in fields)
-
-    return opens
-
-
 def search(
     roots: list[Path], canary: Canary, control: Canary, user_id: int, keystore, progress: bool
 ) -> dict:
+    import functools
+
+    from app_sim.keys import still_opens
     from pipelines import erasure_audit as ea
 
     out: dict = {"canary": {}, "control": {}}
-    opens = _opens(keystore)
+    found: dict = {}
+    opens = functools.partial(still_opens, keystore)
     for root in roots:
         for store, f in ea.scan(
             root, canary.needles, user_id=user_id, opens=opens, progress=progress
         ).items():
+            found[f"{root.name}/{store}"] = f
             out["canary"][f"{root.name}/{store}"] = f.as_dict()
         for store, f in ea.scan(root, control.needles).items():
             out["control"][f"{root.name}/{store}"] = {"plaintext": f.plaintext}
-    stores = out["canary"].values()
-    out["canary_plaintext"] = sum(s["plaintext"] for s in stores)
-    out["canary_sealed"] = sum(s["sealed"] for s in stores)
-    out["canary_readable"] = sum(s["readable"] for s in stores)
+    t = ea.totals(found)
+    out["canary_plaintext"], out["canary_sealed"], out["canary_readable"] = (
+        t["plaintext"],
+        t["sealed"],
+        t["readable"],
+    )
     out["control_plaintext"] = sum(s["plaintext"] for s in out["control"].values())
-    out["files"] = sum(s["files"] for s in stores)
-    out["bytes"] = sum(s["bytes"] for s in stores)
-    out["decoded_containers"] = sum(s["decoded_containers"] for s in stores)
+    out["files"], out["bytes"], out["decoded_containers"] = t["files"], t["bytes"], t["decoded_containers"]
     return out
 
 
@@ -219,7 +206,7 @@ def audit(
     from infra.stack import ApiServer, end_offsets
 
     topic, ns = settings.events_topic, settings.views_namespace
-    roots = roots or scan_roots(settings, ns)
+    roots = roots or [Path(settings.var_dir)]  # every store the stack writes
     canary, control = Canary.new("c"), Canary.new("k")
     keystore = KeyStore.for_settings(settings)
     report: dict = {"topic": topic, "namespace": ns, "canary_sha256": canary.digest(), "full": full}
@@ -271,7 +258,6 @@ def audit(
         report["erasure"] = {
             "key_deleted_when_accepted": gone,
             "accepted_s": round(t_accepted, 3),
-            "complete_for_sealed_data_s": round(t_accepted, 3),  # the key is gone once the 202 is sent
             "applied_by_speed_layer_s": round(t_applied, 3),
             "archived_and_compacted_s": round(t_archived, 3),
         }

@@ -29,6 +29,7 @@ there, unreadable.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import io
 import re
@@ -304,7 +305,7 @@ def audit_erasures(settings, user_ids: list[int] | None = None, progress: bool =
     import json
     import time
 
-    from app_sim import contract, keys
+    from app_sim import keys
 
     store = keys.KeyStore.for_settings(settings)
     out_dir = Path(settings.reports_dir) / "erasure_audit"
@@ -313,12 +314,7 @@ def audit_erasures(settings, user_ids: list[int] | None = None, progress: bool =
     ledger = json.loads(ledger_path.read_text()) if ledger_path.exists() else {}
     erased = store.erased()
     users = sorted(user_ids if user_ids else (u for u in erased if str(u) not in ledger))
-    fields = sorted({f for t in contract.EVENT_TYPES for f in contract.personal_fields(t)})
-
-    def opens(value: str) -> bool:
-        key = store.get(keys.key_id(value))
-        return any(keys.open_value(key, f, value) is not None for f in fields)
-
+    opens = functools.partial(keys.still_opens, store)
     found = scan(Path(settings.var_dir), [], user_id=users, opens=opens, progress=progress) if users else {}
     per_user = {str(u): {"tombstone": u in erased, "key_deleted": store.get(u) is None} for u in users}
     report = {
