@@ -11,6 +11,10 @@ Steps, each idempotent and safe while the speed layer runs:
   history: verify and the speed layer time-travel to the versions the last micro-batch recorded,
   which are minutes old; a week leaves room for a stopped stream and for investigation. Below 168 h
   Delta's own safety check is switched off for the call, with a warning.
+- ``purge`` (only when asked for, before a short ``vacuum``: the erasure of plaintext rows,
+  docs/erasure.md): ``REORG TABLE ... APPLY (PURGE)`` on every table, so rows a DELETE or MERGE
+  only marked in a deletion vector leave the data files; the next VACUUM removes the old files.
+  Like ``--all-tables``, run it with the speed layer idle: it rewrites the files a MERGE reads.
 - ``namespaces``: views namespaces other than the live one and the rollback target, replaced (or,
   never switched to, built) more than ``SOCIAL_NAMESPACE_RETENTION_DAYS`` ago, are removed: Delta
   tables, Spark checkpoint, Redis keys ``<ns>:*``.
@@ -40,6 +44,7 @@ from pipelines import namespaces
 log = logging.getLogger("maintenance")
 
 STEPS = ("optimize", "vacuum", "namespaces", "reports", "checkpoints")
+ON_REQUEST = ("purge",)  # not in the daily run: it races the speed layer's MERGEs
 APPEND_ONLY = ("events_bronze", "quarantine", "changelog", "archives", "batches")
 SAFE_RETENTION_HOURS = 168
 DAY_S = 24 * 3600
@@ -66,6 +71,25 @@ def optimize(spark, settings: Settings, *, all_tables: bool = False, dry_run: bo
                 done[f"{ns}/{table}"] = "would optimize"
                 continue
             metrics = DeltaTable.forPath(spark, path).optimize().executeCompaction().collect()[0]["metrics"]
+            done[f"{ns}/{table}"] = {
+                "files_added": metrics["numFilesAdded"],
+                "files_removed": metrics["numFilesRemoved"],
+            }
+    return done
+
+
+def purge(spark, settings: Settings, *, dry_run: bool = False) -> dict:
+    """Rows deleted through deletion vectors leave the data files (rewritten without them)."""
+    from pipelines.rebuild import existing_namespaces
+
+    done = {}
+    for ns in existing_namespaces(settings):
+        for table in _tables(settings, ns):
+            path = str(Path(settings.lake_dir) / ns / table)
+            if dry_run:
+                done[f"{ns}/{table}"] = "would purge"
+                continue
+            metrics = spark.sql(f"REORG TABLE delta.`{path}` APPLY (PURGE)").collect()[0]["metrics"]
             done[f"{ns}/{table}"] = {
                 "files_added": metrics["numFilesAdded"],
                 "files_removed": metrics["numFilesRemoved"],
@@ -219,7 +243,7 @@ def run(
     spark=None,
 ) -> dict:
     out: dict = {}
-    if spark is None and {"optimize", "vacuum"} & set(steps):
+    if spark is None and {"optimize", "purge", "vacuum"} & set(steps):
         from pipelines.spark import build_spark
 
         spark = build_spark("maintenance", settings)
@@ -227,6 +251,8 @@ def run(
         started = time.monotonic()
         if step == "optimize":
             out[step] = optimize(spark, settings, all_tables=all_tables, dry_run=dry_run)
+        elif step == "purge":
+            out[step] = purge(spark, settings, dry_run=dry_run)
         elif step == "vacuum":
             out[step] = vacuum(spark, settings, retention_hours=retention_hours, dry_run=dry_run)
         elif step == "namespaces":
@@ -241,7 +267,12 @@ def run(
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m pipelines.maintenance", description=__doc__.splitlines()[0])
-    p.add_argument("--step", action="append", choices=STEPS, help="run only this step (repeatable)")
+    p.add_argument(
+        "--step",
+        action="append",
+        choices=STEPS + ON_REQUEST,
+        help="run only this step (repeatable; purge only when named)",
+    )
     p.add_argument("--all-tables", action="store_true", help="also compact the live namespace's MERGE tables")
     p.add_argument(
         "--retention-hours", type=int, help="VACUUM retention (default SOCIAL_DELTA_RETENTION_HOURS)"
