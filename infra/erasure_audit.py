@@ -148,13 +148,13 @@ def search(
     found: dict = {}
     opens = functools.partial(still_opens, keystore)
     for root in roots:
-        for store, f in ea.scan(
-            root, canary.needles, user_id=user_id, opens=opens, progress=progress
-        ).items():
+        findings = ea.scan(
+            root, canary.needles, user_id=user_id, opens=opens, progress=progress, control=control.needles
+        )
+        for store, f in findings.items():
             found[f"{root.name}/{store}"] = f
             out["canary"][f"{root.name}/{store}"] = f.as_dict()
-        for store, f in ea.scan(root, control.needles).items():
-            out["control"][f"{root.name}/{store}"] = {"plaintext": f.plaintext}
+            out["control"][f"{root.name}/{store}"] = {"plaintext": f.control_plaintext}
     t = ea.totals(found)
     out["canary_plaintext"], out["canary_sealed"], out["canary_readable"] = (
         t["plaintext"],

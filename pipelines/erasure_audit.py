@@ -55,6 +55,7 @@ class StoreFindings:
     undecoded: int = 0  # containers seen but not decodable (an unsupported codec)
     opaque_files: int = 0  # files searched as raw bytes only (RocksDB .sst)
     plaintext: int = 0  # (file, needle) pairs: a needle found in a file, raw or decoded
+    control_plaintext: int = 0  # (file, needle) pairs of the control needles (the same pass)
     sealed: int = 0  # (file, value) pairs: a distinct value sealed with the user's key in a file
     readable: int = 0  # ... of which still open with the key store
     where: list[str] = field(default_factory=list)  # the first few files with plaintext or readable
@@ -228,9 +229,13 @@ def scan(
     user_id: int | Iterable[int] | None = None,
     opens: SealedCheck | None = None,
     progress: bool = False,
+    control: Iterable[str] = (),
 ) -> dict[str, StoreFindings]:
-    """Search every file under ``root`` (see the module docstring); findings by store."""
+    """Search every file under ``root`` (see the module docstring); findings by store. The
+    ``control`` needles (known plaintext: the proof that the search sees some) are counted apart,
+    in the same pass over the files."""
     raw_needles = [n.encode("utf-8") for n in needles if n]
+    raw_control = [n.encode("utf-8") for n in control if n]
     ids = [user_id] if isinstance(user_id, int) else sorted(set(user_id or ()))
     alternatives = b"|".join(b"%d" % u for u in ids)
     sealed = re.compile(rb"sealed:v1:(?:%s):[A-Za-z0-9_-]{38,}" % alternatives) if ids else None
@@ -266,9 +271,11 @@ def scan(
         plain: set[bytes] = set()
         found: set[bytes] = set()
         for _suffix, chunk in chunks:  # raw bytes and decoded views overlap: count distinct values
-            p, f = _search(chunk, raw_needles, sealed)
+            p, f = _search(chunk, raw_needles + raw_control, sealed)
             plain |= p
             found |= f
+        st.control_plaintext += sum(1 for n in raw_control if n in plain)
+        plain.difference_update(raw_control)
         readable = sum(1 for v in found if opens is not None and opens(v.decode("ascii")))
         st.plaintext += len(plain)
         st.sealed += len(found)

@@ -89,6 +89,12 @@ def test_every_container_kind_is_searched(tmp_path):
     assert found["kafka"].decoded_containers == 1 and found["redis"].decoded_containers >= 1
     # without the canary nothing is found: the counts come from the data, not from the file kinds
     assert ea.totals(ea.scan(tmp_path, ["absent-0a1b2c"]))["plaintext"] == 0
+    # as a control in the same pass it is counted apart (per file: two in checkpoints), not as a finding
+    both = ea.scan(tmp_path, ["absent-0a1b2c"], control=[CANARY])
+    assert {s: (f.plaintext, f.control_plaintext) for s, f in both.items()} == {
+        **dict.fromkeys(["kafka", "lake", "redis", "log"], (0, 1)),
+        "checkpoints": (0, 2),
+    }
 
 
 def test_sealed_values_of_the_user_are_counted_and_checked(tmp_path):
