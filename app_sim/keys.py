@@ -173,8 +173,8 @@ def open_value(key: bytes | None, field: str, value: str) -> str | None:
     """The plaintext of a sealed ``value`` (None when the key is gone or does not open it)."""
     if key is None:
         return None
-    blob = _unb64(value[len(PREFIX) :].partition(":")[2])
-    try:
+    try:  # a value cut short (a truncated statistic, a log line) is not base64 any more: no plaintext
+        blob = _unb64(value[len(PREFIX) :].partition(":")[2])
         return (
             AESGCM(key).decrypt(blob[:NONCE_BYTES], blob[NONCE_BYTES:], field.encode("ascii")).decode("utf-8")
         )

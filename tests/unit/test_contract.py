@@ -269,6 +269,9 @@ def test_sealed_values_open_only_with_their_key(tmp_path):
     assert keys.key_id(post["text"]) == 7
     # the field name is bound in: a sealed handle does not open as a text
     assert keys.open_value(store.get(7), "text", reg["handle"]) is None
+    # a value cut short (a truncated statistic, a log line) opens to nothing, whatever its length
+    for cut in range(1, 5):
+        assert keys.open_value(store.get(7), "text", post["text"][:-cut]) is None
     assert keys.open_fields(store, [dict(post)], "text")[0]["text"] == "a canary post"
     assert store.erase(7) and not store.erase(7)
     assert keys.open_fields(store, [dict(post)], "text")[0]["text"] is None
