@@ -80,6 +80,7 @@ class BenchContext:
     cluster_burst_events: int = 60_000  # cluster_scaling: the backlog whose drain is the throughput
     sealing_api_seconds: int = 15  # sealing: each API write run (off, on, off, on)
     sealing_api_concurrency: int = 32  # sealing: asyncio clients posting at once
+    erasure_log_events: int = 1_000_000  # erasure: the log the 10,000-event user is erased from
 
     @property
     def analytics_first_phase_s(self) -> int:
@@ -505,9 +506,12 @@ def main(argv: list[str] | None = None) -> int:
         ("--cluster-seconds", "cluster_seconds", "seconds at the fixed rate per configuration"),
         ("--cluster-rate", "cluster_rate", "the fixed rate, events/s"),
         ("--cluster-burst-events", "cluster_burst_events", "the backlog drained (throughput)"),
+        ("--erasure-log-events", "erasure_log_events", "the log the 10,000-event user is erased from"),
     ):
         default = getattr(BenchContext, field_name)
-        p.add_argument(option, type=int, default=default, help=f"cluster_scaling: {what} ({default})")
+        p.add_argument(
+            option, type=int, default=default, help=f"{field_name.split('_')[0]}: {what} ({default})"
+        )
     a = p.parse_args(argv)
     rates = tuple(int(x) for x in a.keyed_rates.split(","))
     results = run(
@@ -522,6 +526,7 @@ def main(argv: list[str] | None = None) -> int:
         cluster_seconds=a.cluster_seconds,
         cluster_rate=a.cluster_rate,
         cluster_burst_events=a.cluster_burst_events,
+        erasure_log_events=a.erasure_log_events,
     )
     return 1 if any("error" in r for r in results.values()) else 0
 
@@ -532,6 +537,7 @@ import infra.bench_analytics  # noqa: E402,F401
 import infra.bench_batch  # noqa: E402,F401
 import infra.bench_cluster  # noqa: E402,F401
 import infra.bench_compacted  # noqa: E402,F401
+import infra.bench_erasure  # noqa: E402,F401
 import infra.bench_keyed  # noqa: E402,F401
 import infra.bench_sealing  # noqa: E402,F401
 

@@ -35,6 +35,7 @@ import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from infra.settings import Settings, get_settings
@@ -68,8 +69,9 @@ def _api(base: str):
     return httpx.Client(base_url=base, timeout=30)
 
 
-def act_out_canary(base: str, canary: Canary) -> dict:
-    """The canary user and its neighbours, through the API; returns ids and the canary's token."""
+def act_out_canary(base: str, canary: Canary, posts: int = 3) -> dict:
+    """The canary user and its neighbours, through the API; returns ids, the canary's token and
+    how many events the canary wrote (``posts`` + 8: registration, status, 3 follows, 3 messages)."""
     with _api(base) as c:
 
         def register(handle: str, name: str) -> tuple[int, str]:
@@ -80,8 +82,12 @@ def act_out_canary(base: str, canary: Canary) -> dict:
         me, token = register(canary.handle, f"Canary {canary.token}")
         friends = [register(f"friend{i}_{canary.token[:6]}", f"Friend {i}") for i in range(3)]
         auth = {"Authorization": f"Bearer {token}"}
-        for i in range(3):
+
+        def post(i: int) -> None:
             c.post("/v1/posts", json={"text": f"post {i} by {canary.token}"}, headers=auth).raise_for_status()
+
+        with ThreadPoolExecutor(max_workers=8 if posts > 100 else 1) as pool:  # many: the API's pace
+            list(_progress(pool.map(post, range(posts)), posts, "canary posts (API)"))
         c.put("/v1/status", json={"text": f"status of {canary.token}"}, headers=auth).raise_for_status()
         for fid, ftoken in friends:
             fauth = {"Authorization": f"Bearer {ftoken}"}
@@ -96,11 +102,31 @@ def act_out_canary(base: str, canary: Canary) -> dict:
             json={"recipient_id": me, "text": "hi canary"},
             headers={"Authorization": f"Bearer {ftoken}"},
         ).raise_for_status()
-    return {"user_id": me, "token": token, "friends": [f for f, _ in friends]}
+    return {"user_id": me, "token": token, "friends": [f for f, _ in friends], "events": posts + 8}
 
 
-def write_control(settings: Settings, control: Canary) -> int:
-    """A user and a post written in plaintext by a raw producer (not the API): never sealed."""
+def _progress(items, total: int, desc: str):
+    if total <= 100:
+        return items
+    from tqdm import tqdm
+
+    return tqdm(items, total=total, desc=desc, unit="req", mininterval=5)
+
+
+def _rewrite_aof(r) -> None:
+    """Make Redis write its AOF's RDB base afresh (the data is then in the base as well as in
+    the tail) and wait until it is written."""
+    r.bgrewriteaof()
+    time.sleep(0.5)
+    while r.info("persistence").get("aof_rewrite_in_progress"):
+        time.sleep(0.2)
+
+
+def write_control(
+    settings: Settings, control: Canary, user: int | None = None, post_id: int | None = None
+) -> int:
+    """A user and a post written in plaintext by a raw producer (not the API): never sealed.
+    Given ``user`` (written before): one more post of theirs, with ``post_id``."""
     import orjson
     from confluent_kafka import Producer
 
@@ -108,27 +134,16 @@ def write_control(settings: Settings, control: Canary) -> int:
     from app_sim.generator import producer_config
     from app_sim.ids import new_event_id, wall_clock_ms
 
-    user = 8_000_000_000_000_000 + secrets.randbelow(10**15)
     now = wall_clock_ms()
+    events = []
+    if user is None:
+        user = post_id = 8_000_000_000_000_000 + secrets.randbelow(10**15)
+        events.append({"type": "user_registered", "handle": control.handle, "display_name": "kcat"})
+    events.append({"type": "post_created", "post_id": post_id, "text": f"raw {control.token}"})
     env = {"schema_version": 1, "user_id": user, "device_time": now, "sent_time": now, "received_time": now}
-    events = [
-        {
-            **env,
-            "event_id": new_event_id(),
-            "type": "user_registered",
-            "handle": control.handle,
-            "display_name": "kcat",
-        },
-        {
-            **env,
-            "event_id": new_event_id(),
-            "type": "post_created",
-            "post_id": user,
-            "text": f"raw {control.token}",
-        },
-    ]
     p = Producer(producer_config(settings.kafka_bootstrap))
-    for e in events:
+    for body in events:
+        e = {**env, "event_id": new_event_id(), **body}
         assert contract.validate(e) is None, contract.validate(e)
         p.produce(settings.events_topic, orjson.dumps(e), contract.record_key(e))
     if p.flush(30):
@@ -176,7 +191,10 @@ def run_verify(settings: Settings, topic: str, namespace: str) -> dict:
         text=True,
         timeout=1800,
     )
-    report = json.loads((Path(settings.reports_dir) / "verify" / "latest.json").read_text())
+    path = Path(settings.reports_dir) / "verify" / "latest.json"
+    if not path.exists():
+        raise RuntimeError(f"verify wrote no report (exit {done.returncode}): {done.stderr[-3000:]}")
+    report = json.loads(path.read_text())
     return {"exit_code": done.returncode, "ok": bool(report.get("ok")) and done.returncode == 0}
 
 
@@ -192,12 +210,18 @@ def audit(
     settings: Settings,
     *,
     world_events: int = 3_000,
+    world_users: int = 100,
+    canary_posts: int = 3,
     full: bool = False,
+    purge: bool = False,
     roots: list[Path] | None = None,
     progress: bool = True,
 ) -> dict:
     """Run the scenario on the stack of ``settings`` (Kafka and Redis running, the topic created,
-    ``views_namespace`` set); returns the report (see the module docstring)."""
+    ``views_namespace`` set); returns the report (see the module docstring). ``purge``: after the
+    speed layer applied the erasure, ``REORG ... APPLY (PURGE)`` and a VACUUM without retention
+    over the namespace's Delta tables (what removes plaintext rows from old versions, for
+    plaintext other producers wrote), timed as part of the erasure."""
     import redis
 
     from app_sim.generator import GeneratorConfig, produce
@@ -211,14 +235,14 @@ def audit(
     keystore = KeyStore.for_settings(settings)
     report: dict = {"topic": topic, "namespace": ns, "canary_sha256": canary.digest(), "full": full}
 
-    _say(f"a sealed world of {world_events:,} generator events")
-    world = GeneratorConfig(users=100, seed=5, mean_followers=5, realtime=True)
+    _say(f"a sealed world of {world_events:,} generator events by {world_users:,} users")
+    world = GeneratorConfig(users=world_users, seed=5, mean_followers=5, realtime=True)
     produce(
         world_events,
         world,
         topic=topic,
         bootstrap=settings.kafka_bootstrap,
-        progress=False,
+        progress=progress and world_events > 100_000,
         sealer=Sealer(keystore),
     )
     sl = SpeedLayerProcess(settings, topic, ns, Path(settings.log_dir) / f"erasure-audit-{ns}.log")
@@ -228,18 +252,24 @@ def audit(
     try:
         base = f"http://127.0.0.1:{settings.api_port}"
         _say("the canary user (API, sealed) and a control user (raw producer, plaintext)")
-        who = act_out_canary(base, canary)
+        who = act_out_canary(base, canary, posts=canary_posts)
         report["control_user"] = write_control(settings, control)
         user = who["user_id"]
-        report["canary_user"] = user
-        sl.wait_for(end_offsets(settings, topic), timeout=900)
+        report["canary_user"], report["canary_events"] = user, who["events"]
+        ends = end_offsets(settings, topic)
+        report["log_events"] = sum(ends.values())
+        _say(f"the speed layer, the archive and compaction over {report['log_events']:,} events")
+        t_catch_up = time.perf_counter()
+        sl.wait_for(ends, timeout=3600)
+        report["catch_up_s"] = round(time.perf_counter() - t_catch_up, 1)
         if full:
             report["pipeline_before"] = _pipeline_extras(settings, topic, ns)
         r = redis.Redis.from_url(settings.redis_url)
-        r.bgrewriteaof()  # the AOF's RDB base as well as its tail hold the data now
-        time.sleep(2)
+        _rewrite_aof(r)
         _say("search before the erasure")
+        t_search = time.perf_counter()
         report["before"] = search(roots, canary, control, user, keystore, progress)
+        report["before"]["seconds"] = round(time.perf_counter() - t_search, 1)
 
         _say("erase the canary: DELETE /v1/users/me")
         with _api(base) as c:
@@ -255,19 +285,40 @@ def audit(
         t_applied = time.perf_counter() - t0
         sl.wait_for({partition: offset + 1}, timeout=900)
         t_archived = time.perf_counter() - t0
-        report["erasure"] = {
+        erasure = report["erasure"] = {
             "key_deleted_when_accepted": gone,
             "accepted_s": round(t_accepted, 3),
             "applied_by_speed_layer_s": round(t_applied, 3),
             "archived_and_compacted_s": round(t_archived, 3),
         }
         sl.wait_for(end_offsets(settings, topic), timeout=900)
+        if purge:
+            _say("Delta: REORG ... APPLY (PURGE), then VACUUM without retention")
+            code = _run_module(
+                settings,
+                "pipelines.maintenance",
+                "--step",
+                "purge",
+                "--step",
+                "vacuum",
+                "--retention-hours",
+                "0",
+            )
+            erasure["purge_exit_code"] = code
+            erasure["purged_and_vacuumed_s"] = round(time.perf_counter() - t0, 1)
+            # The purge rewrote the views' files and the VACUUM removed the old ones: the
+            # versions the last batch recorded (verify's time travel) are gone. The next batch
+            # records the purged ones: one more plaintext post of the control user.
+            write_control(settings, control, user=report["control_user"], post_id=report["control_user"] + 1)
+            sl.wait_for(end_offsets(settings, topic), timeout=900)
         if full:
             report["pipeline_after"] = _pipeline_extras(settings, topic, ns)
-        r.bgrewriteaof()
-        time.sleep(2)
+        _rewrite_aof(r)
         _say("search after the erasure")
+        t_search = time.perf_counter()
         report["after"] = search(roots, canary, control, user, keystore, progress)
+        report["after"]["seconds"] = round(time.perf_counter() - t_search, 1)
+        erasure["audit_clean_s"] = round(time.perf_counter() - t0, 1)  # request -> the search's verdict
     finally:
         api.stop()
         sl.stop()
@@ -281,6 +332,7 @@ def audit(
         and b["canary_readable"] > 0  # before: the search finds the sealed data and it opens
         and a["control_plaintext"] > 0  # the search sees plaintext where a raw producer wrote some
         and report["erasure"]["key_deleted_when_accepted"]
+        and report["erasure"].get("purge_exit_code", 0) == 0
         and report["verify"]["ok"]
         # with --full the analytics' outputs must exist to be searched
         and all(report.get(k, {}).get("analytics", 0) == 0 for k in ("pipeline_before", "pipeline_after"))
@@ -315,6 +367,11 @@ def render(report: dict) -> str:
                 f"<td>{f['readable']}</td><td>{ctl}</td></tr>"
             )
     e = report["erasure"]
+    purged = (
+        f", Delta purged and vacuumed after {e['purged_and_vacuumed_s']} s"
+        if "purged_and_vacuumed_s" in e
+        else ""
+    )
     verdict = "CLEAN" if report["ok"] else "NOT CLEAN"
     return f"""<!doctype html><meta charset="utf-8"><title>erasure audit: {verdict}</title>
 <style>body{{font:14px system-ui;margin:2em}}td,th{{padding:2px 8px;text-align:right}}td:nth-child(2){{text-align:left}}</style>
@@ -322,7 +379,9 @@ def render(report: dict) -> str:
 <p>Canary user {report["canary_user"]} (canary SHA-256 {report["canary_sha256"][:16]}...), topic
 <code>{html.escape(report["topic"])}</code>, namespace <code>{html.escape(report["namespace"])}</code>.
 Erasure accepted (and the key deleted) in {e["accepted_s"]} s, applied by the speed layer after
-{e["applied_by_speed_layer_s"]} s, archived after {e["archived_and_compacted_s"]} s. Verify after the
+{e["applied_by_speed_layer_s"]} s, archived after {e["archived_and_compacted_s"]} s{purged}; the search
+after it gave its verdict {e.get("audit_clean_s", "?")} s after the request. The log: {report.get("log_events", 0):,}
+events, {report.get("canary_events", 0):,} of them the canary's. Verify after the
 erasure: {"ok" if report["verify"]["ok"] else "FAILED"}.</p>
 <p><b>plaintext</b>: files holding a canary string; <b>sealed</b>: values sealed with the canary's key;
 <b>readable</b>: those that still open; <b>control</b>: files holding the raw producer's plaintext
@@ -340,15 +399,12 @@ def write_report(report: dict, settings: Settings) -> Path:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--world-events", type=int, default=20_000, help="generator events around the canary")
-    p.add_argument("--quick", action="store_true", help="skip the analytics, quality and reports steps")
-    a = p.parse_args(argv)
+def scratch_audit(base: Settings, name: str = "erasure_audit", **audit_args) -> dict:
+    """``audit()`` on a scratch stack of its own: Kafka, Redis and the API under
+    ``var/<name>/`` (emptied first), on free ports; stopped afterwards."""
     from infra.stack import BACKBONE, Stack, create_topic, free_port_block
 
-    base = get_settings()
-    var = Path(base.var_dir) / "erasure_audit"
+    var = Path(base.var_dir) / name
     shutil.rmtree(var, ignore_errors=True)
     port = free_port_block(4)
     settings = dataclasses.replace(
@@ -368,9 +424,32 @@ def main(argv: list[str] | None = None) -> int:
     stack.up()
     try:
         create_topic(settings, settings.events_topic, settings.events_partitions)
-        report = audit(settings, world_events=a.world_events, full=not a.quick)
+        return audit(settings, **audit_args)
     finally:
         stack.down()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--world-events", type=int, default=20_000, help="generator events around the canary")
+    p.add_argument("--world-users", type=int, default=100, help="the generator's users")
+    p.add_argument("--canary-posts", type=int, default=3, help="posts the canary writes through the API")
+    p.add_argument("--quick", action="store_true", help="skip the analytics, quality and reports steps")
+    p.add_argument(
+        "--no-purge",
+        action="store_true",
+        help="skip the Delta REORG ... APPLY (PURGE) and VACUUM after the erasure",
+    )
+    a = p.parse_args(argv)
+    base = get_settings()
+    report = scratch_audit(
+        base,
+        world_events=a.world_events,
+        world_users=a.world_users,
+        canary_posts=a.canary_posts,
+        full=not a.quick,
+        purge=not a.no_purge,
+    )
     out = write_report(report, base)
     b, f = report["before"], report["after"]
     print(
