@@ -991,6 +991,18 @@ def create_topic(
     return True
 
 
+def kafka_retriable(exc: BaseException) -> bool:
+    """A broker error worth asking again. librdkafka marks most; not OFFSET_NOT_AVAILABLE, which
+    a new leader answers until its high watermark caught up after an election (retriable in
+    Kafka's protocol; a fault test met it right after killing a leader)."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    if not isinstance(exc, KafkaException):
+        return False
+    err = exc.args[0]
+    return err.retriable() or err.code() == KafkaError.OFFSET_NOT_AVAILABLE
+
+
 def end_offsets(settings: Settings, topic: str, timeout_s: float = 10.0) -> dict[int, int]:
     """The current end (high watermark) of every partition of ``topic``.
 
@@ -999,9 +1011,6 @@ def end_offsets(settings: Settings, topic: str, timeout_s: float = 10.0) -> dict
     """
     from confluent_kafka import Consumer, KafkaException, TopicPartition
     from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
-
-    def retriable(exc: BaseException) -> bool:
-        return isinstance(exc, KafkaException) and exc.args[0].retriable()
 
     consumer = Consumer(
         {
@@ -1024,7 +1033,7 @@ def end_offsets(settings: Settings, topic: str, timeout_s: float = 10.0) -> dict
 
     try:
         return Retrying(
-            retry=retry_if_exception(retriable),
+            retry=retry_if_exception(kafka_retriable),
             wait=wait_exponential(multiplier=0.1, max=2),
             stop=stop_after_delay(timeout_s),
             reraise=True,

@@ -62,3 +62,17 @@ def test_a_workers_command_points_at_the_master():
 def test_an_unknown_profile_is_a_clear_error():
     with pytest.raises(ValueError, match="SOCIAL_PROFILE='clustr'"):
         Settings(profile="clustr")
+
+
+def test_a_new_leaders_unready_high_watermark_is_asked_again():
+    """After a leader election the new leader answers OFFSET_NOT_AVAILABLE until its high
+    watermark caught up; librdkafka does not call it retriable, Kafka's protocol does."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    from infra.stack import kafka_retriable
+
+    assert not KafkaError(KafkaError.OFFSET_NOT_AVAILABLE).retriable()  # why the rule exists
+    assert kafka_retriable(KafkaException(KafkaError(KafkaError.OFFSET_NOT_AVAILABLE)))
+    assert kafka_retriable(KafkaException(KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION, retriable=True)))
+    assert not kafka_retriable(KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED)))
+    assert not kafka_retriable(ValueError("not a broker error"))
