@@ -176,7 +176,7 @@ def search(
         t["sealed"],
         t["readable"],
     )
-    out["control_plaintext"] = sum(s["plaintext"] for s in out["control"].values())
+    out["control_plaintext"] = t["control_plaintext"]
     out["files"], out["bytes"], out["decoded_containers"] = t["files"], t["bytes"], t["decoded_containers"]
     return out
 

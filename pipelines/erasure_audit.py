@@ -297,6 +297,7 @@ def totals(findings: dict[str, StoreFindings]) -> dict[str, int]:
         "undecoded",
         "opaque_files",
         "plaintext",
+        "control_plaintext",
         "sealed",
         "readable",
     )
