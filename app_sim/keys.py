@@ -143,7 +143,8 @@ _URLSAFE = bytes.maketrans(b"+/", b"-_")
 
 
 def _b64(raw: bytes) -> str:
-    return binascii.b2a_base64(raw, newline=False).rstrip(b"=").translate(_URLSAFE).decode("ascii")
+    # one pass: the URL-safe alphabet, the padding deleted (the fastest spelling in CPython)
+    return binascii.b2a_base64(raw, newline=False).translate(_URLSAFE, b"=").decode("ascii")
 
 
 def _unb64(text: str) -> bytes:
@@ -213,7 +214,8 @@ class Sealer:
         # an erased user's event: Erased (the API refuses it), or sealed with a throwaway key
         # that no one keeps (the generator, whose simulated users keep turning up after erasure)
         self.shred_erased = shred_erased
-        self._aead: dict[int, AESGCM] = {}
+        # user id -> (the user's AEAD, the sealed prefix "<PREFIX><user id>:"), made once per user
+        self._aead: dict[int, tuple[AESGCM, str]] = {}
 
     def prepare(self, user_ids: Iterable[int]) -> None:
         """Make (or load) the keys of ``user_ids`` in one transaction."""
@@ -223,7 +225,7 @@ class Sealer:
             missing = [u for u in missing if u not in gone]
         if missing:
             for u, key in self.store.ensure(missing).items():
-                self._aead[u] = AESGCM(key)
+                self._aead[u] = (AESGCM(key), f"{PREFIX}{u}:")
 
     def erase(self, user_id: int) -> None:
         """Delete the user's key in the store and in this process."""
@@ -240,7 +242,7 @@ class Sealer:
         user_id = event.get("user_id")
         if type(user_id) is not int or user_id < 1:
             return event
-        aead = self._aead.get(user_id)
+        sealing = self._aead.get(user_id)
         for name, aad, max_len, min_len, rx in plans:
             value = event.get(name)
             if (
@@ -251,13 +253,13 @@ class Sealer:
                 or (value.startswith(PREFIX) and contract.is_sealed(value))
             ):
                 continue  # not a plaintext this field allows: left for the log to reject
-            if aead is None:
-                aead = self._load(user_id)
+            if sealing is None:
+                sealing = self._load(user_id)
             nonce = _nonce()
-            event[name] = f"{PREFIX}{user_id}:{_b64(nonce + aead.encrypt(nonce, value.encode('utf-8'), aad))}"
+            event[name] = sealing[1] + _b64(nonce + sealing[0].encrypt(nonce, value.encode("utf-8"), aad))
         return event
 
-    def _load(self, user_id: int) -> AESGCM:
+    def _load(self, user_id: int) -> tuple[AESGCM, str]:
         key = None if self.cache else self.store.get(user_id)  # a read: no write lock when it exists
         if key is None:
             try:
@@ -266,10 +268,10 @@ class Sealer:
                 if not self.shred_erased:
                     raise
                 key = AESGCM.generate_key(bit_length=256)
-        aead = AESGCM(key)
+        sealing = (AESGCM(key), f"{PREFIX}{user_id}:")
         if self.cache:
-            self._aead[user_id] = aead
-        return aead
+            self._aead[user_id] = sealing
+        return sealing
 
 
 PERSONAL_FIELDS: tuple[str, ...] = tuple(
