@@ -654,7 +654,8 @@ def produce(
 
     gen = EventGenerator(n_events, config)
     if sealer is not None:
-        sealer.shred_erased = True  # records of an erased user: sealed with a throwaway key
+        # records of an erased user: sealed with a throwaway key (the caller's sealer left as it is)
+        sealer = Sealer(sealer.store, cache=True, shred_erased=True)
         sealer.prepare(range(1, gen.config.users + 1))  # every user's key in one transaction
     seal = sealer.seal if sealer is not None else None
     erasing: list[int] = []  # users erased in the records sent since the last progress step

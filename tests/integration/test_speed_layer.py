@@ -3,9 +3,11 @@
 - Generated events (with counted invalid records and duplicates) through the running stream; then
   `verify` (a separate process, as the DAG runs it) finds the live views equal to a replay of the
   log at the position they cover, Redis equal to Delta, and the accounting exact.
-- Crash safety: the speed layer and the archiver are killed with SIGKILL at random moments, ten
-  times each (half before the second half of the log is written), and restarted; the same
-  checks hold, the views come from more than one archive, and no table has a duplicate key.
+- Crash safety: the speed layer is killed with SIGKILL at random moments ten times (half before
+  the second half of the log is written), the archiver in four of those crashes, and both are
+  restarted; the same checks hold, the views come from more than one archive, and no table has a
+  duplicate key. (The archiver is not killed every time: each restart of it is a second Spark
+  session starting beside the speed layer's on two cores, ~10 s of the test each.)
 """
 
 from __future__ import annotations
@@ -114,14 +116,16 @@ def test_crash_safety_kill9_and_restart(kafka_stack, topic_factory, speed_layer_
     rng = random.Random(42)
 
     def crash_five_times() -> None:
-        for _ in range(5):
+        archiver_crashes = set(rng.sample(range(5), 2))
+        for i in range(5):
             # once its query runs, pull the plug at a random moment of the micro-batch in flight;
-            # the archiver too, in the middle of an archive or a compaction (each takes seconds)
+            # in two of the five, the archiver's too, in the middle of an archive or a compaction
             sl.wait_running()
             time.sleep(rng.uniform(0, 8))
             sl.kill9()
-            time.sleep(rng.uniform(0, 4))
-            sl.kill9_archiver()
+            if i in archiver_crashes:
+                time.sleep(rng.uniform(0, 4))
+                sl.kill9_archiver()
             sl.restart()
 
     def first_half_archived() -> None:
