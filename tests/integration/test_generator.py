@@ -128,3 +128,58 @@ def test_a_paused_run_has_its_first_part_in_the_log_at_the_pause_and_is_still_on
         return out
 
     assert per_partition(paused) == per_partition(plain)
+
+
+def test_a_sealed_run_with_erasures_leaves_no_erased_users_field_readable(
+    kafka_stack, topic_factory, tmp_path
+):
+    """With a sealer, every personal field goes out sealed with its user's key and opens to the
+    plaintext of the same run; a user erased in the run (and still turning up after it) has no key
+    once ``produce`` returns, so none of their values opens, before or after the erasure. The
+    caller's sealer is left as it was given."""
+    from app_sim.keys import KeyStore, Sealer, key_id, open_value
+
+    topic = topic_factory(partitions=4)
+    cfg = GeneratorConfig(users=60, mean_followers=6, seed=5, duplicate_share=0.01, erasure_share=0.004)
+    n = 20_000
+    store = KeyStore(tmp_path / "keys.sqlite3")
+    sealer = Sealer(store)
+    summary = produce(n, cfg, topic=topic, bootstrap=kafka_stack.bootstrap, progress=False, sealer=sealer)
+    assert summary.events == n and summary.delivery_failures == 0
+    assert sealer.shred_erased is False
+
+    plain_by_key = defaultdict(list)
+    erased = set()
+    for key, value, injected in generate(n, cfg):
+        plain_by_key[key].append(value)
+        if type(value) is dict and injected is None and value["type"] == "user_erased":
+            erased.add(value["user_id"])
+    assert len(erased) >= 2, erased  # the run really erases users
+    assert store.erased() == erased
+
+    sealed_by_key = defaultdict(list)  # per key (so per partition), in log order
+    for key, value, *_position in sorted(
+        _read_all(kafka_stack.bootstrap, topic, n), key=lambda r: (r[2], r[3])
+    ):
+        sealed_by_key[key].append(value)
+    opened = shredded = 0
+    for key, plains in plain_by_key.items():
+        assert len(sealed_by_key[key]) == len(plains), key
+        for plain, raw in zip(plains, sealed_by_key[key], strict=True):
+            if type(plain) is not dict or plain.get("type") not in contract.EVENT_TYPES:
+                continue
+            sent = orjson.loads(raw)
+            for name in contract.personal_fields(plain["type"]):
+                value = sent.get(name)
+                if not (type(value) is str and contract.is_sealed(value)):
+                    assert value == plain.get(name)  # a value the field's rule refuses: left as is
+                    continue
+                user = key_id(value)
+                assert user == plain["user_id"]
+                if user in erased:
+                    assert store.get(user) is None
+                    shredded += 1
+                else:
+                    assert open_value(store.get(user), name, value) == plain[name]
+                    opened += 1
+    assert opened > 1_000 and shredded > 10, (opened, shredded)
