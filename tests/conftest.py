@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import re
+import signal
 import socket
 import uuid
 from collections.abc import Callable, Iterator
@@ -23,6 +24,18 @@ from infra.settings import Settings, get_settings
 # py4j logs "Closing down clientserver connection" from __del__ at interpreter exit, after pytest
 # has closed its streams (a '--- Logging error ---' trace below the summary): keep it quiet.
 logging.getLogger("py4j").setLevel(logging.WARNING)
+
+
+def _interrupted(signum: int, _frame) -> None:
+    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # SIGTERM (`kill <pid>`, a CI runner's timeout) ends the session as Ctrl-C does: pytest then
+    # tears the fixtures down, so the Kafka, Redis and speed layers this session started (each in
+    # a session of its own, out of reach of a signal to ours) are stopped instead of left running.
+    signal.signal(signal.SIGTERM, _interrupted)
+
 
 PREFERRED_PORTS = {
     "kafka_port": 19092,
