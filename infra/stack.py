@@ -1023,8 +1023,9 @@ def end_offsets(settings: Settings, topic: str, timeout_s: float = 10.0) -> dict
     def lookup() -> dict[int, int]:
         meta = consumer.list_topics(topic, timeout=timeout_s).topics[topic]
         if meta.error is not None:
-            if meta.error.retriable():  # e.g. LEADER_NOT_AVAILABLE while the broker starts
-                raise KafkaException(meta.error)
+            error = KafkaException(meta.error)
+            if kafka_retriable(error):  # e.g. LEADER_NOT_AVAILABLE while the broker starts
+                raise error
             raise StackError(f"topic {topic}: {meta.error}")
         return {
             p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)[1]
