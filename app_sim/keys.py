@@ -215,22 +215,22 @@ class Sealer:
         # that no one keeps (the generator, whose simulated users keep turning up after erasure)
         self.shred_erased = shred_erased
         # user id -> (the user's AEAD, the sealed prefix "<PREFIX><user id>:"), made once per user
-        self._aead: dict[int, tuple[AESGCM, str]] = {}
+        self._sealing: dict[int, tuple[AESGCM, str]] = {}
 
     def prepare(self, user_ids: Iterable[int]) -> None:
         """Make (or load) the keys of ``user_ids`` in one transaction."""
-        missing = [u for u in user_ids if u not in self._aead]
+        missing = [u for u in user_ids if u not in self._sealing]
         if missing and self.shred_erased:
             gone = self.store.erased()
             missing = [u for u in missing if u not in gone]
         if missing:
             for u, key in self.store.ensure(missing).items():
-                self._aead[u] = (AESGCM(key), f"{PREFIX}{u}:")
+                self._sealing[u] = (AESGCM(key), f"{PREFIX}{u}:")
 
     def erase(self, user_id: int) -> None:
         """Delete the user's key in the store and in this process."""
         self.store.erase(user_id)
-        self._aead.pop(user_id, None)
+        self._sealing.pop(user_id, None)
 
     def seal(self, event: dict) -> dict:
         """Seal ``event``'s personal fields in place (a dict that is not a valid event is left as is
@@ -242,7 +242,7 @@ class Sealer:
         user_id = event.get("user_id")
         if type(user_id) is not int or user_id < 1:
             return event
-        sealing = self._aead.get(user_id)
+        sealing = self._sealing.get(user_id)
         for name, aad, max_len, min_len, rx in plans:
             value = event.get(name)
             if (
@@ -270,7 +270,7 @@ class Sealer:
                 key = AESGCM.generate_key(bit_length=256)
         sealing = (AESGCM(key), f"{PREFIX}{user_id}:")
         if self.cache:
-            self._aead[user_id] = sealing
+            self._sealing[user_id] = sealing
         return sealing
 
 
