@@ -198,17 +198,22 @@ class Lake:
             with ThreadPoolExecutor(max_workers=4) as pool:
                 for f in [pool.submit(w) for w in writes]:
                     f.result()
-            versions = {t: self.version(t) for t in TABLES if t != "batches"}
             phases = {**meta.get("phases", {}), "delta": round(time.time() - started, 2)}
-            row = {
-                **meta,
-                "phases": json.dumps(phases),
-                "batch_id": batch_id,
-                "versions": json.dumps(versions),
-                "committed_at": int(time.time() * 1000),
-            }
-            row["end_offsets"] = json.dumps(meta["end_offsets"])
-            self.append("batches", self.spark.createDataFrame([row], TABLES["batches"].ddl))
+            return self.commit_batch(batch_id, {**meta, "phases": phases})
+
+    def commit_batch(self, batch_id: int, meta: dict) -> dict[str, int]:
+        """The ``batches`` row of ``batch_id``, last (inside :meth:`fenced`): the position the
+        views now cover and every table's version; returns the versions."""
+        versions = {t: self.version(t) for t in TABLES if t != "batches"}
+        row = {
+            **meta,
+            "phases": json.dumps(meta.get("phases", {})),
+            "batch_id": batch_id,
+            "versions": json.dumps(versions),
+            "end_offsets": json.dumps(meta["end_offsets"]),
+            "committed_at": int(time.time() * 1000),
+        }
+        self.append("batches", self.spark.createDataFrame([row], TABLES["batches"].ddl))
         return versions
 
     def append(self, table: str, df: DataFrame) -> None:

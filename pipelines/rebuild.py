@@ -132,10 +132,32 @@ def _build_progress(settings: Settings, namespace: str, topic: str):
     )
 
 
-def build(settings: Settings, namespace: str, topic: str | None = None) -> None:
-    """Compute the new views from the earliest offset until caught up (a fresh speed layer)."""
+SOURCES = ("kappa", "batch")
+
+
+def build(settings: Settings, namespace: str, topic: str | None = None, source: str = "kappa") -> None:
+    """Compute the new views until caught up with the log.
+
+    ``kappa``: a fresh speed layer from the earliest offset. ``batch``: the batch layer recomputes
+    every view from the live namespace's Delta archive up to the position P it covers, the new
+    namespace is seeded from them (Delta and Redis, ``pipelines.restore --from-batch``), and its
+    speed layer reads the log from P on.
+    """
     if namespace == namespaces.active(settings):
         raise RebuildError(f"{namespace!r} is the live namespace; rebuild into a new one")
+    if source not in SOURCES:
+        raise RebuildError(f"unknown source {source!r}; one of {', '.join(SOURCES)}")
+    if source == "batch":
+        from pipelines.batch_layer.job import SUFFIX
+
+        batch_ns = namespace + SUFFIX
+        archive = ["--namespace", namespaces.active(settings), "--out", batch_ns]
+        if _python_module("pipelines.batch_layer", archive, settings) != 0:
+            raise RebuildError(f"the batch layer into {batch_ns!r} failed (see the output above)")
+        if _python_module(
+            "pipelines.restore", ["--namespace", namespace, "--from-batch", batch_ns], settings
+        ):
+            raise RebuildError(f"seeding {namespace!r} from {batch_ns!r} failed (see the output above)")
     args = ["--namespace", namespace, "--available-now", *(["--topic", topic] if topic else [])]
     stop = _build_progress(settings, namespace, topic or settings.events_topic)
     try:
@@ -210,13 +232,14 @@ def rebuild(
     *,
     do_switch: bool = True,
     restart: bool = True,
+    source: str = "kappa",
 ) -> str:
     """build -> verify -> switch; returns the new namespace."""
     namespace = namespace or next_namespace(settings)
     if not NAME_RE.match(namespace):
         raise RebuildError(f"bad namespace name {namespace!r}")
     started = time.monotonic()
-    build(settings, namespace, topic)
+    build(settings, namespace, topic, source)
     verify(settings, namespace, topic)
     if do_switch:
         switch(settings, namespace, restart=restart)
@@ -236,6 +259,14 @@ def main(argv: list[str] | None = None) -> int:
         s = sub.add_parser(name, help=doc)
         s.add_argument("--namespace", required=name != "run", help="default for run: the next vN")
         s.add_argument("--topic", help="event topic (default: SOCIAL_EVENTS_TOPIC)")
+        if name in ("run", "build"):
+            s.add_argument(
+                "--source",
+                choices=SOURCES,
+                default="kappa",
+                help="kappa: replay the log from offset 0 (default); batch: the batch layer's views "
+                "at the archived position, then the log after it",
+            )
         if name in ("run", "switch"):
             s.add_argument("--no-restart", action="store_true", help="do not restart the speed-layer service")
         if name == "switch":
@@ -256,10 +287,11 @@ def main(argv: list[str] | None = None) -> int:
                 args.topic,
                 do_switch=not args.no_switch,
                 restart=not args.no_restart,
+                source=args.source,
             )
             print(f"rebuilt namespace {ns}; live: {namespaces.active(settings)}")
         elif args.command == "build":
-            build(settings, args.namespace, args.topic)
+            build(settings, args.namespace, args.topic, args.source)
         elif args.command == "verify":
             verify(settings, args.namespace, args.topic)
         elif args.command == "switch":

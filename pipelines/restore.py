@@ -14,6 +14,12 @@ the whole log.
 
 Run with the speed layer stopped: ``python -m pipelines.restore [--namespace NS]``. It refuses
 a namespace that still has keys in Redis unless ``--force`` (which drops them first).
+
+Lambda's way to a new namespace (``rebuild_views`` with ``source=batch``):
+``python -m pipelines.restore --namespace NEW --from-batch NEW-batch`` first writes NEW's Delta
+tables from the batch layer's views at the position P they cover (:func:`seed_from_batch`), as a
+compaction would have left them at P, then restores Redis from them as above; the speed layer
+started on NEW reads the log from P.
 """
 
 from __future__ import annotations
@@ -24,14 +30,17 @@ import logging
 import sys
 import time
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 
 import redis
 from pyspark.sql import functions as F
 
 from infra.settings import Settings, get_settings
 from pipelines import namespaces
-from pipelines.lake import Lake
+from pipelines.batch_layer.definition import QUARANTINED, below
+from pipelines.lake import Lake, latest_metadata
 from pipelines.speed import functions
+from pipelines.tables import TABLES, VIEWS
 
 log = logging.getLogger("restore")
 
@@ -66,6 +75,108 @@ def _write(client: redis.Redis, namespace: str, kind: str, rows: Iterable[tuple]
     return n
 
 
+DISPOSITION_CODE = {"applied": "a", "duplicate": "d", "rejected": "r", "quarantined": "q"}
+DISPOSITION_KEYS = ("records", "applied", "duplicates", "rejected", "quarantined")
+
+
+def seed_from_batch(spark, settings: Settings, namespace: str, batch_namespace: str) -> dict[int, int]:
+    """Write the Delta tables of a new ``namespace`` from the batch views of ``batch_namespace``.
+
+    The result is what the archiver and one compaction would have written at the position P the
+    batch views cover (their ``accounting`` commit records P and the archive they read):
+
+    - the views (``home_timeline`` also as ``timelines``: the latest N and no slack, which the
+      keyed timelines allow: a timeline that falls below N is refilled from the posts);
+    - the archive below P: the source's ``events_bronze`` with the batch layer's dispositions,
+      and its ``quarantine``;
+    - ``changelog``: one row per record below P with the batch layer's disposition and no view
+      changes (the views hold them), so the accounting restores from it as usual;
+    - archive 0 and batch 0, covering P: the archiver and the compaction go on from there.
+
+    Returns P.
+    """
+
+    root = settings.lake_dir
+    meta = latest_metadata(root / batch_namespace / "accounting", "position")
+    if meta is None:
+        raise RestoreError(f"no batch views under {root / batch_namespace}: run the batch layer first")
+    if (root / namespace).exists():
+        raise RestoreError(f"{root / namespace} already exists: seed a new namespace")
+    position = {int(p): int(o) for p, o in meta["position"].items()}
+    source = Lake(spark, root, meta["source"])
+    lake = Lake(spark, root, namespace, writer="seed")
+    lake.ensure_tables()
+
+    def batch(table: str):
+        return spark.read.format("delta").load(str(root / batch_namespace / table))
+
+    dispositions = batch("dispositions").select("partition", "offset", "disposition", "reason")
+    code = F.create_map(*[F.lit(x) for kv in DISPOSITION_CODE.items() for x in kv])
+    changelog = dispositions.select(
+        "partition",
+        "offset",
+        F.lit(0).cast("bigint").alias("seq"),
+        code[F.col("disposition")].alias("disposition"),
+        "reason",
+        F.lit(None).cast("string").alias("changes"),
+        F.lit(None).cast("string").alias("timeline"),
+        F.lit(0).cast("bigint").alias("archive_id"),
+    )
+    bronze = (
+        below(source.read("events_bronze"), position)
+        .drop("disposition", "reason")
+        .join(dispositions.where(F.col("disposition") != QUARANTINED), ["partition", "offset"])
+    )
+    acct = batch("accounting").agg(*[F.sum(c).alias(c) for c in DISPOSITION_KEYS]).first()
+    archive = {
+        "archive_id": 0,
+        "start_offsets": {str(p): 0 for p in position},
+        "end_offsets": {str(p): o for p, o in position.items()},
+        "seq": 0,
+    }
+    row = {
+        **archive,
+        "start_offsets": json.dumps(archive["start_offsets"]),
+        "end_offsets": json.dumps(archive["end_offsets"]),
+        **{k: int(acct[k] or 0) for k in DISPOSITION_KEYS},
+        "received_hist": "{}",
+        "archived_at": int(time.time() * 1000),
+    }
+    writes = [
+        lambda: lake.append("changelog", changelog),
+        lambda: lake.append("events_bronze", bronze),
+        lambda: lake.append("quarantine", below(source.read("quarantine"), position)),
+    ]
+    with lake.fenced(0, archive):
+        _side_by_side(writes)
+        lake.append("archives", spark.createDataFrame([row], TABLES["archives"].ddl))
+    views = [lambda v=v: lake.append(v, batch(v)) for v in VIEWS]
+    with lake.fenced(0, {"batch_id": 0, "end_offsets": archive["end_offsets"]}):
+        _side_by_side([*views, lambda: lake.append("timelines", batch("home_timeline"))])
+        lake.commit_batch(
+            0,
+            {
+                "end_offsets": archive["end_offsets"],
+                "events_read": int(acct["records"] or 0),
+                "applied": int(acct["applied"] or 0),
+                "duplicates": int(acct["duplicates"] or 0),
+                "quarantined": int((acct["quarantined"] or 0) + (acct["rejected"] or 0)),
+                "received_hist": "{}",
+                "visible_at": int(time.time() * 1000),
+                "phases": {"seeded_from": batch_namespace, "run_id": meta.get("run_id")},
+            },
+        )
+    log.info("seeded %s from %s at %s", namespace, batch_namespace, position)
+    return position
+
+
+def _side_by_side(writes) -> None:
+    """Delta commits of different tables, side by side (a commit is mostly driver-side latency)."""
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        for f in [pool.submit(w) for w in writes]:
+            f.result()
+
+
 def restore(spark, settings: Settings, namespace: str, *, force: bool = False) -> dict:
     client = functions.connect(settings.redis_url)
     existing = next(iter(client.scan_iter(match=f"{namespace}:*", count=1000)), None)
@@ -88,12 +199,6 @@ def restore(spark, settings: Settings, namespace: str, *, force: bool = False) -
 
     def at(table: str):
         return lake.read(table, v[table])
-
-    def below_position(df):
-        cond = F.lit(False)
-        for p, o in ends.items():
-            cond = cond | ((F.col("partition") == p) & (F.col("offset") < o))
-        return df.where(cond)
 
     counts: dict[str, int] = {}
 
@@ -121,7 +226,7 @@ def restore(spark, settings: Settings, namespace: str, *, force: bool = False) -
     load("N", at("unread_counts"), "user_id", "unread")
 
     # the erased users (tombstones, kept forever): their applied user_erased events below P
-    bronze = below_position(at("events_bronze"))
+    bronze = below(at("events_bronze"), ends)
     erased = bronze.where((F.col("type") == "user_erased") & (F.col("disposition") == "applied"))
     load("E", erased.select("user_id").distinct(), "user_id")
 
@@ -138,7 +243,7 @@ def restore(spark, settings: Settings, namespace: str, *, force: bool = False) -
     )
     load("D", seen, "partition", "event_id", "rt")
 
-    cl = below_position(at("changelog"))
+    cl = below(at("changelog"), ends)
     names = F.create_map(*[F.lit(x) for kv in {"a": "applied", "d": "duplicates", "r": "rejected",
                                                   "q": "quarantined"}.items() for x in kv])  # fmt: skip
     stats = cl.groupBy("partition", names[F.col("disposition")].alias("field")).count()
@@ -165,12 +270,21 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--namespace", help="keyed state to restore (default: the active one)")
     p.add_argument("--force", action="store_true", help="drop the namespace's keys in Redis first")
+    p.add_argument(
+        "--from-batch",
+        metavar="BATCH_NS",
+        help="first write the (new) namespace's Delta tables from these batch views, then restore",
+    )
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     settings = get_settings()
     namespace = args.namespace or namespaces.active(settings)
     spark = build_spark(f"restore-{namespace}", settings)
     try:
+        if args.from_batch:
+            if namespace == namespaces.active(settings):
+                raise RestoreError(f"{namespace!r} is the live namespace; seed a new one")
+            seed_from_batch(spark, settings, namespace, args.from_batch)
         print(json.dumps(restore(spark, settings, namespace, force=args.force), indent=2))
     except RestoreError as exc:
         print(f"restore: {exc}", file=sys.stderr)

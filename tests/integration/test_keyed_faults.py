@@ -7,6 +7,9 @@
 - Redis emptied entirely (FLUSHALL): restored from the Delta views and archive at the position
   the last compaction covers (``python -m pipelines.restore``), then the speed layer reads only
   the log after it; the keyed state then equals a replay of the whole log.
+- A new namespace rebuilt from the batch layer (``rebuild_views`` with ``source=batch``): the
+  batch views at the archived position P seed its Delta tables and Redis, its speed layer reads
+  only the log after P, and the whole rebuild verifies against a replay of the whole log.
 - The broker restarted mid-run: the speed layer and the archiver ride it out.
 
 (The speed layer and the archiver killed with SIGKILL at random moments, ten times each, is in
@@ -155,11 +158,7 @@ def test_flushall_then_restore_from_delta(kafka_stack, topic_factory, speed_laye
         sl.wait_caught_up(timeout=600)
         sl.stop()
         since_restart = sl.log_path.read_text().split("speed layer running")[-1]
-        read_after_restore = sum(
-            int(line.split("'records': ")[1].split(",")[0])
-            for line in since_restart.splitlines()
-            if "keyed batch" in line
-        )
+        read_after_restore = _records_read(since_restart)
         assert read_after_restore == second.events  # not the whole log again
         k = verify_keyed(sl.settings, topic, "restored")
 
@@ -169,6 +168,75 @@ def test_flushall_then_restore_from_delta(kafka_stack, topic_factory, speed_laye
             invalid = {"all": sum(first.invalid.values()) + sum(second.invalid.values())}
 
         assert_keyed_ok(k, Both)
+    finally:
+        store.stop()
+
+
+def _records_read(log_text: str) -> int:
+    """Records the speed layer's keyed batches read, from its log lines."""
+    return sum(
+        int(line.split("'records': ")[1].split(",")[0])
+        for line in log_text.splitlines()
+        if "keyed batch" in line
+    )
+
+
+def test_rebuild_from_the_batch_layer_reads_only_the_log_after_its_position(
+    kafka_stack, topic_factory, speed_layer_factory, tmp_path
+):
+    from infra.stack import settings_env
+    from pipelines.batch_layer.job import batch_position
+    from pipelines.lake import committed_position
+
+    settings, store = _private_redis(kafka_stack, tmp_path)
+    store.start()
+    try:
+        topic = topic_factory(4)
+        cfg = GeneratorConfig(
+            users=300, seed=21, graph_seed=21, mean_followers=10, invalid_share=0.02, duplicate_share=0.02
+        )
+        first = produce(12_000, cfg, topic=topic, bootstrap=kafka_stack.bootstrap, progress=False)
+        private = {k: getattr(settings, k) for k in ("redis_port", "redis_url", "var_dir")}
+        live = speed_layer_factory(topic=topic, namespace="live", views_namespace="live", **private)
+        archived = live.wait_caught_up(timeout=600)
+        live.stop()
+        # more events after what the live namespace archived: the new namespace reads these from
+        # the log (the same users and graph, another worker id: post and message ids stay unique)
+        cfg2 = dataclasses.replace(cfg, seed=22, emit_bootstrap=False, worker_id=cfg.worker_id - 1)
+        second = produce(3_000, cfg2, topic=topic, bootstrap=kafka_stack.bootstrap, progress=False)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pipelines.rebuild",
+                "run",
+                "--source",
+                "batch",
+                "--namespace",
+                "nb",
+                "--topic",
+                topic,
+                "--no-switch",
+            ],  # fmt: skip
+            env=settings_env(live.settings),
+            capture_output=True,
+            text=True,
+            timeout=1200,
+        )
+        out = done.stdout + done.stderr
+        assert done.returncode == 0, out[-4000:]  # built, then verified against a replay of the log
+        assert batch_position(live.settings.lake_dir, "nb-batch") == archived  # the batch views' P
+        assert _records_read(out) == second.events  # from P on, not the whole log again
+        position = committed_position(live.settings.lake_dir, "nb")[1]
+        assert sum(position.values()) == first.events + second.events  # the views cover all of it
+        report = json.loads((live.settings.reports_dir / "verify" / "latest.json").read_text())
+        assert report["namespace"] == "nb" and report["ok"] is True
+        acct = report["keyed"]["accounting"]
+        assert acct["events_read"] == first.events + second.events
+        assert acct["duplicates"] == first.duplicates + second.duplicates
+        assert acct["rejected"] + acct["quarantined"] == sum(first.invalid.values()) + sum(
+            second.invalid.values()
+        )
     finally:
         store.stop()
 
