@@ -1,8 +1,10 @@
-"""rebuild_views: Kappa reprocessing (blue/green), triggered by hand.
+"""rebuild_views: reprocessing (blue/green) from either path, triggered by hand.
 
 Thin: ``plan`` names the new namespace; every other task runs one step of
 ``python -m pipelines.rebuild`` in a child process (:class:`infra.airflow_job.JobOperator`):
-build (a fresh speed layer from the earliest offset into a new namespace) -> verify -> switch
+build (``source=kappa``: a fresh speed layer from the earliest offset into a new namespace;
+``source=batch``: the batch layer's views at the archived position, then the log after it)
+-> verify -> switch
 (atomic pointer + restart of the stack's speed layer; emits the ``live_views`` asset) -> retire
 versions past retention.
 """
@@ -18,18 +20,25 @@ from infra.airflow_job import LIVE_VIEWS, JobOperator
 DOC = """
 ### rebuild_views
 
-Computes a new version of every view from offset 0 with the current code into a new
-namespace (its own Delta tables, checkpoint and Redis keys), verifies it against a replay of the
-log, then switches the serving side atomically (`var/lake/ACTIVE` + Redis `active_namespace`,
+Computes a new version of every view with the current code into a new namespace (its own
+Delta tables, checkpoint and Redis keys), from either path (param `source`):
+
+* `kappa` (default): a fresh speed layer replays the log from offset 0;
+* `batch`: the batch layer recomputes every view set-wise from the live namespace's Delta archive
+  up to the position P it covers (into `<new>-batch`), those views seed the new namespace (Delta
+  tables and Redis, `python -m pipelines.restore --from-batch`), and its speed layer reads only
+  the log after P.
+
+Either way it verifies the new namespace against a replay of the whole log, then switches the serving side atomically (`var/lake/ACTIVE` + Redis `active_namespace`,
 which the API reads per request) and restarts the stack's speed layer on it, if it runs.
 The switch updates the `live_views` asset: `verify_views` and `data_quality` run right after it.
 
 The old namespace is kept (frozen) for rollback until `maintenance` removes it after
 `SOCIAL_NAMESPACE_RETENTION_DAYS`. Rollback: `social-rebuild rollback` (`python -m pipelines.rebuild`).
 
-Params: `namespace` (empty = next `vN`), `topic`, `switch` (false = build and verify only; the
-switch is then skipped).
-By hand: `social-rebuild run [--namespace NEW]`.
+Params: `namespace` (empty = next `vN`), `source` (`kappa` or `batch`), `topic`, `switch` (false =
+build and verify only; the switch is then skipped).
+By hand: `social-rebuild run [--namespace NEW] [--source batch]`.
 """
 
 NEW = "{{ ti.xcom_pull(task_ids='plan') }}"
@@ -41,11 +50,17 @@ NEW = "{{ ti.xcom_pull(task_ids='plan') }}"
     start_date=datetime(2026, 1, 1, tzinfo=UTC),
     catchup=False,
     max_active_runs=1,
-    tags=["kappa", "rebuild"],
+    tags=["kappa", "lambda", "rebuild"],
     doc_md=DOC,
     default_args={"retries": 1, "retry_delay": timedelta(minutes=2), "owner": "data-eng"},
     params={
         "namespace": Param("", type="string", description="new namespace; empty = the next vN"),
+        "source": Param(
+            "kappa",
+            type="string",
+            enum=["kappa", "batch"],
+            description="kappa: replay the log from offset 0; batch: the batch layer's views, then the log after them",
+        ),
         "topic": Param("", type="string", description="event topic; empty = SOCIAL_EVENTS_TOPIC"),
         "switch": Param(True, type="boolean", description="switch the serving side when verified"),
     },
@@ -66,7 +81,7 @@ def rebuild_views():
         task_id="build",
         module="pipelines.rebuild",
         args=["build", "--namespace", NEW],
-        flag_params={"topic": "--topic"},
+        flag_params={"topic": "--topic", "source": "--source"},
         execution_timeout=timedelta(hours=6),
     )
     verify = JobOperator(

@@ -1,13 +1,16 @@
-"""Kappa reprocessing (blue/green): rebuild every view from the earliest offset into a new namespace.
+"""Reprocessing (blue/green): rebuild every view into a new namespace, from either path.
 
 Where it sits: beside the speed layer, driven by the ``rebuild_views`` DAG or by hand. The steps
-are the same code the rest of the system runs, so a rebuild is nothing but a second speed layer
-that starts from offset 0:
+are the same code the rest of the system runs, so a Kappa rebuild is nothing but a second speed
+layer that starts from offset 0:
 
 1. ``build``: ``python -m pipelines.speed_layer --namespace NEW --available-now`` into its own
    Redis keys (``NEW:*``), stopping once it has caught up with the log; then
    ``python -m pipelines.archiver --namespace NEW --once`` archives and compacts its changelog
-   into its own Delta tables.
+   into its own Delta tables. With ``--source batch`` (Lambda's path), first
+   ``python -m pipelines.batch_layer`` recomputes every view from the live namespace's archive
+   up to the position P it covers, and ``python -m pipelines.restore --from-batch`` seeds NEW
+   (Delta and Redis) from them: the speed layer then starts at P, not at offset 0.
 2. ``verify``: ``python -m pipelines.verify --namespace NEW`` (a replay of the log up to the new
    views' position must equal them, and Redis must equal Delta); a mismatch stops the rebuild.
 3. ``switch``: the pointer moves atomically (``var/lake/ACTIVE`` + Redis ``active_namespace``,

@@ -87,7 +87,7 @@ def test_data_quality_passes_when_its_job_passes(dags, calls):
 def test_rebuild_with_switch_false_skips_the_switch_and_still_retires(dags, calls):
     dag = dags["rebuild_views"]
     stub(dag)
-    run = dag.test(run_conf={"namespace": "v7", "topic": "", "switch": False})
+    run = dag.test(run_conf={"namespace": "v7", "topic": "", "switch": False, "source": "batch"})
     assert states(run) == {
         "plan": "success",
         "build": "success",
@@ -97,7 +97,7 @@ def test_rebuild_with_switch_false_skips_the_switch_and_still_retires(dags, call
     }
     assert str(run.state) == "success"
     assert calls() == [
-        ["pipelines.rebuild", "build", "--namespace", "v7"],  # plan's XCom, templated in
+        ["pipelines.rebuild", "build", "--namespace", "v7", "--source", "batch"],  # plan's XCom, templated in
         ["pipelines.rebuild", "verify", "--namespace", "v7"],
         ["pipelines.maintenance", "--step", "namespaces", "--step", "checkpoints"],
     ]

@@ -1,6 +1,6 @@
 """The logic behind the rebuild and maintenance DAG tasks, without Spark or a broker:
 namespace naming, switch history and rollback target, retention of namespaces, reports and
-checkpoints."""
+checkpoints, and what a build from the batch layer refuses."""
 
 from __future__ import annotations
 
@@ -64,6 +64,25 @@ def test_switch_refuses_a_namespace_that_was_never_built(settings):
 def test_build_refuses_the_live_namespace(settings):
     with pytest.raises(rebuild.RebuildError, match="live"):
         rebuild.build(settings, "v1")
+
+
+def test_build_refuses_an_unknown_source(settings):
+    with pytest.raises(rebuild.RebuildError, match="unknown source 'lambda'; one of kappa, batch"):
+        rebuild.build(settings, "v2", source="lambda")
+
+
+def test_seeding_from_batch_views_refuses_what_is_missing_or_already_there(settings):
+    from pipelines.restore import RestoreError, seed_from_batch
+
+    with pytest.raises(RestoreError, match="no batch views under .*v1-batch: run the batch layer first"):
+        seed_from_batch(None, settings, "v2", "v1-batch")
+    accounting = settings.lake_dir / "v1-batch" / "accounting" / "_delta_log"
+    accounting.mkdir(parents=True)
+    commit = {"commitInfo": {"userMetadata": json.dumps({"position": {"0": 5}, "source": "v1"})}}
+    (accounting / f"{0:020d}.json").write_text(json.dumps(commit) + "\n")
+    make_namespace(settings, "v2")
+    with pytest.raises(RestoreError, match="v2 already exists: seed a new namespace"):
+        seed_from_batch(None, settings, "v2", "v1-batch")
 
 
 def test_rollback_without_history_says_so(settings):
