@@ -158,7 +158,11 @@ def test_flushall_then_restore_from_delta(kafka_stack, topic_factory, speed_laye
         sl.wait_caught_up(timeout=600)
         sl.stop()
         since_restart = sl.log_path.read_text().split("speed layer running")[-1]
-        read_after_restore = _records_read(since_restart)
+        read_after_restore = sum(
+            int(line.split("'records': ")[1].split(",")[0])
+            for line in since_restart.splitlines()
+            if "keyed batch" in line
+        )
         assert read_after_restore == second.events  # not the whole log again
         k = verify_keyed(sl.settings, topic, "restored")
 
@@ -172,19 +176,11 @@ def test_flushall_then_restore_from_delta(kafka_stack, topic_factory, speed_laye
         store.stop()
 
 
-def _records_read(log_text: str) -> int:
-    """Records the speed layer's keyed batches read, from its log lines."""
-    return sum(
-        int(line.split("'records': ")[1].split(",")[0])
-        for line in log_text.splitlines()
-        if "keyed batch" in line
-    )
-
-
 def test_rebuild_from_the_batch_layer_reads_only_the_log_after_its_position(
     kafka_stack, topic_factory, speed_layer_factory, tmp_path
 ):
     from infra.stack import settings_env
+    from pipelines.archiver import archived
     from pipelines.batch_layer.job import batch_position
     from pipelines.lake import committed_position
 
@@ -198,26 +194,15 @@ def test_rebuild_from_the_batch_layer_reads_only_the_log_after_its_position(
         first = produce(12_000, cfg, topic=topic, bootstrap=kafka_stack.bootstrap, progress=False)
         private = {k: getattr(settings, k) for k in ("redis_port", "redis_url", "var_dir")}
         live = speed_layer_factory(topic=topic, namespace="live", views_namespace="live", **private)
-        archived = live.wait_caught_up(timeout=600)
+        archived_at = live.wait_caught_up(timeout=600)
         live.stop()
         # more events after what the live namespace archived: the new namespace reads these from
         # the log (the same users and graph, another worker id: post and message ids stay unique)
         cfg2 = dataclasses.replace(cfg, seed=22, emit_bootstrap=False, worker_id=cfg.worker_id - 1)
         second = produce(3_000, cfg2, topic=topic, bootstrap=kafka_stack.bootstrap, progress=False)
+        rebuild = "-m pipelines.rebuild run --source batch --namespace nb --no-switch --topic".split()
         done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pipelines.rebuild",
-                "run",
-                "--source",
-                "batch",
-                "--namespace",
-                "nb",
-                "--topic",
-                topic,
-                "--no-switch",
-            ],  # fmt: skip
+            [sys.executable, *rebuild, topic],
             env=settings_env(live.settings),
             capture_output=True,
             text=True,
@@ -225,10 +210,14 @@ def test_rebuild_from_the_batch_layer_reads_only_the_log_after_its_position(
         )
         out = done.stdout + done.stderr
         assert done.returncode == 0, out[-4000:]  # built, then verified against a replay of the log
-        assert batch_position(live.settings.lake_dir, "nb-batch") == archived  # the batch views' P
-        assert _records_read(out) == second.events  # from P on, not the whole log again
-        position = committed_position(live.settings.lake_dir, "nb")[1]
-        assert sum(position.values()) == first.events + second.events  # the views cover all of it
+        assert batch_position(live.settings.lake_dir, "nb-batch") == archived_at  # the batch views' P
+        # the new namespace's changelog after the seed: the records after P, each once (its
+        # sequence numbers count from the seed's 0); none of the log below P was applied again
+        after_seed = archived(live.settings.lake_dir, "nb")
+        assert after_seed.archive_id == 1 and after_seed.start_offsets == archived_at
+        assert after_seed.seq == second.events
+        assert sum(after_seed.end_offsets.values()) == first.events + second.events
+        assert committed_position(live.settings.lake_dir, "nb") == (1, after_seed.end_offsets)
         report = json.loads((live.settings.reports_dir / "verify" / "latest.json").read_text())
         assert report["namespace"] == "nb" and report["ok"] is True
         acct = report["keyed"]["accounting"]
