@@ -45,6 +45,9 @@ demo: setup ## the whole story end to end on a fresh machine
 
 # Three pytest processes: one JVM per process is kept by PySpark for its whole life (and Delta's
 # caches with it), so the Spark-heavy modules get a fresh one instead of one tired heap for all.
+# The tests start ~70 short Spark jobs: without the C2 compiler each spends less CPU compiling
+# than it would gain (measured: README, SOCIAL_SPARK_DRIVER_JAVA_OPTIONS). Benchmarks keep C2.
+test test-unit test-integration test-faults: export SOCIAL_SPARK_DRIVER_JAVA_OPTIONS ?= -XX:TieredStopAtLevel=1
 test: setup ## unit + integration tests against the real local stack
 	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
 	$(PY) -m pytest tests/unit --deselect tests/unit/test_views.py $(PYTEST_ARGS)

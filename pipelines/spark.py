@@ -49,7 +49,10 @@ def build_spark(
         .config("spark.driver.memory", "3g")
         .config("spark.local.dir", str(Path(settings.var_dir) / "spark-tmp"))
         .config("spark.sql.warehouse.dir", str(Path(settings.var_dir) / "spark-warehouse"))
-        .config("spark.driver.extraJavaOptions", f"-Dderby.system.home={Path(settings.var_dir) / 'derby'}")
+        .config(
+            "spark.driver.extraJavaOptions",
+            f"-Dderby.system.home={Path(settings.var_dir) / 'derby'} {settings.spark_driver_java_options}".strip(),
+        )
         # Delta: deletion vectors make per-key MERGE/DELETE cheap (no file rewrite per batch);
         # idempotent-DML confs are set per micro-batch by the sink.
         .config("spark.databricks.delta.properties.defaults.enableDeletionVectors", "true")
