@@ -75,6 +75,14 @@ def committed_position(lake_dir: Path, namespace: str) -> tuple[int, dict[int, i
     return int(meta["batch_id"]), {int(p): int(o) for p, o in meta["end_offsets"].items()}
 
 
+def side_by_side(writes, workers: int = 4) -> None:
+    """Writes of different tables, side by side: each commits independently, and a Delta commit
+    is mostly driver-side latency (snapshot, log write, post-commit), which overlaps well."""
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for f in [pool.submit(w) for w in writes]:
+            f.result()
+
+
 class Lake:
     """The Delta tables of one views namespace."""
 
@@ -194,10 +202,7 @@ class Lake:
         with self.fenced(batch_id, {"batch_id": batch_id, "end_offsets": meta["end_offsets"]}):
             for w in extra:
                 w()
-            # Different tables commit independently; run them side by side to hide commit latency.
-            with ThreadPoolExecutor(max_workers=4) as pool:
-                for f in [pool.submit(w) for w in writes]:
-                    f.result()
+            side_by_side(writes)
             phases = {**meta.get("phases", {}), "delta": round(time.time() - started, 2)}
             return self.commit_batch(batch_id, {**meta, "phases": phases})
 

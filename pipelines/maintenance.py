@@ -155,10 +155,13 @@ def _retired_at(settings: Settings, namespace: str) -> float | None:
 
 
 def drop_namespace(settings: Settings, namespace: str) -> dict:
-    """Remove a namespace everywhere: Delta tables, Spark checkpoint, Redis keys."""
+    """Remove a namespace everywhere: Delta tables, its batch layer's views, Spark checkpoint, Redis keys."""
+    from pipelines.batch_layer.job import SUFFIX
+
     if namespace == namespaces.active(settings):
         raise ValueError(f"{namespace!r} is live")
     shutil.rmtree(Path(settings.lake_dir) / namespace, ignore_errors=True)
+    shutil.rmtree(Path(settings.lake_dir) / (namespace + SUFFIX), ignore_errors=True)
     shutil.rmtree(Path(settings.var_dir) / "checkpoints" / namespace, ignore_errors=True)
     removed_keys = 0
     try:

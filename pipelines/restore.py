@@ -30,7 +30,6 @@ import logging
 import sys
 import time
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 
 import redis
 from pyspark.sql import functions as F
@@ -38,7 +37,7 @@ from pyspark.sql import functions as F
 from infra.settings import Settings, get_settings
 from pipelines import namespaces
 from pipelines.batch_layer.definition import QUARANTINED, below
-from pipelines.lake import Lake, latest_metadata
+from pipelines.lake import Lake, latest_metadata, side_by_side
 from pipelines.speed import functions
 from pipelines.tables import TABLES, VIEWS
 
@@ -95,7 +94,6 @@ def seed_from_batch(spark, settings: Settings, namespace: str, batch_namespace: 
 
     Returns P.
     """
-
     root = settings.lake_dir
     meta = latest_metadata(root / batch_namespace / "accounting", "position")
     if meta is None:
@@ -148,11 +146,11 @@ def seed_from_batch(spark, settings: Settings, namespace: str, batch_namespace: 
         lambda: lake.append("quarantine", below(source.read("quarantine"), position)),
     ]
     with lake.fenced(0, archive):
-        _side_by_side(writes)
+        side_by_side(writes)
         lake.append("archives", spark.createDataFrame([row], TABLES["archives"].ddl))
     views = [lambda v=v: lake.append(v, batch(v)) for v in VIEWS]
     with lake.fenced(0, {"batch_id": 0, "end_offsets": archive["end_offsets"]}):
-        _side_by_side([*views, lambda: lake.append("timelines", batch("home_timeline"))])
+        side_by_side([*views, lambda: lake.append("timelines", batch("home_timeline"))])
         lake.commit_batch(
             0,
             {
@@ -168,13 +166,6 @@ def seed_from_batch(spark, settings: Settings, namespace: str, batch_namespace: 
         )
     log.info("seeded %s from %s at %s", namespace, batch_namespace, position)
     return position
-
-
-def _side_by_side(writes) -> None:
-    """Delta commits of different tables, side by side (a commit is mostly driver-side latency)."""
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        for f in [pool.submit(w) for w in writes]:
-            f.result()
 
 
 def restore(spark, settings: Settings, namespace: str, *, force: bool = False) -> dict:

@@ -93,13 +93,14 @@ def test_rollback_without_history_says_so(settings):
 def test_namespaces_past_retention_are_removed_but_never_live_or_rollback_target(settings):
     for ns in ("v1", "v2", "v3", "v4"):
         make_namespace(settings, ns, age_days=30)
+        (settings.lake_dir / f"{ns}-batch" / "accounting").mkdir(parents=True)  # its batch views
     record_switch(settings, "v2", "v1", 20)  # v1 replaced 20 days ago: past the 7-day retention
     record_switch(settings, "v3", "v2", 1)  # v2 replaced yesterday: rollback target, kept
     out = maintenance.prune_namespaces(settings)
     assert set(out) == {"v1", "v4"}  # v4: built 30 days ago, never live
     assert not (settings.lake_dir / "v1").exists() and not (settings.var_dir / "checkpoints" / "v1").exists()
     assert not (settings.lake_dir / "v4").exists()
-    assert {p.name for p in settings.lake_dir.iterdir() if p.is_dir()} == {"v2", "v3"}
+    assert {p.name for p in settings.lake_dir.iterdir() if p.is_dir()} == {"v2", "v3", "v2-batch", "v3-batch"}
 
 
 def test_recently_replaced_namespace_is_kept(settings):
