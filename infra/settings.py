@@ -148,8 +148,8 @@ class Settings:
     spark_driver_java_options: str = _setting(
         "SOCIAL_SPARK_DRIVER_JAVA_OPTIONS",
         "",
-        "extra JVM flags of every Spark driver; `make test` sets `-XX:TieredStopAtLevel=1` (no C2 "
-        "compiler: its short jobs spend less CPU compiling than they would gain)",
+        "extra JVM flags of every Spark driver; `make test` sets `-XX:TieredStopAtLevel=1` for its "
+        "integration run (no C2 compiler: its short jobs spend less CPU compiling than they would gain)",
     )
     views_namespace: str = _setting(
         "SOCIAL_VIEWS_NAMESPACE", "", "views version to serve; empty = the active one recorded under var/"
