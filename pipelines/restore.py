@@ -36,6 +36,7 @@ from pyspark.sql import functions as F
 
 from infra.settings import Settings, get_settings
 from pipelines import namespaces
+from pipelines.archiver import BRONZE_DISPOSITION
 from pipelines.batch_layer.definition import QUARANTINED, below
 from pipelines.lake import Lake, latest_metadata, side_by_side
 from pipelines.speed import functions
@@ -74,7 +75,8 @@ def _write(client: redis.Redis, namespace: str, kind: str, rows: Iterable[tuple]
     return n
 
 
-DISPOSITION_CODE = {"applied": "a", "duplicate": "d", "rejected": "r", "quarantined": "q"}
+# the changelog's disposition codes by the words bronze and the batch layer use (the archiver's map, inverted)
+DISPOSITION_CODE = {word: code for code, word in BRONZE_DISPOSITION.items()} | {QUARANTINED: "q"}
 DISPOSITION_KEYS = ("records", "applied", "duplicates", "rejected", "quarantined")
 
 
