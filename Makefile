@@ -24,8 +24,9 @@ $(STAMP): pyproject.toml uv.lock .python-version | $(UV)
 	$(UV) sync -q --locked --extra dev
 	@touch $(STAMP)
 
-setup: $(STAMP) ## install Python deps, fetch + verify JVM jars, ensure redis-server (idempotent)
+setup: $(STAMP) ## install Python deps, fetch + verify JVM jars, dump the Spark class archive, ensure redis-server (idempotent)
 	@$(PY) -m infra.jars fetch
+	@$(PY) -m pipelines.spark class-archive
 	@$(PY) -m infra.stack ensure-redis
 
 up: setup ## start Kafka (KRaft), Redis, the speed layer and the API on 127.0.0.1

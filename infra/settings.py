@@ -151,6 +151,12 @@ class Settings:
         "extra JVM flags of every Spark driver; `make test` sets `-XX:TieredStopAtLevel=1` for its "
         "integration run (no C2 compiler: its short jobs spend less CPU compiling than they would gain)",
     )
+    spark_class_archive: int = _setting(
+        "SOCIAL_SPARK_CLASS_ARCHIVE",
+        1,
+        "Spark drivers map the class archive `make setup` dumps under .cache/cds (AppCDS: a driver "
+        "starts without loading and verifying its ~25,000 classes again); 0 = load them from the jars",
+    )
     views_namespace: str = _setting(
         "SOCIAL_VIEWS_NAMESPACE", "", "views version to serve; empty = the active one recorded under var/"
     )

@@ -6,10 +6,20 @@ jar set and the Delta settings cannot drift between stream and batch.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
-from infra.settings import Settings, get_settings
+from infra.settings import REPO_ROOT, Settings, get_settings
+
+# Class data sharing (AppCDS): the classes a Spark driver with Delta loads at start (~25,000),
+# parsed and verified once into an archive that every later driver maps read-only instead of
+# loading each class from its jar again. See :func:`class_archive` and the README.
+CLASS_ARCHIVE_DIR = REPO_ROOT / ".cache" / "cds"
 
 
 def _jar_paths(settings: Settings) -> list[Path]:
@@ -34,7 +44,12 @@ def build_spark(
 
     settings = settings or get_settings()
     os.environ.setdefault("PYSPARK_PYTHON", os.sys.executable)
-    jar_list = ",".join(str(p) for p in _jar_paths(settings))
+    jar_paths = _jar_paths(settings)
+    jar_list = ",".join(str(p) for p in jar_paths)
+    java_options = settings.spark_driver_java_options
+    archive = class_archive(jar_paths)
+    if settings.spark_class_archive and archive.exists() and "SharedArchiveFile" not in java_options:
+        java_options = f"{java_options} -XX:SharedArchiveFile={archive}"
     builder = (
         SparkSession.builder.appName(app_name)
         .master(settings.spark_master)
@@ -51,7 +66,7 @@ def build_spark(
         .config("spark.sql.warehouse.dir", str(Path(settings.var_dir) / "spark-warehouse"))
         .config(
             "spark.driver.extraJavaOptions",
-            f"-Dderby.system.home={Path(settings.var_dir) / 'derby'} {settings.spark_driver_java_options}".strip(),
+            f"-Dderby.system.home={Path(settings.var_dir) / 'derby'} {java_options}".strip(),
         )
         # Delta: deletion vectors make per-key MERGE/DELETE cheap (no file rewrite per batch);
         # idempotent-DML confs are set per micro-batch by the sink.
@@ -126,6 +141,123 @@ def build_spark(
     return spark
 
 
+def _java_home() -> Path | None:
+    java = os.environ.get("JAVA_HOME") and Path(os.environ["JAVA_HOME"]) / "bin" / "java"
+    java = java if java and java.exists() else shutil.which("java")
+    return Path(java).resolve().parent.parent if java else None
+
+
+def class_archive(jar_paths: list[Path] | None = None) -> Path:
+    """Where the class archive for this JDK and this classpath lives (it may not exist yet).
+
+    A CDS archive is only valid for the JDK build and the classpath it was dumped with, so its
+    name is a hash of both: the JDK's ``release`` file, the paths of PySpark's jars and of the
+    project's Spark jars.
+    A JDK or jar upgrade names a new archive, and drivers run without one until ``make setup``
+    dumps it. (The JVM checks too: an archive that does not match is ignored, never misused.)
+    """
+    import pyspark
+
+    h = hashlib.sha256()
+    home = _java_home()
+    release = home / "release" if home else None
+    h.update(release.read_bytes() if release and release.exists() else str(home).encode())
+    for jar in sorted((Path(pyspark.__file__).parent / "jars").glob("*.jar")):
+        h.update(str(jar).encode())  # the paths: the JVM checks the classpath, not only the names
+    for jar in jar_paths if jar_paths is not None else _jar_paths(get_settings()):
+        h.update(str(jar).encode())
+    return CLASS_ARCHIVE_DIR / f"spark-{h.hexdigest()[:16]}.jsa"
+
+
+def _warm_up(spark, scratch: Path) -> None:
+    """The work whose classes go into the archive: what the pipeline's drivers do at start."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    t = str(scratch / "t")
+    df = spark.range(2000).select("id", (F.col("id") % 7).alias("k"), F.lit("x").alias("s"))
+    df.write.format("delta").save(t)
+    spark.sql(
+        f"MERGE INTO delta.`{t}` a USING (SELECT 3L AS id, 1L AS k) b ON a.id = b.id "
+        "WHEN MATCHED THEN UPDATE SET k = b.k WHEN NOT MATCHED THEN INSERT (id, k) VALUES (b.id, b.k)"
+    )
+    spark.sql(f"DELETE FROM delta.`{t}` WHERE id = 5")
+    read = spark.read.format("delta").option("versionAsOf", 1).load(t)
+    w = Window.partitionBy("k").orderBy(F.col("id").desc())
+    read.withColumn("rn", F.row_number().over(w)).where("rn <= 3").groupBy("k").count().collect()
+    read.exceptAll(spark.read.format("delta").load(t)).localCheckpoint().count()
+    spark.read.json(spark.sparkContext.parallelize(['{"a": 1}'])).collect()
+
+    def arrow(batches):
+        yield from batches
+
+    df.mapInArrow(arrow, df.schema).count()
+    q = (
+        spark.readStream.format("rate")
+        .option("rowsPerSecond", 10)
+        .load()
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(scratch / "ck"))
+        .start()
+    )
+    q.processAllAvailable()
+    q.stop()
+
+
+def build_class_archive(settings: Settings | None = None, *, force: bool = False) -> Path:
+    """Dump the class archive (``make setup``): one warm-up driver run with
+    ``-XX:ArchiveClassesAtExit``, ~30 s once per JDK and jar set. Returns its path."""
+    settings = settings or get_settings()
+    target = class_archive(_jar_paths(settings))
+    if target.exists() and not force:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    for stale in target.parent.glob("spark-*.jsa"):  # another JDK's or jar set's: never used again
+        stale.unlink()
+    with tempfile.TemporaryDirectory(prefix="spark-cds-") as scratch:
+        partial = Path(scratch) / target.name
+        env = dict(os.environ)
+        env["SOCIAL_SPARK_DRIVER_JAVA_OPTIONS"] = (
+            f"{settings.spark_driver_java_options} -XX:ArchiveClassesAtExit={partial} -Xlog:cds=off"
+        )
+        env["SOCIAL_VAR_DIR"] = str(Path(scratch) / "var")
+        env["SOCIAL_SPARK_CLASS_ARCHIVE"] = "0"
+        done = subprocess.run(
+            [sys.executable, "-m", "pipelines.spark", "warm-up", scratch],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        if done.returncode != 0 or not partial.exists():
+            raise RuntimeError(f"class archive not written (exit {done.returncode}):\n{done.stderr[-3000:]}")
+        shutil.move(partial, target)  # whole or not at all: a driver never maps a half-written one
+    return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(
+        prog="python -m pipelines.spark", description="the Spark drivers' class archive"
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+    archive = sub.add_parser("class-archive", help="dump the class archive unless it exists (make setup)")
+    archive.add_argument("--force", action="store_true", help="dump it again")
+    warm = sub.add_parser("warm-up", help="(internal) the driver run the archive is dumped from")
+    warm.add_argument("scratch")
+    args = p.parse_args(argv)
+    if args.command == "warm-up":
+        settings = get_settings()
+        spark = build_spark("class-archive", settings, testing=True)
+        _warm_up(spark, Path(args.scratch))
+        spark.stop()
+        return 0
+    path = build_class_archive(force=args.force)
+    print(f"spark class archive: {path} ({path.stat().st_size / 2**20:.0f} MiB)")
+    return 0
+
+
 OFF_SERVING_PATH_NICE = 10
 
 
@@ -149,3 +281,7 @@ def run_behind_serving_path(nice: int = OFF_SERVING_PATH_NICE) -> None:
         Path("/proc/self/autogroup").write_text(f"{nice}\n")
     except OSError:  # no autogroup scheduling in this kernel: plain nice is what counts
         pass
+
+
+if __name__ == "__main__":
+    sys.exit(main())
