@@ -101,24 +101,32 @@ class Lake:
 
     # -- creation ------------------------------------------------------------------------------
     def ensure_tables(self) -> None:
+        """Create the tables that have no commit yet, side by side (a namespace's first start).
+
+        Whether a table exists is read from its ``_delta_log`` on the file system: asking Delta
+        (``isDeltaTable``) builds a snapshot of each, a Spark job per table at every start.
+        """
+        missing = [
+            t for t in TABLES.values() if not any((Path(self.path(t.name)) / "_delta_log").glob("*.json"))
+        ]
+        side_by_side([lambda t=t: self._create(t) for t in missing])
+
+    def _create(self, t) -> None:
         from delta.tables import DeltaTable
 
-        for t in TABLES.values():
-            if DeltaTable.isDeltaTable(self.spark, self.path(t.name)):
-                continue
-            leftover = Path(self.path(t.name))
-            if leftover.exists() and not any((leftover / "_delta_log").glob("*.json")):
-                # a creation killed half-way (kill -9 of the archiver at start): no commit was
-                # ever made, so nothing was ever in it; start the table again
-                shutil.rmtree(leftover)
-            builder = DeltaTable.createIfNotExists(self.spark).location(self.path(t.name))
-            for col in t.ddl.split(","):
-                name, typ = col.strip().split(" ", 1)
-                builder = builder.addColumn(name, typ)
-            if t.partition_by:
-                builder = builder.partitionedBy(*t.partition_by)
-            builder = builder.property("delta.enableDeletionVectors", "true")
-            builder.execute()
+        leftover = Path(self.path(t.name))
+        if leftover.exists():
+            # a creation killed half-way (kill -9 of the archiver at start): no commit was ever
+            # made, so nothing was ever in it; start the table again
+            shutil.rmtree(leftover)
+        builder = DeltaTable.createIfNotExists(self.spark).location(self.path(t.name))
+        for col in t.ddl.split(","):
+            name, typ = col.strip().split(" ", 1)
+            builder = builder.addColumn(name, typ)
+        if t.partition_by:
+            builder = builder.partitionedBy(*t.partition_by)
+        builder = builder.property("delta.enableDeletionVectors", "true")
+        builder.execute()
 
     # -- reading ---------------------------------------------------------------------------------
     def read(self, table: str, version: int | None = None) -> DataFrame:
@@ -235,6 +243,12 @@ class Lake:
         from delta.tables import DeltaTable
 
         if rows.isEmpty() and (deletes is None or deletes.isEmpty()):
+            return
+        if self.version(table) == 0:
+            # still as created, empty: nothing to match or delete, so the MERGE is an insert of
+            # the rows (one per key), and an append writes the same commit without the join (a
+            # new namespace's first compaction; the fence makes a re-run skip it the same way)
+            self.append(table, rows)
             return
         t = TABLES[table]
         source = rows.select(*t.columns).withColumn("_delete", F.lit(False))
