@@ -44,17 +44,14 @@ airflow: setup ## the Airflow UI with the DAGs (scheduler + API server) in the f
 demo: setup ## the whole story end to end on a fresh machine
 	@$(PY) -m infra.demo
 
-# Three pytest processes: one JVM per process is kept by PySpark for its whole life (and Delta's
-# caches with it), so the Spark-heavy modules get a fresh one instead of one tired heap for all.
-# The integration tests start many short Spark jobs, each in its own JVM: without the C2 compiler
-# each spends less CPU compiling than it would gain (flushall-restore test 214 s vs 266 s). The
-# unit runs keep one JVM for minutes and keep C2 (test_views: 253 s with it, 299 s without), as
-# do the benchmarks and the stack. An explicitly set SOCIAL_SPARK_DRIVER_JAVA_OPTIONS wins.
+# Two pytest processes. The integration tests start many short Spark jobs, each in its own JVM:
+# without the C2 compiler each spends less CPU compiling than it would gain (flushall-restore test
+# 214 s vs 266 s). The unit run keeps one JVM per module for minutes and keeps C2, as do the
+# benchmarks and the stack. An explicitly set SOCIAL_SPARK_DRIVER_JAVA_OPTIONS wins.
 SHORT_JOBS := SOCIAL_SPARK_DRIVER_JAVA_OPTIONS="$${SOCIAL_SPARK_DRIVER_JAVA_OPTIONS--XX:TieredStopAtLevel=1}"
 test: setup ## unit + integration tests against the real local stack
 	$(SHORT_JOBS) $(PY) -m pytest tests/integration $(PYTEST_ARGS)
-	$(PY) -m pytest tests/unit --deselect tests/unit/test_views.py $(PYTEST_ARGS)
-	$(PY) -m pytest tests/unit/test_views.py $(PYTEST_ARGS)
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
 test-faults: setup ## fault runs on a 3-node Kafka cluster, 60 s each (make test runs them for 10 s) -> var/reports/faults/
 	SOCIAL_FAULT_RUN_S=$${SOCIAL_FAULT_RUN_S:-60} $(SHORT_JOBS) $(PY) -m pytest -m faults tests/integration $(PYTEST_ARGS)

@@ -60,7 +60,6 @@ class BenchContext:
     topics: list[str] = field(default_factory=list)
     serving_users: int = 50
     serving_seconds: int = 30
-    replay_events: int = 200_000  # 10x; 1x is a tenth
     freshness_p99_target_ms: int = 5_000
     ryw_writes: int = 50  # keyed: read-your-write samples, idle and under load
     ryw_load_rate: int = 5_000
@@ -350,54 +349,6 @@ def _fill(ctx: BenchContext, purpose: str, events: int, users: int, **gen) -> tu
     cfg = GeneratorConfig(users=users, seed=3, **gen)
     summary = produce(events, cfg, topic=topic, bootstrap=ctx.settings.kafka_bootstrap, progress=False)
     return topic, summary
-
-
-def _spark(ctx: BenchContext, **conf: str):
-    from pipelines.spark import build_spark
-
-    return build_spark("bench", ctx.settings, extra_conf=conf)
-
-
-@section("replay")
-def replay_section(ctx: BenchContext) -> dict:
-    """Full recompute from the log vs a bare batch read of the same offsets; 1x and 10x log size.
-
-    Between the two, the parse step alone (read + contract checks, no fold): the ceiling any
-    replay built on the contract's validation can reach on this machine.
-    """
-    from pipelines.parse import parse_records
-    from pipelines.replay import read_log, recompute
-    from pipelines.views import view_config
-
-    spark = _spark(ctx)
-    out: dict = {}
-    for label, n in (("1x", ctx.replay_events // 10), ("10x", ctx.replay_events)):
-        topic, _ = _fill(ctx, f"replay{label}", n, users=max(200, n // 100), mean_followers=30)
-        t = time.perf_counter()
-        read_log(spark, ctx.settings, topic, None).write.format("noop").mode("overwrite").save()
-        bare = time.perf_counter() - t
-        # the mandated first step alone (contract checks, split into events and quarantine):
-        # what any fold, however fast, would have to run before it
-        t = time.perf_counter()
-        events, quarantine = parse_records(read_log(spark, ctx.settings, topic, None))
-        for df in (events, quarantine):
-            df.write.format("noop").mode("overwrite").save()
-        parse_only = time.perf_counter() - t
-        t = time.perf_counter()
-        result = recompute(spark, ctx.settings, topic, None, view_config(ctx.settings))
-        rows = sum(df.count() for df in result.tables().values())
-        full = time.perf_counter() - t
-        out[f"events_{label}"] = n
-        out[f"bare_read_events_per_s_{label}"] = round(n / bare)
-        out[f"parse_only_events_per_s_{label}"] = round(n / parse_only)
-        out[f"replay_events_per_s_{label}"] = round(n / full)
-        out[f"replay_seconds_{label}"] = round(full, 1)
-        out[f"replay_vs_bare_ratio_{label}"] = round(bare / full, 3)
-        out[f"replay_vs_parse_only_ratio_{label}"] = round(parse_only / full, 3)
-        out[f"rows_{label}"] = rows
-    out["replay_time_ratio_10x_over_1x"] = round(out["replay_seconds_10x"] / out["replay_seconds_1x"], 2)
-    spark.stop()
-    return out
 
 
 # --- running and reporting ----------------------------------------------------------------------------

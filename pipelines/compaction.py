@@ -28,9 +28,8 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from infra.settings import Settings
-from pipelines.lake import Lake, committed_position
+from pipelines.lake import BatchOutput, Lake, committed_position, empty_table
 from pipelines.tables import TABLES
-from pipelines.views import BatchOutput, empty_table
 
 log = logging.getLogger("compaction")
 

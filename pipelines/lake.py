@@ -22,20 +22,43 @@ import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pipelines.tables import TABLES
-from pipelines.views import BatchOutput, State
 
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
-STATE_TABLES = tuple(State.__dataclass_fields__)
 _COMMIT_FILE = re.compile(r"\d{20}\.json")
+
+
+@dataclass
+class BatchOutput:
+    """What one batch writes to the views (a compaction, :mod:`pipelines.compaction`): upserts
+    are absolute rows for the keys it touched, deletes the keys it removes."""
+
+    bronze: DataFrame  # every contract-valid event with its disposition (append)
+    rejected: DataFrame  # quarantine rows for rejected (stateful-invalid) events (append)
+    users: DataFrame  # upserts
+    follows_upserts: DataFrame
+    follows_deletes: DataFrame  # keys to delete
+    posts: DataFrame  # upserts
+    timeline_inserts: DataFrame
+    timeline_deletes: DataFrame  # keys to delete
+    inbox: DataFrame  # upserts
+    unread_counts: DataFrame  # upserts (absolute counts)
+    user_status: DataFrame  # upserts
+    celebrities: DataFrame  # (author_id, followers, celebrity) for authors whose count changed
+    # view -> keys to delete (users, user_status, posts, inbox, unread_counts): erasures
+    deletes: dict[str, DataFrame] = field(default_factory=dict)
+
+
+def empty_table(spark: SparkSession, name: str) -> DataFrame:
+    return spark.createDataFrame([], TABLES[name].ddl)
 
 
 @dataclass
@@ -146,12 +169,6 @@ class Lake:
             versions=json.loads(r["versions"]),
             row=r,
         )
-
-    def state(self, record: BatchRecord | None) -> State:
-        """Every state table as of ``record`` (the previous batch), or empty before the first."""
-        if record is None:
-            return State(**{t: self.read(t, 0) for t in STATE_TABLES})  # version 0: created empty
-        return State(**{t: self.read(t, record.versions[t]) for t in STATE_TABLES})
 
     def version(self, table: str) -> int:
         """The table's latest committed version: the highest ``_delta_log/<version>.json``.

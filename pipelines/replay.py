@@ -1,15 +1,13 @@
-"""Batch replay: the state recomputed from the retained log, earliest offset up to position P.
+"""Replay: the keyed processor over the retained log, earliest offset up to a position P.
 
-Two replays, one per query of the speed layer, each with that query's own code:
+:func:`replay_keyed` runs :mod:`pipelines.speed.processor`, the same code as the live stream,
+over the log up to P into a scratch Redis namespace; ``verify`` compares it key by key with the
+live keyed state, ``rebuild`` switches to such a namespace. (The views' second, independent
+computation is the batch layer's, :mod:`pipelines.batch_layer`, which ``verify`` runs too.)
 
-- :func:`replay_keyed`: the keyed processor (:mod:`pipelines.speed.processor`, the same code as
-  the live stream) over the log up to P into a scratch Redis namespace; ``verify`` compares it
-  key by key with the live keyed state, ``rebuild`` switches to such a namespace.
-- :func:`recompute`: the same parse and fold step as the Delta views query
-  (:mod:`pipelines.views`), applied once to the whole prefix with empty prior state; ``verify``
-  compares it with the live Delta tables.
-
-CLI: ``python -m pipelines.replay [--topic T] [--until '{"0": 123, ...}']`` prints row counts.
+CLI: ``python -m pipelines.replay [--topic T] [--until '{"0": 123, ...}'] [--namespace NS]``
+replays into a scratch namespace (default ``<active>__replay``), prints the counts and the
+events/s, and drops the namespace again unless ``--keep``.
 """
 
 from __future__ import annotations
@@ -18,36 +16,10 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import dataclass
 
 from pyspark.sql import DataFrame, SparkSession
 
 from infra.settings import Settings, get_settings
-from pipelines.parse import parse_records
-from pipelines.views import BatchOutput, State, ViewConfig, apply_batch, materialize
-
-
-@dataclass
-class Replay:
-    out: BatchOutput
-    quarantine: DataFrame
-    events_read: int
-
-    def tables(self) -> dict[str, DataFrame]:
-        """The recomputed content of every table, as the speed layer's tables hold it."""
-        o = self.out
-        rejected = o.rejected.select(*self.quarantine.columns)
-        return {
-            "events_bronze": o.bronze,
-            "quarantine": self.quarantine.unionByName(rejected),
-            "users": o.users,
-            "follows": o.follows_upserts,
-            "posts": o.posts,
-            "home_timeline": o.timeline_inserts,
-            "inbox": o.inbox,
-            "unread_counts": o.unread_counts,
-            "user_status": o.user_status,
-        }
 
 
 def read_log(
@@ -89,39 +61,38 @@ def replay_keyed(
     return {k: sum(r[k] for r in rows) for k in keys}
 
 
-def recompute(
-    spark: SparkSession, settings: Settings, topic: str, end_offsets: dict[int, int] | None, cfg: ViewConfig
-) -> Replay:
-    records = materialize(read_log(spark, settings, topic, end_offsets))
-    events, quarantine = parse_records(records)
-    out = apply_batch(materialize(events), State.empty(spark), cfg)
-    return Replay(out=out, quarantine=materialize(quarantine), events_read=records.count())
-
-
 def main(argv: list[str] | None = None) -> int:
+    from pipelines import namespaces
     from pipelines.progress import spark_tasks
     from pipelines.spark import build_spark
-    from pipelines.views import view_config
+    from pipelines.speed.functions import connect, drop_namespace
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--topic")
     p.add_argument("--until", help="JSON {partition: end offset}; default: the head of the log")
+    p.add_argument("--namespace", help="the scratch Redis namespace (default: <active>__replay)")
+    p.add_argument("--keep", action="store_true", help="keep the replayed namespace")
     args = p.parse_args(argv)
     settings = get_settings()
+    namespace = args.namespace or f"{namespaces.active(settings)}__replay"
+    client = connect(settings.redis_url)
+    drop_namespace(client, namespace)
     spark = build_spark("replay", settings)
     spark_tasks(spark, "replay")  # a progress bar on a terminal
     until = {int(k): v for k, v in json.loads(args.until).items()} if args.until else None
     started = time.time()
-    replay = recompute(spark, settings, args.topic or settings.events_topic, until, view_config(settings))
-    counts = {name: df.count() for name, df in replay.tables().items()}
+    counts = replay_keyed(spark, settings, args.topic or settings.events_topic, until, namespace)
     elapsed = time.time() - started
+    if not args.keep:
+        drop_namespace(client, namespace)
     print(
         json.dumps(
             {
-                "events_read": replay.events_read,
+                **counts,
+                "namespace": namespace,
+                "kept": args.keep,
                 "seconds": round(elapsed, 1),
-                "events_per_s": round(replay.events_read / elapsed),
-                "rows": counts,
+                "events_per_s": round(counts["records"] / max(elapsed, 1e-3)),
             },
             indent=2,
         )

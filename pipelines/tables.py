@@ -1,7 +1,7 @@
 """The derived Delta tables: names, schemas, keys and meaning, in one place.
 
-The archiver and the compaction (from the speed layer's changelog) and the set-wise replay
-(`pipelines/views.py`) write exactly these tables; `verify` compares them key by key.
+The archiver and the compaction (from the speed layer's changelog) write exactly these tables,
+and the batch layer computes the views in the same form; `verify` compares them row by row.
 docs/views.md (the meaning of each view) is generated from this module.
 """
 

@@ -2,11 +2,15 @@
 
 1. P = the end offsets of the latest committed micro-batch (``batches``), and the version of every
    table after it. The stream may keep running: the live tables are read *at those versions*.
-2. Recompute every view from the earliest offset up to P with the same fold (``pipelines.replay``).
+2. What every table must hold at P, computed again without the speed layer: the views by the
+   batch layer (:mod:`pipelines.batch_layer`, the project's one deliberate second implementation
+   of docs/views.md) from the archive up to P; ``events_bronze`` and ``quarantine`` from the log
+   itself up to P (the contract parse, :mod:`pipelines.parse`), with the batch layer's verdicts.
 3. Compare row for row (every column), per table; also the accounting (events read = applied +
-   duplicates + quarantined = the number of records below P) and the Redis serving store against
-   the Delta views (when it covers the same batch), and the keyed state against the batch layer
-   at the keyed state's position (:mod:`pipelines.batch_layer.verify`).
+   duplicates + quarantined = the number of records below P), the Redis serving store against
+   the Delta views (when it covers the same batch), the keyed state against the same processor
+   replayed over the log (:func:`verify_keyed`), and the keyed state against the batch layer at
+   the keyed state's position (:mod:`pipelines.batch_layer.verify`).
 4. Write ``var/reports/verify/latest.json`` (+ a timestamped copy and an HTML page); exit 1 on
    any mismatch.
 
@@ -20,6 +24,7 @@ import json
 import logging
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -28,37 +33,58 @@ from pyspark.sql import functions as F
 
 from infra.settings import Settings, get_settings
 from pipelines import namespaces
+from pipelines.batch_layer.definition import QUARANTINED, REJECTED, BatchViews
+from pipelines.batch_layer.job import Archive, batch_config, views_at
 from pipelines.batch_layer.verify import summary as batch_layer_summary
 from pipelines.batch_layer.verify import verify_batch_layer
 from pipelines.lake import Lake
-from pipelines.replay import recompute
+from pipelines.parse import parse_records
+from pipelines.replay import read_log
 from pipelines.speed.functions import connect as keyed_connect
-from pipelines.tables import TABLES
-from pipelines.views import materialize
+from pipelines.tables import TABLES, VIEWS
 
 log = logging.getLogger("verify")
 EXAMPLES = 5
-
-
-def _jsonable(row) -> dict:
-    return {k: v for k, v in row.asDict().items()}
+COMPARISONS_SIDE_BY_SIDE = 4
 
 
 def compare(live: DataFrame, recomputed: DataFrame, columns: list[str]) -> dict:
-    """Row-for-row comparison (multiset over all columns) with a few examples of each side."""
-    # each side is computed once: the comparisons below would otherwise re-run the replay
-    live, recomputed = materialize(live.select(*columns)), materialize(recomputed.select(*columns))
-    only_live = materialize(live.exceptAll(recomputed))
-    only_recomputed = materialize(recomputed.exceptAll(live))
-    n_live, n_rec = only_live.count(), only_recomputed.count()
+    """Row-for-row comparison (multiset over all columns) with a few examples of each side.
+
+    One Spark job when the sides agree: both are tagged, unioned and counted per distinct row
+    (``groupBy`` over every column, nulls equal, as ``exceptAll`` treats them), and one aggregate
+    over those counts gives both row totals and the rows each side has in excess. Only a
+    disagreement costs a second job, for its examples. (Each side is computed once either way.)
+    """
+    lv, rc = "_verify_live", "_verify_recomputed"
+    counted = (
+        live.select(*columns, F.lit(1).alias(lv), F.lit(0).alias(rc))
+        .unionByName(recomputed.select(*columns, F.lit(0).alias(lv), F.lit(1).alias(rc)))
+        .groupBy(*columns)
+        .agg(F.sum(lv).alias(lv), F.sum(rc).alias(rc))
+    )
+    excess_live = F.greatest(F.col(lv) - F.col(rc), F.lit(0))
+    excess_rec = F.greatest(F.col(rc) - F.col(lv), F.lit(0))
+    totals = counted.agg(
+        F.sum(lv).alias("live_rows"),
+        F.sum(rc).alias("recomputed_rows"),
+        F.sum(excess_live).alias("only_live"),
+        F.sum(excess_rec).alias("only_recomputed"),
+    ).first()
+    n_live, n_rec = int(totals["only_live"] or 0), int(totals["only_recomputed"] or 0)
+    examples: list[dict] = []
+    for side, n, more in (("only_live", n_live, lv), ("only_recomputed", n_rec, rc)):
+        if n:  # a disagreement: a few of the rows this side has more often than the other
+            less = rc if more == lv else lv
+            rows = counted.where(F.col(more) > F.col(less)).orderBy(*columns).limit(EXAMPLES).collect()
+            examples += [{"side": side, **{c: row[c] for c in columns}} for row in rows]
     result = {
-        "live_rows": live.count(),
-        "recomputed_rows": recomputed.count(),
+        "live_rows": int(totals["live_rows"] or 0),
+        "recomputed_rows": int(totals["recomputed_rows"] or 0),
         "mismatches": n_live + n_rec,
         "only_live": n_live,
         "only_recomputed": n_rec,
-        "examples": [{"side": "only_live", **_jsonable(r)} for r in only_live.limit(EXAMPLES).collect()]
-        + [{"side": "only_recomputed", **_jsonable(r)} for r in only_recomputed.limit(EXAMPLES).collect()],
+        "examples": examples,
     }
     result["ok"] = result["mismatches"] == 0
     return result
@@ -131,9 +157,9 @@ def compare_serving(
 ) -> dict:
     """The keyed state in Redis against the Delta views, when both cover the same log position.
 
-    Two implementations of docs/views.md meet here: the Redis functions (event by event) and
-    the set-wise fold (:mod:`pipelines.views`). Redis runs ahead of Delta while events flow; the
-    comparison is made when they cover the same offsets (a caught-up stream) and skipped otherwise.
+    The Delta views are compacted from the changelog the Redis functions write, so this checks
+    the archiver and the compaction. Redis runs ahead of Delta while events flow; the comparison
+    is made when they cover the same offsets (a caught-up stream) and skipped otherwise.
     """
     from pipelines.serving import ServingStore, connect
 
@@ -235,6 +261,35 @@ def keyed_freshness(client, namespace: str) -> dict:
     return {"events": total, "p50_ms": pct(0.5), "p99_ms": pct(0.99), "max_ms": pct(1.0)}
 
 
+def expected_tables(
+    spark, settings: Settings, topic: str, position: dict[int, int], batch: BatchViews
+) -> dict[str, DataFrame]:
+    """Every Delta table's content at ``position``, computed again without the speed layer.
+
+    The views are the batch layer's (``batch``, from the archive up to P). The archive itself is
+    checked against the log: ``events_bronze`` = the contract-valid records below P with the
+    batch layer's verdict (disposition and reason) for each, ``quarantine`` = the records that
+    fail the contract plus those the batch layer rejects. A record archived twice or never is a
+    mismatch (the verdicts are taken once per log position).
+    """
+    events, contract = parse_records(read_log(spark, settings, topic, position))
+    verdicts = (
+        batch.dispositions.where(F.col("disposition") != QUARANTINED)
+        .select("partition", "offset", "disposition", "reason")
+        .dropDuplicates(["partition", "offset"])
+    )
+    judged = events.join(verdicts, ["partition", "offset"], "left")
+    bronze = judged.withColumn(
+        "received_date", F.date_format(F.timestamp_millis("received_time"), "yyyy-MM-dd")
+    )
+    rejected = judged.where(F.col("disposition") == REJECTED).select(*TABLES["quarantine"].columns)
+    tables = {
+        "events_bronze": bronze.select(*TABLES["events_bronze"].columns),
+        "quarantine": contract.select(*TABLES["quarantine"].columns).unionByName(rejected),
+    }
+    return {**tables, **{name: getattr(batch, name) for name in VIEWS}}
+
+
 def verify(
     spark,
     settings: Settings,
@@ -244,8 +299,6 @@ def verify(
     serving: bool = True,
     report_dir: Path | None = None,
 ) -> dict:
-    from pipelines.views import view_config
-
     namespace = namespace or namespaces.active(settings)
     topic = topic or settings.events_topic
     lake = Lake(spark, settings.lake_dir, namespace)
@@ -258,12 +311,19 @@ def verify(
     from pipelines.quality import consistent_versions
 
     versions = consistent_versions(spark, lake, record)
-    replay = recompute(spark, settings, topic, record.end_offsets, view_config(settings))
-    recomputed = replay.tables()
-    views = {}
-    for name, df in recomputed.items():
-        views[name] = compare(lake.read(name, versions[name]), df, TABLES[name].columns)
-        log.info("%s: %s", name, {k: v for k, v in views[name].items() if k != "examples"})
+    position = {int(p): int(o) for p, o in record.end_offsets.items()}
+    batch = views_at(spark, Archive(spark, lake.root), position, batch_config(settings))
+
+    def check(name: str, expected: DataFrame) -> dict:
+        result = compare(lake.read(name, versions[name]), expected, TABLES[name].columns)
+        log.info("%s: %s", name, {k: v for k, v in result.items() if k != "examples"})
+        return result
+
+    # The tables side by side: each comparison is a few small Spark stages whose time is mostly
+    # the driver's planning and scheduling, which overlaps with another's tasks on two cores.
+    expected = expected_tables(spark, settings, topic, position, batch)
+    with ThreadPoolExecutor(max_workers=COMPARISONS_SIDE_BY_SIDE) as pool:
+        views = dict(zip(expected, pool.map(check, expected, expected.values()), strict=True))
     report = {
         "namespace": namespace,
         "topic": topic,
@@ -284,7 +344,7 @@ def verify(
         "keyed": verify_keyed(spark, settings, namespace, topic)
         if serving
         else {"ok": None, "skipped": "disabled"},
-        "batch_layer": verify_batch_layer(spark, settings, namespace)
+        "batch_layer": verify_batch_layer(spark, settings, namespace, computed=(position, batch))
         if serving
         else {"ok": None, "skipped": "disabled"},
         "rows_verified": sum(v["recomputed_rows"] for v in views.values()),

@@ -16,6 +16,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -24,17 +25,26 @@ from pyspark.sql import functions as F
 from infra.settings import Settings, get_settings
 from pipelines import namespaces
 from pipelines.batch_layer.cross_check import cross_check
-from pipelines.batch_layer.definition import QUARANTINED, below
+from pipelines.batch_layer.definition import QUARANTINED, BatchViews, below
 from pipelines.batch_layer.job import Archive, batch_config, views_at
 from pipelines.speed import functions
 from pipelines.speed.functions import connect as keyed_connect
 
 
 def verify_batch_layer(
-    spark: SparkSession, settings: Settings, namespace: str, redis_namespace: str | None = None
+    spark: SparkSession,
+    settings: Settings,
+    namespace: str,
+    redis_namespace: str | None = None,
+    *,
+    computed: tuple[dict[int, int], BatchViews] | None = None,
 ) -> dict:
     """Compare the keyed state of ``redis_namespace`` (default ``namespace``) with the batch layer
-    over ``namespace``'s archive, both at the keyed state's position."""
+    over ``namespace``'s archive, both at the keyed state's position.
+
+    ``computed``: batch views the caller already has, and the position they are at; used when
+    that is the keyed state's position (``verify`` computes them at the Delta views' position,
+    which is the same once the stream has caught up)."""
     client = keyed_connect(settings.redis_url)
     redis_namespace = redis_namespace or namespace
     archive = Archive(spark, Path(settings.lake_dir) / namespace)
@@ -48,7 +58,12 @@ def verify_batch_layer(
     if behind:
         return {"ok": None, "skipped": f"the archive is behind the live state (archived, live): {behind}"}
     started = time.time()
-    views = views_at(spark, archive, position, batch_config(settings))
+    if computed is not None and {p: o for p, o in computed[0].items() if o} == {
+        p: o for p, o in position.items() if o
+    }:
+        views = computed[1]
+    else:
+        views = views_at(spark, archive, position, batch_config(settings))
     verdicts = (
         below(archive.read("events_bronze"), position)
         .where(F.col("disposition").isNotNull())
@@ -57,7 +72,7 @@ def verify_batch_layer(
     if verdicts.isEmpty():
         verdicts = None  # an archive written without the speed layer's verdicts
     else:
-        views.dispositions = views.dispositions.where(F.col("disposition") != QUARANTINED)
+        views = replace(views, dispositions=views.dispositions.where(F.col("disposition") != QUARANTINED))
     result = cross_check(
         spark, client, redis_namespace, views, position, settings.timeline_length, live_dispositions=verdicts
     )

@@ -530,7 +530,7 @@ def shift_users(events, by):
 
 def erasure_cases_log():
     """Every hand-worked erasure case in one log, each on its own users (ids shifted by 100s):
-    the batch layer's and the fold's tests run them all at once."""
+    the batch layer's tests run them all at once."""
     authors = [e for part in erasure_authors_log() for e in part]
     messages = [e for part in erasure_messages_log() for e in part]
     return (
