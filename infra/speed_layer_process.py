@@ -110,6 +110,20 @@ class SpeedLayerProcess:
                 )
             time.sleep(0.5)
 
+    def wait_applied(self, records: int, timeout: float = 300.0) -> int:
+        """Block until the keyed state has applied ``records`` records in all (mid-run, for a fault
+        test); a speed layer that exits meanwhile fails at once, with its log, not at the timeout."""
+        deadline = time.monotonic() + timeout
+        while (done := sum(self.redis_position().values())) < records:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise SpeedLayerError(
+                    f"speed layer exited with {self.proc.returncode}; see {self.log_path}:\n{self.tail()}"
+                )
+            if time.monotonic() > deadline:
+                raise SpeedLayerError(f"speed layer at {done} of {records} records; see {self.log_path}")
+            time.sleep(0.1)
+        return done
+
     def wait_caught_up(self, timeout: float = 300.0) -> dict[int, int]:
         from confluent_kafka import KafkaException
         from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed

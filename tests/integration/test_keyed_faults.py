@@ -85,10 +85,7 @@ def test_redis_kill9_and_restart_from_its_aof(kafka_stack, topic_factory, speed_
             max_offsets_per_trigger=2_000,
             **{k: getattr(settings, k) for k in ("redis_port", "redis_url", "var_dir")},
         )
-        deadline = time.monotonic() + 300
-        while sum(sl.redis_position().values()) < 8_000:  # well into the log, mid-run
-            assert time.monotonic() < deadline, sl.tail()
-            time.sleep(0.1)
+        sl.wait_applied(8_000, timeout=300)  # well into the log, mid-run
         pid = store.pid()
         os.kill(pid, signal.SIGKILL)
         while store.is_running():
@@ -237,10 +234,7 @@ def test_broker_restart_mid_run(kafka_stack, topic_factory, speed_layer_factory)
     cfg = GeneratorConfig(users=300, seed=12, mean_followers=10, invalid_share=0.02, duplicate_share=0.02)
     summary = produce(20_000, cfg, topic=topic, bootstrap=kafka_stack.bootstrap, progress=False)
     sl = speed_layer_factory(topic=topic, namespace="broker_restart", max_offsets_per_trigger=1_000)
-    deadline = time.monotonic() + 300
-    while sum(sl.redis_position().values()) < 4_000:  # mid-run
-        assert time.monotonic() < deadline, sl.tail()
-        time.sleep(0.1)
+    sl.wait_applied(4_000, timeout=300)  # mid-run
     broker = KafkaBroker(kafka_stack.settings)
     assert broker.stop() == "stopped"
     time.sleep(3)
