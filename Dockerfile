@@ -19,4 +19,6 @@ RUN .venv/bin/python -m infra.jars fetch && rm -rf .cache/m2
 
 COPY . .
 RUN uv sync --locked
+# the Spark drivers' class archive for this image's JDK and jar paths, as `make setup` dumps it
+RUN .venv/bin/python -m pipelines.spark class-archive
 ENV SOCIAL_VAR_DIR=/app/var

@@ -283,3 +283,16 @@ def test_the_cluster_profile_is_the_local_cluster(compose):
     assert all(services[n].get("profiles") == ["cluster"] for n in cluster_only)
     # the default `docker compose up` starts none of them
     assert not any(s.get("profiles") for n, s in services.items() if n not in cluster_only)
+
+
+def test_the_dockerfiles_own_python_steps_resolve():
+    """`RUN .venv/bin/python -m ...` at build time (the jars, the Spark class archive): modules
+    that exist, as the image's commands are checked above."""
+    steps = [
+        line.removeprefix("RUN ").split("&&")[0].split()
+        for line in (REPO_ROOT / "Dockerfile").read_text().splitlines()
+        if line.startswith("RUN .venv/bin/python")
+    ]
+    assert [s[2] for s in steps] == ["infra.jars", "pipelines.spark"]
+    for argv in steps:
+        assert _resolve(argv) == [], argv
