@@ -24,7 +24,6 @@ import json
 import logging
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -45,7 +44,6 @@ from pipelines.tables import TABLES, VIEWS
 
 log = logging.getLogger("verify")
 EXAMPLES = 5
-COMPARISONS_SIDE_BY_SIDE = 4
 
 
 def compare(live: DataFrame, recomputed: DataFrame, columns: list[str]) -> dict:
@@ -313,17 +311,10 @@ def verify(
     versions = consistent_versions(spark, lake, record)
     position = {int(p): int(o) for p, o in record.end_offsets.items()}
     batch = views_at(spark, Archive(spark, lake.root), position, batch_config(settings))
-
-    def check(name: str, expected: DataFrame) -> dict:
-        result = compare(lake.read(name, versions[name]), expected, TABLES[name].columns)
-        log.info("%s: %s", name, {k: v for k, v in result.items() if k != "examples"})
-        return result
-
-    # The tables side by side: each comparison is a few small Spark stages whose time is mostly
-    # the driver's planning and scheduling, which overlaps with another's tasks on two cores.
-    expected = expected_tables(spark, settings, topic, position, batch)
-    with ThreadPoolExecutor(max_workers=COMPARISONS_SIDE_BY_SIDE) as pool:
-        views = dict(zip(expected, pool.map(check, expected, expected.values()), strict=True))
+    views = {}
+    for name, df in expected_tables(spark, settings, topic, position, batch).items():
+        views[name] = compare(lake.read(name, versions[name]), df, TABLES[name].columns)
+        log.info("%s: %s", name, {k: v for k, v in views[name].items() if k != "examples"})
     report = {
         "namespace": namespace,
         "topic": topic,

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -264,10 +263,8 @@ def cross_check(
             d = View("dispositions", ("partition", "offset"), ("disposition", "reason"), "")
             cols = ("partition", "offset", "disposition", "reason")
             pairs.append((live_dispositions.select(*cols), views.dispositions.select(*cols), d))
-        # side by side: each is one small Spark job, mostly driver-side latency on two cores
-        with ThreadPoolExecutor(max_workers=4) as pool:
-            for (_, _, view), result in zip(pairs, pool.map(lambda p: compare_view(*p), pairs), strict=True):
-                out["views"][view.name] = result
+        for live, batch, view in pairs:
+            out["views"][view.name] = compare_view(live, batch, view)
     out["rows_compared"] = sum(v["batch_rows"] for v in out["views"].values())
     out["mismatches"] = sum(v["mismatches"] for v in out["views"].values())
     if moved:
