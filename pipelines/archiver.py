@@ -52,7 +52,7 @@ from tenacity import Retrying, before_sleep_log, stop_after_attempt, wait_expone
 from infra.settings import Settings, get_settings
 from pipelines import namespaces
 from pipelines.lake import Lake, latest_metadata
-from pipelines.parse import parse_records
+from pipelines.parse import parse_records, received_date
 from pipelines.speed import changelog, functions
 from pipelines.speed.stream import commit_positions, kafka_options
 from pipelines.tables import TABLES
@@ -193,7 +193,7 @@ def archive_once(
         events.join(verdict.where(F.col("_d").isin(*BRONZE_DISPOSITION)), ["partition", "offset"])
         .withColumn("disposition", bronze_map[F.col("_d")])
         .withColumn("reason", F.col("_r"))
-        .withColumn("received_date", F.date_format(F.timestamp_millis("received_time"), "yyyy-MM-dd"))
+        .withColumn("received_date", received_date())
         .select(*TABLES["events_bronze"].columns)
         .localCheckpoint()
     )

@@ -200,6 +200,11 @@ def _checks(gateway: int) -> tuple[list[Column], Column]:
     return _field_columns(), reason_column()
 
 
+def received_date() -> Column:
+    """``events_bronze``'s partition column: the server's receive day (UTC, the session zone)."""
+    return F.date_format(F.timestamp_millis("received_time"), "yyyy-MM-dd")
+
+
 def parse_records(records: DataFrame, *, checkpoint: bool = True) -> tuple[DataFrame, DataFrame]:
     """Split Kafka records (key, value, partition, offset, timestamp) into (events, quarantine).
 

@@ -37,7 +37,7 @@ from pipelines.batch_layer.job import Archive, batch_config, views_at
 from pipelines.batch_layer.verify import summary as batch_layer_summary
 from pipelines.batch_layer.verify import verify_batch_layer
 from pipelines.lake import Lake
-from pipelines.parse import parse_records
+from pipelines.parse import parse_records, received_date
 from pipelines.replay import read_log
 from pipelines.speed.functions import connect as keyed_connect
 from pipelines.tables import TABLES, VIEWS
@@ -277,9 +277,7 @@ def expected_tables(
         .dropDuplicates(["partition", "offset"])
     )
     judged = events.join(verdicts, ["partition", "offset"], "left")
-    bronze = judged.withColumn(
-        "received_date", F.date_format(F.timestamp_millis("received_time"), "yyyy-MM-dd")
-    )
+    bronze = judged.withColumn("received_date", received_date())
     rejected = judged.where(F.col("disposition") == REJECTED).select(*TABLES["quarantine"].columns)
     tables = {
         "events_bronze": bronze.select(*TABLES["events_bronze"].columns),

@@ -17,7 +17,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from infra.settings import Settings
-from pipelines.parse import parse_records
+from pipelines.parse import parse_records, received_date
 from pipelines.replay import read_log
 from pipelines.tables import TABLES
 
@@ -31,7 +31,7 @@ def archive_log(
     bronze = (
         events.withColumn("disposition", F.lit(None).cast("string"))
         .withColumn("reason", F.lit(None).cast("string"))
-        .withColumn("received_date", F.date_format(F.timestamp_millis("received_time"), "yyyy-MM-dd"))
+        .withColumn("received_date", received_date())
         .select(*TABLES["events_bronze"].columns)
     )
     (

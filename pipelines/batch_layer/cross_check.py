@@ -258,13 +258,16 @@ def cross_check(
     moved = {p: o for p, o in functions.fences(client, redis_namespace).items() if o > 0} != wanted
     out: dict = {"position": {str(p): o for p, o in sorted(position.items())}, "views": {}}
     with tempfile.TemporaryDirectory(prefix="cross-check-") as tmp:
-        pairs = [(to_frame(spark, rows[v.name], v.schema, Path(tmp)), batch_side(views, v), v) for v in VIEWS]
+        for view in VIEWS:
+            live = to_frame(spark, rows[view.name], view.schema, Path(tmp))
+            out["views"][view.name] = compare_view(live, batch_side(views, view), view)
         if live_dispositions is not None:
             d = View("dispositions", ("partition", "offset"), ("disposition", "reason"), "")
-            cols = ("partition", "offset", "disposition", "reason")
-            pairs.append((live_dispositions.select(*cols), views.dispositions.select(*cols), d))
-        for live, batch, view in pairs:
-            out["views"][view.name] = compare_view(live, batch, view)
+            out["views"]["dispositions"] = compare_view(
+                live_dispositions.select("partition", "offset", "disposition", "reason"),
+                views.dispositions.select("partition", "offset", "disposition", "reason"),
+                d,
+            )
     out["rows_compared"] = sum(v["batch_rows"] for v in out["views"].values())
     out["mismatches"] = sum(v["mismatches"] for v in out["views"].values())
     if moved:
