@@ -28,7 +28,7 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from infra.settings import Settings
-from pipelines.lake import BatchOutput, Lake, committed_position, empty_table
+from pipelines.lake import BatchOutput, Lake, committed_position
 from pipelines.tables import TABLES
 
 log = logging.getLogger("compaction")
@@ -191,10 +191,7 @@ def compact_once(spark, lake: Lake, settings: Settings) -> int | None:
         .localCheckpoint()
     )
     follows_upserts, follows_deletes = changes.follows()
-    empty_q = empty_table(spark, "quarantine")
     out = BatchOutput(
-        bronze=empty_table(spark, "events_bronze"),
-        rejected=empty_q,
         users=changes.users(),
         follows_upserts=follows_upserts,
         follows_deletes=follows_deletes,
@@ -204,7 +201,6 @@ def compact_once(spark, lake: Lake, settings: Settings) -> int | None:
         inbox=changes.inbox(),
         unread_counts=changes.unread_counts(),
         user_status=changes.user_status(),
-        celebrities=empty_table(spark, "users"),
         deletes={view: changes.deletes(view) for view in _REMOVALS},
     )
     hist = _merge_hist(archives)
@@ -220,6 +216,6 @@ def compact_once(spark, lake: Lake, settings: Settings) -> int | None:
         "visible_at": int(time.time() * 1000),
         "phases": {"archives": len(archives)},
     }
-    lake.write_batch(a_id, out, empty_q, meta)
+    lake.write_batch(a_id, out, meta)
     log.info("compaction up to archive %d (%d archives) in %.1fs", a_id, len(archives), time.time() - t0)
     return a_id

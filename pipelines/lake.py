@@ -41,8 +41,6 @@ class BatchOutput:
     """What one batch writes to the views (a compaction, :mod:`pipelines.compaction`): upserts
     are absolute rows for the keys it touched, deletes the keys it removes."""
 
-    bronze: DataFrame  # every contract-valid event with its disposition (append)
-    rejected: DataFrame  # quarantine rows for rejected (stateful-invalid) events (append)
     users: DataFrame  # upserts
     follows_upserts: DataFrame
     follows_deletes: DataFrame  # keys to delete
@@ -52,13 +50,8 @@ class BatchOutput:
     inbox: DataFrame  # upserts
     unread_counts: DataFrame  # upserts (absolute counts)
     user_status: DataFrame  # upserts
-    celebrities: DataFrame  # (author_id, followers, celebrity) for authors whose count changed
     # view -> keys to delete (users, user_status, posts, inbox, unread_counts): erasures
     deletes: dict[str, DataFrame] = field(default_factory=dict)
-
-
-def empty_table(spark: SparkSession, name: str) -> DataFrame:
-    return spark.createDataFrame([], TABLES[name].ddl)
 
 
 @dataclass
@@ -202,19 +195,12 @@ class Lake:
             for k in (TXN_APP_ID, TXN_VERSION, USER_METADATA):
                 conf.unset(k)
 
-    def write_batch(
-        self, batch_id: int, out: BatchOutput, quarantine: DataFrame, meta: dict, extra=()
-    ) -> dict[str, int]:
-        """Write every table for batch ``batch_id``; returns the table versions after it.
+    def write_batch(self, batch_id: int, out: BatchOutput, meta: dict, extra=()) -> dict[str, int]:
+        """Write every view for batch ``batch_id``; returns the table versions after it.
 
         ``extra``: more writes (callables) of the same batch, fenced the same way, run first.
         """
-        rejected_q = out.rejected.select(
-            "partition", "offset", "key", "raw", "reason", "event_id", "type", "kafka_timestamp"
-        )
         writes = [
-            lambda: self.append("events_bronze", out.bronze),
-            lambda: self.append("quarantine", quarantine.unionByName(rejected_q)),
             lambda: self.upsert("users", out.users, deletes=out.deletes.get("users")),
             lambda: self.upsert("follows", out.follows_upserts, deletes=out.follows_deletes),
             lambda: self.upsert("posts", out.posts, deletes=out.deletes.get("posts")),
