@@ -48,7 +48,10 @@ demo: setup ## the whole story end to end on a fresh machine
 # without the C2 compiler each spends less CPU compiling than it would gain (flushall-restore test
 # 214 s vs 266 s). The unit run keeps one JVM per module for minutes and keeps C2, as do the
 # benchmarks and the stack. An explicitly set SOCIAL_SPARK_DRIVER_JAVA_OPTIONS wins.
-SHORT_JOBS := SOCIAL_SPARK_DRIVER_JAVA_OPTIONS="$${SOCIAL_SPARK_DRIVER_JAVA_OPTIONS--XX:TieredStopAtLevel=1}"
+# TieredStopAtLevel=1 also puts the JVM in client emulation, whose code cache is 48 MiB instead of
+# 240 MiB: a long job (a rebuild, a verify) filled it with C1 code and Spark's generated classes
+# and died of "Out of space in CodeCache for method handle intrinsic". Hence the explicit size.
+SHORT_JOBS := SOCIAL_SPARK_DRIVER_JAVA_OPTIONS="$${SOCIAL_SPARK_DRIVER_JAVA_OPTIONS--XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m}"
 test: setup ## unit + integration tests against the real local stack
 	$(SHORT_JOBS) $(PY) -m pytest tests/integration $(PYTEST_ARGS)
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
