@@ -89,7 +89,10 @@ class EventLog:
                 result: Appended | Exception = LogUnavailable(f"not appended: {err.str()}")
             else:
                 result = Appended(msg.partition(), msg.offset())
-            loop.call_soon_threadsafe(_resolve, done, result)
+            try:
+                loop.call_soon_threadsafe(_resolve, done, result)
+            except RuntimeError:  # the loop is closed (shutdown): nobody waits; the outcome stays in the log
+                pass
 
         try:
             self._producer.produce(

@@ -119,3 +119,53 @@ def test_an_invalid_event_is_never_produced():
         assert len(spy.produced) == 1
     finally:
         log.close(timeout_s=0)
+
+
+class _HeldReports:
+    """A producer whose delivery reports the test sends itself, whenever it likes."""
+
+    def __init__(self):
+        self.reports = []
+
+    def produce(self, topic, value, key, on_delivery):
+        self.reports.append(on_delivery)
+
+    def poll(self, timeout):
+        return 0
+
+    def flush(self, timeout):
+        return 0
+
+
+def test_a_delivery_report_after_the_loop_closed_is_dropped_quietly():
+    # a report can arrive after its request gave up and the server's loop has closed (shutdown,
+    # or a test's asyncio.run): it has nobody to resolve, and must not raise on the poll thread
+    log = EventLog("127.0.0.1:1", "never", timeout_ms=1000)  # the request waits 2 s for its report
+    real = log._producer
+    log._producer = held = _HeldReports()
+    try:
+        event = {
+            "event_id": "e",
+            "type": "followed",
+            "schema_version": 1,
+            "user_id": 1,
+            "device_time": 0,
+            "sent_time": 0,
+            "received_time": 0,
+            "followee_id": 2,
+        }
+        with pytest.raises(LogUnavailable, match="no delivery report"):
+            asyncio.run(log.append(event))
+        (report,) = held.reports
+
+        class Msg:
+            def partition(self):
+                return 0
+
+            def offset(self):
+                return 7
+
+        report(None, Msg())  # the loop of that request is closed by now
+    finally:
+        log.close(timeout_s=0)
+        real.flush(0)
