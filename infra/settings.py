@@ -152,6 +152,13 @@ class Settings:
         "-XX:ReservedCodeCacheSize=240m` for its integration run (no C2 compiler: its short jobs spend "
         "less CPU compiling than they would gain; the code cache at its usual size, not client emulation's 48 MiB)",
     )
+    spark_conf: str = _setting(
+        "SOCIAL_SPARK_CONF",
+        "",
+        "extra Spark confs of every session, `key=value` separated by spaces, applied last; `make test` "
+        "turns adaptive execution and code generation off for its integration run (README: The test "
+        "suite's time)",
+    )
     spark_class_archive: int = _setting(
         "SOCIAL_SPARK_CLASS_ARCHIVE",
         1,

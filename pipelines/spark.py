@@ -28,6 +28,17 @@ def _jar_paths(settings: Settings) -> list[Path]:
     return jars.spark_jars(settings)
 
 
+def parse_conf(text: str) -> dict[str, str]:
+    """``SOCIAL_SPARK_CONF``: ``key=value`` pairs separated by whitespace, as a dict."""
+    conf = {}
+    for pair in text.split():
+        key, sep, value = pair.partition("=")
+        if not sep or not key.startswith("spark."):
+            raise ValueError(f"SOCIAL_SPARK_CONF: {pair!r} is not spark.<key>=<value>")
+        conf[key] = value
+    return conf
+
+
 def build_spark(
     app_name: str,
     settings: Settings | None = None,
@@ -134,7 +145,7 @@ def build_spark(
             .config("spark.cores.max", str(settings.spark_app_cores))
             .config("spark.executor.memory", settings.spark_executor_memory)
         )
-    for key, value in (extra_conf or {}).items():
+    for key, value in {**(extra_conf or {}), **parse_conf(settings.spark_conf)}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")

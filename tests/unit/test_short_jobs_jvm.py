@@ -50,3 +50,25 @@ def test_short_jobs_keep_the_usual_code_cache_without_c2():
     assert final["TieredStopAtLevel"] == "1"
     # and the trap itself, so the test explains why the size flag is there
     assert int(final_flags(["-XX:TieredStopAtLevel=1"])["ReservedCodeCacheSize"]) < 240 * MiB
+
+
+def test_spark_conf_setting_is_parsed_strictly():
+    from pipelines.spark import parse_conf
+
+    assert parse_conf("") == {}
+    assert parse_conf(" spark.a=1  spark.b.c=x=y ") == {"spark.a": "1", "spark.b.c": "x=y"}
+    with pytest.raises(ValueError, match="not spark"):
+        parse_conf("spark.a=1 adaptive=false")
+    with pytest.raises(ValueError, match="not spark"):
+        parse_conf("spark.sql.adaptive.enabled")
+
+
+def test_the_makefile_spark_conf_names_real_spark_settings():
+    from pipelines.spark import parse_conf
+
+    makefile = (REPO_ROOT / "Makefile").read_text()
+    default = re.search(r"\$\$\{SOCIAL_SPARK_CONF-(.*?)\}\"", makefile)
+    assert default, "SOCIAL_SPARK_CONF's default for the integration run"
+    conf = parse_conf(default.group(1))
+    assert conf["spark.sql.adaptive.enabled"] == "false"
+    assert conf["spark.sql.codegen.factoryMode"] == "NO_CODEGEN"

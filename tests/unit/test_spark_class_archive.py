@@ -4,6 +4,7 @@ the classpath it is valid for, dumped by `make setup`, and really mapped by a dr
 A driver started with ``-Xshare:on`` refuses to start unless it can map and validate its
 archive (the default, ``-Xshare:auto``, would fall back silently to loading every class from the
 jars): the second test would fail on an archive that is missing, stale or not passed at all.
+The same driver checks that ``SOCIAL_SPARK_CONF`` reaches its session (and wins over the defaults).
 """
 
 from __future__ import annotations
@@ -41,15 +42,18 @@ def test_a_driver_maps_the_archive_setup_dumped(tmp_path):
         "args = list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())\n"
         "print('ARGS', [a for a in args if 'Share' in a])\n"
         "print('ROWS', spark.range(5).count())\n"
+        "print('CONF', spark.conf.get('spark.sql.codegen.factoryMode'), spark.conf.get('spark.sql.shuffle.partitions'))\n"
         "spark.stop()\n"
     )
     env = {
         **os.environ,
         "SOCIAL_VAR_DIR": str(tmp_path),
         "SOCIAL_SPARK_DRIVER_JAVA_OPTIONS": "-Xshare:on",  # no usable archive, no driver
+        "SOCIAL_SPARK_CONF": "spark.sql.codegen.factoryMode=NO_CODEGEN spark.sql.shuffle.partitions=3",
     }
     done = subprocess.run(
         [sys.executable, "-c", script], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert f"-XX:SharedArchiveFile={archive}" in done.stdout and "ROWS 5" in done.stdout
+    assert "CONF NO_CODEGEN 3" in done.stdout  # testing=True sets 2 partitions; the setting wins
