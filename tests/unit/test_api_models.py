@@ -94,22 +94,25 @@ class _ProduceSpy:
         return getattr(self.producer, name)
 
 
+FOLLOW = {
+    "event_id": "e",
+    "type": "followed",
+    "schema_version": 1,
+    "user_id": 1,
+    "device_time": 0,
+    "sent_time": 0,
+    "received_time": 0,
+    "followee_id": 2,
+}
+
+
 def test_an_invalid_event_is_never_produced():
     log = EventLog("127.0.0.1:1", "never", timeout_ms=1000)  # nothing listens; nothing must be sent
     # len(producer) would also count librdkafka's own pending requests (metadata, producer id)
     # to the unreachable broker: a flaky measure. Count what the EventLog hands to produce().
     spy = log._producer = _ProduceSpy(log._producer)
     try:
-        bad = {
-            "event_id": "e",
-            "type": "followed",
-            "schema_version": 1,
-            "user_id": 1,
-            "device_time": 0,
-            "sent_time": 0,
-            "received_time": 0,
-            "followee_id": 1,
-        }  # self-follow
+        bad = dict(FOLLOW, followee_id=1)  # self-follow
         with pytest.raises(InvalidEvent, match="self_follow"):
             asyncio.run(log.append(bad))
         assert spy.produced == []
@@ -144,16 +147,7 @@ def test_a_delivery_report_after_the_loop_closed_is_dropped_quietly():
     real = log._producer
     log._producer = held = _HeldReports()
     try:
-        event = {
-            "event_id": "e",
-            "type": "followed",
-            "schema_version": 1,
-            "user_id": 1,
-            "device_time": 0,
-            "sent_time": 0,
-            "received_time": 0,
-            "followee_id": 2,
-        }
+        event = FOLLOW
         with pytest.raises(LogUnavailable, match="no delivery report"):
             asyncio.run(log.append(event))
         (report,) = held.reports
