@@ -263,10 +263,9 @@ def cross_check(
             out["views"][view.name] = compare_view(live, batch_side(views, view), view)
         if live_dispositions is not None:
             d = View("dispositions", ("partition", "offset"), ("disposition", "reason"), "")
+            cols = (*d.keys, *d.values)
             out["views"]["dispositions"] = compare_view(
-                live_dispositions.select("partition", "offset", "disposition", "reason"),
-                views.dispositions.select("partition", "offset", "disposition", "reason"),
-                d,
+                live_dispositions.select(*cols), views.dispositions.select(*cols), d
             )
     out["rows_compared"] = sum(v["batch_rows"] for v in out["views"].values())
     out["mismatches"] = sum(v["mismatches"] for v in out["views"].values())

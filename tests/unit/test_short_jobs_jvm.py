@@ -20,13 +20,12 @@ from infra.settings import REPO_ROOT
 MiB = 1024 * 1024
 
 
-def short_jobs_flags() -> list[str]:
+def makefile_default(variable: str) -> str:
+    """The default the Makefile's SHORT_JOBS gives ``variable``: ``VAR="$${VAR-<default>}"``."""
     makefile = (REPO_ROOT / "Makefile").read_text()
-    line = next(x for x in makefile.splitlines() if x.startswith("SHORT_JOBS :="))
-    # SOCIAL_SPARK_DRIVER_JAVA_OPTIONS="$${SOCIAL_SPARK_DRIVER_JAVA_OPTIONS-<default>}"
-    default = re.search(r"\$\$\{SOCIAL_SPARK_DRIVER_JAVA_OPTIONS-(.*)\}\"", line)
-    assert default, line
-    return shlex.split(default.group(1))
+    default = re.search(r"\$\$\{" + variable + r"-(.*?)\}\"", makefile)
+    assert default, f"no default for {variable} in the Makefile"
+    return default.group(1)
 
 
 def final_flags(flags: list[str]) -> dict[str, str]:
@@ -43,7 +42,7 @@ def final_flags(flags: list[str]) -> dict[str, str]:
 
 @pytest.mark.skipif(shutil.which("java") is None, reason="no JVM on PATH")
 def test_short_jobs_keep_the_usual_code_cache_without_c2():
-    flags = short_jobs_flags()
+    flags = shlex.split(makefile_default("SOCIAL_SPARK_DRIVER_JAVA_OPTIONS"))
     assert "-XX:TieredStopAtLevel=1" in flags
     final = final_flags(flags)
     assert int(final["ReservedCodeCacheSize"]) >= 240 * MiB
@@ -63,12 +62,10 @@ def test_spark_conf_setting_is_parsed_strictly():
         parse_conf("spark.sql.adaptive.enabled")
 
 
-def test_the_makefile_spark_conf_names_real_spark_settings():
+def test_the_integration_run_turns_adaptive_execution_and_codegen_off():
     from pipelines.spark import parse_conf
 
-    makefile = (REPO_ROOT / "Makefile").read_text()
-    default = re.search(r"\$\$\{SOCIAL_SPARK_CONF-(.*?)\}\"", makefile)
-    assert default, "SOCIAL_SPARK_CONF's default for the integration run"
-    conf = parse_conf(default.group(1))
+    conf = parse_conf(makefile_default("SOCIAL_SPARK_CONF"))
     assert conf["spark.sql.adaptive.enabled"] == "false"
+    assert conf["spark.sql.codegen.wholeStage"] == "false"
     assert conf["spark.sql.codegen.factoryMode"] == "NO_CODEGEN"
