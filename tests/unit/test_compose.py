@@ -257,7 +257,12 @@ def test_the_cluster_profile_is_the_local_cluster(compose):
     published = sorted(int(s["ports"][0].split(":")[1]) for s in nodes.values())
     assert published == [b for b, _ in settings.broker_ports()]
     local_node = stack.KafkaBroker(settings, 0).server_properties()
-    for key in ("min.insync.replicas", "default.replication.factor", "transaction.state.log.min.isr"):
+    for key in (
+        "min.insync.replicas",
+        "default.replication.factor",
+        "transaction.state.log.min.isr",
+        "log.cleaner.backoff.ms",
+    ):
         env = "KAFKA_" + key.upper().replace(".", "_")
         assert {s["environment"][env] for s in nodes.values()} == {local_node[key]}, key
     argv = services["topics-cluster"]["command"]
