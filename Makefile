@@ -44,24 +44,30 @@ airflow: setup ## the Airflow UI with the DAGs (scheduler + API server) in the f
 demo: setup ## the whole story end to end on a fresh machine
 	@$(PY) -m infra.demo
 
-# Two pytest processes. The integration tests start many short Spark jobs, each in its own JVM:
-# without the C2 compiler each spends less CPU compiling than it would gain (flushall-restore test
-# 214 s vs 266 s). The unit run keeps one JVM per module for minutes and keeps C2, as do the
-# benchmarks and the stack. An explicitly set SOCIAL_SPARK_DRIVER_JAVA_OPTIONS wins.
+# The integration tests start many short Spark jobs, each in its own JVM: without the C2 compiler
+# each spends less CPU compiling than it would gain (flushall-restore test 214 s vs 266 s). The
+# unit run keeps one JVM for minutes and keeps C2, as do the benchmarks and the stack. An
+# explicitly set SOCIAL_SPARK_DRIVER_JAVA_OPTIONS wins.
 # TieredStopAtLevel=1 also puts the JVM in client emulation, whose code cache is 48 MiB instead of
 # 240 MiB: a long job (a rebuild, a verify) filled it with C1 code and Spark's generated classes
 # and died of "Out of space in CodeCache for method handle intrinsic". Hence the explicit size.
-# Their data is tiny, so adaptive execution (re-planned after every stage) and code generation
+# Both runs' data is tiny, so adaptive execution (re-planned after every stage) and code generation
 # (Janino and the JIT compiling each new plan) cost more than they save: a verify of 4,000 events
-# 61 -> 41 s, 73 -> 43 JVM CPU-seconds (README: The test suite's time). SOCIAL_SPARK_CONF wins too.
+# 61 -> 41 s, 73 -> 43 JVM CPU-seconds; the unit run alone 5:04 -> 4:18 (README: The test suite's
+# time). SOCIAL_SPARK_CONF wins too.
+SMALL_DATA := SOCIAL_SPARK_CONF="$${SOCIAL_SPARK_CONF-spark.sql.adaptive.enabled=false spark.sql.codegen.wholeStage=false spark.sql.codegen.factoryMode=NO_CODEGEN}"
 SHORT_JOBS := SOCIAL_SPARK_DRIVER_JAVA_OPTIONS="$${SOCIAL_SPARK_DRIVER_JAVA_OPTIONS--XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m}" \
-	SOCIAL_SPARK_CONF="$${SOCIAL_SPARK_CONF-spark.sql.adaptive.enabled=false spark.sql.codegen.wholeStage=false spark.sql.codegen.factoryMode=NO_CODEGEN}"
-# The two runs go side by side: the integration run leaves about a third of the two cores idle
-# (its tests wait on streams and restarts), which the unit run's JVMs fill; its output follows.
+	$(SMALL_DATA)
+# The integration files go to INTEGRATION_WORKERS pytest-xdist workers (each with its own Kafka and
+# Redis, a file at a time, longest first: tests/integration/conftest.py): most of their time one
+# JVM at a time waits on a stream, a restart or real time, so one run alone left the cores idle.
+INTEGRATION_WORKERS ?= 2
+INTEGRATION := $(SHORT_JOBS) $(PY) -m pytest tests/integration -n $(INTEGRATION_WORKERS) --dist loadfile
+# The unit run goes beside them; its output follows theirs.
 test: setup ## unit + integration tests against the real local stack (side by side)
 	@mkdir -p var
-	@$(PY) -m pytest tests/unit $(PYTEST_ARGS) > var/test-unit.log 2>&1 & unit=$$!; \
-	$(SHORT_JOBS) $(PY) -m pytest tests/integration $(PYTEST_ARGS); integration=$$?; \
+	@$(SMALL_DATA) $(PY) -m pytest tests/unit $(PYTEST_ARGS) > var/test-unit.log 2>&1 & unit=$$!; \
+	$(INTEGRATION) $(PYTEST_ARGS); integration=$$?; \
 	wait $$unit; unit=$$?; \
 	echo "=== tests/unit (run beside the integration tests, log: var/test-unit.log) ==="; \
 	cat var/test-unit.log; \
@@ -71,10 +77,10 @@ test-faults: setup ## fault runs on a 3-node Kafka cluster, 60 s each (make test
 	SOCIAL_FAULT_RUN_S=$${SOCIAL_FAULT_RUN_S:-60} $(SHORT_JOBS) $(PY) -m pytest -m faults tests/integration $(PYTEST_ARGS)
 
 test-unit: setup ## fast tests, no broker
-	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+	$(SMALL_DATA) $(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
-test-integration: setup ## tests against the real local stack
-	$(SHORT_JOBS) $(PY) -m pytest tests/integration $(PYTEST_ARGS)
+test-integration: setup ## tests against the real local stack (INTEGRATION_WORKERS xdist workers)
+	$(INTEGRATION) $(PYTEST_ARGS)
 
 bench: setup ## side-by-side benchmarks -> var/reports/bench/latest.json
 	@$(PY) -m infra.bench

@@ -1,7 +1,8 @@
 """Shared fixtures: one real local stack per test session, and a fresh topic per test.
 
-The session stack runs on its own ports (Kafka 19092/19093, Redis 16379, or free ports if those
-are taken, e.g. by a second test session) with its state in a temporary folder, so it never
+The session stack runs on its own ports (Kafka 19092/19093, Redis 16379, 500 higher per
+pytest-xdist worker after the first, or free ports if those are taken, e.g. by a second test
+session) with its state in a temporary folder, so it never
 touches a user's `make up` stack on 9092/6379 or their var/. Only tests that ask for
 `kafka_stack` (mark them `@pytest.mark.integration`) start it; unit tests start nothing.
 """
@@ -9,6 +10,7 @@ touches a user's `make up` stack on 9092/6379 or their var/. Only tests that ask
 from __future__ import annotations
 
 import logging
+import os
 import re
 import signal
 import socket
@@ -45,10 +47,24 @@ PREFERRED_PORTS = {
 }
 
 
+# `make test` runs the integration tests in pytest-xdist workers (gw0, gw1, ...), each with a stack
+# of its own: a worker's preferred ports lie WORKER_PORT_STRIDE above the previous worker's, so two
+# workers starting at the same moment never both find the same port free and race to bind it.
+WORKER_PORT_STRIDE = 500
+
+
+def worker_index() -> int:
+    """This pytest-xdist worker's number (0 without xdist)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return int(worker.removeprefix("gw")) if worker.startswith("gw") else 0
+
+
 def _free_port(preferred: int, avoid: set[int]) -> int:
-    """The preferred port if nobody uses it, else one the kernel picks."""
+    """The preferred port (moved up by this worker's stride) if nobody uses it, else one the
+    kernel picks."""
     from infra.stack import port_free
 
+    preferred += WORKER_PORT_STRIDE * worker_index()
     if preferred not in avoid and port_free(preferred):
         return preferred
     while True:

@@ -17,6 +17,25 @@ import pytest
 
 from infra.speed_layer_process import SpeedLayerProcess
 
+# `make test` spreads these files over two pytest-xdist workers, a file at a time (`--dist
+# loadfile`: a file's tests share its fixtures and run in order), handing the next file to whichever
+# worker is free. Longest first (CI's per-test durations), so the two finish near together instead
+# of one running the longest file alone at the end.
+LONGEST_FIRST = (
+    "test_keyed_faults.py",
+    "test_speed_layer.py",
+    "test_dags_e2e.py",
+    "test_analytics.py",
+    "test_erasure_audit.py",
+    "test_cluster_faults.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: order within a file kept
+
+
 # The archiver as the tests run it: archives every second, compacts every few seconds.
 ARCHIVER_TEST_SETTINGS = {
     "archive_interval_s": 1.0,
