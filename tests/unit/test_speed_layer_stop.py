@@ -56,9 +56,8 @@ def _group_alive(pgid: int) -> bool:
 
 def test_stop_signals_the_drivers_only_and_leaves_no_process_of_their_groups(tmp_path):
     sl = SpeedLayerProcess(get_settings(var_dir=tmp_path), "t", "ns", tmp_path / "sl.log")
-    (sl.proc, speed_mark, _), (sl.archiver, archiver_mark, _) = _group(tmp_path, "speed"), _group(
-        tmp_path, "archiver"
-    )
+    sl.proc, speed_mark, _ = _group(tmp_path, "speed")
+    sl.archiver, archiver_mark, _ = _group(tmp_path, "archiver")
     started = time.monotonic()
     sl.stop(timeout_s=3.0)
     took = time.monotonic() - started
