@@ -8,6 +8,8 @@ a minute), and whatever of the group outlives the timeout is killed, so nothing 
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -43,7 +45,9 @@ def _group(tmp_path: Path, name: str) -> tuple[subprocess.Popen, Path, Path]:
     )
     deadline = time.monotonic() + 30
     while not ready.exists():
-        assert time.monotonic() < deadline, "the stand-in child did not start"
+        if time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise AssertionError("the stand-in child did not start")
         time.sleep(0.05)
     return proc, mark, ready
 
@@ -59,8 +63,15 @@ def test_stop_signals_the_drivers_only_and_leaves_no_process_of_their_groups(tmp
     sl.proc, speed_mark, _ = _group(tmp_path, "speed")
     sl.archiver, archiver_mark, _ = _group(tmp_path, "archiver")
     started = time.monotonic()
-    sl.stop(timeout_s=3.0)
-    took = time.monotonic() - started
+    try:
+        sl.stop(timeout_s=3.0)
+    finally:
+        took = time.monotonic() - started
+        for proc in (sl.proc, sl.archiver):  # whatever stop() did, nothing of them outlives the test
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     assert sl.proc.returncode == 0 and sl.archiver.returncode == 0  # the drivers exited on SIGTERM
     assert not speed_mark.exists() and not archiver_mark.exists()  # their children got no SIGTERM
