@@ -752,6 +752,7 @@ class SparkDriverService(Service):
 
     def application(self) -> str | None:
         """This service's Spark application name, if its driver answers on the UI REST API."""
+        import http.client
         import json
         import urllib.error
         import urllib.request
@@ -765,8 +766,8 @@ class SparkDriverService(Service):
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{p}/api/v1/applications", timeout=2) as r:
                     apps = json.loads(r.read())
-            except (urllib.error.URLError, OSError, ValueError):
-                continue
+            except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError):
+                continue  # not a Spark UI: another process's port (a Py4J gateway answers no HTTP)
             for app in apps if isinstance(apps, list) else []:
                 if str(app.get("name", "")).startswith(self.APP_PREFIX):
                     return app["name"]
