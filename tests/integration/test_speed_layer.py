@@ -3,11 +3,12 @@
 - Generated events (with counted invalid records and duplicates) through the running stream; then
   `verify` (a separate process, as the DAG runs it) finds the live views equal to a replay of the
   log at the position they cover, Redis equal to Delta, and the accounting exact.
-- Crash safety: the speed layer is killed with SIGKILL at random moments ten times (half before
-  the second half of the log is written), the archiver in four of those crashes, and both are
-  restarted; the same checks hold, the views come from more than one archive, and no table has a
-  duplicate key. (The archiver is not killed every time: each restart of it is a second Spark
-  session starting beside the speed layer's on two cores, ~10 s of the test each.)
+- Crash safety: the speed layer is killed with SIGKILL at random moments ten times, each while
+  records are still to apply (half before the second half of the log is written), the archiver
+  in four of those crashes, and both are restarted; the same checks hold, the views come from
+  more than one archive, and no table has a duplicate key. (The archiver is not killed every
+  time: each restart of it is a second Spark session starting beside the speed layer's on two
+  cores, ~10 s of the test each.)
 """
 
 from __future__ import annotations
@@ -112,17 +113,24 @@ def test_crash_safety_kill9_and_restart(kafka_stack, topic_factory, speed_layer_
 
     topic = topic_factory(4)
     cfg = GeneratorConfig(users=400, seed=5, mean_followers=12, invalid_share=0.02, duplicate_share=0.02)
-    sl = speed_layer_factory(topic=topic, namespace="crashy", max_offsets_per_trigger=3_000)
+    # small micro-batches (~30 per half of the log), so every kill lands in a running stream
+    sl = speed_layer_factory(topic=topic, namespace="crashy", max_offsets_per_trigger=300)
     rng = random.Random(42)
+    in_flight: list[int] = []  # records sent but not applied yet, at each kill
 
     def crash_five_times() -> None:
         archiver_crashes = set(rng.sample(range(5), 2))
+        sent = sum(end_offsets(kafka_stack.settings, topic).values())
         for i in range(5):
-            # once its query runs, pull the plug at a random moment of the micro-batch in flight;
-            # in two of the five, the archiver's too, in the middle of an archive or a compaction
+            # once its query runs and has applied a random share of what is left, pull the plug
+            # at a random moment of the micro-batch in flight; in two of the five, the archiver's
+            # too, in the middle of an archive or a compaction
             sl.wait_running()
-            time.sleep(rng.uniform(0, 8))
+            applied = sum(sl.redis_position().values())
+            sl.wait_applied(applied + int(rng.uniform(0.05, 0.25) * (sent - applied)), timeout=300)
+            time.sleep(rng.uniform(0, 0.3))
             sl.kill9()
+            in_flight.append(sent - sum(sl.redis_position().values()))
             if i in archiver_crashes:
                 time.sleep(rng.uniform(0, 4))
                 sl.kill9_archiver()
@@ -146,6 +154,7 @@ def test_crash_safety_kill9_and_restart(kafka_stack, topic_factory, speed_layer_
     crash_five_times()
     sl.wait_caught_up(timeout=900)
     sl.stop()
+    assert len(in_flight) == 10 and all(n > 0 for n in in_flight), in_flight  # none hit an idle stream
     report = run_verify(kafka_stack.settings, topic, "crashy", tmp_path)
     assert_verified(report, summary)
     assert report["position"]["batch_id"] >= 1  # the views came from more than one archive
