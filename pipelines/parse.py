@@ -19,18 +19,27 @@ from pipelines.tables import TABLES
 
 _VARIANT_TYPE = {"integer": "BIGINT", "string": "STRING"}  # schema_of_variant's names
 
+# The checks are written as Spark SQL text and parsed once (one ``F.expr``): built as Column
+# objects they took thousands of Py4J calls, ~2.8 s of every JVM that parses records (the
+# archiver at each start, each verify, the batch layer). The rules and their order are the same.
 
-def _vtype(name: str) -> Column:
+
+def _lit(value: str) -> str:
+    """A Spark SQL string literal of ``value`` (the parser unescapes backslashes)."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _vtype(name: str) -> str:
     """The VARIANT type name of field ``name`` (None when absent, 'VOID' when JSON null).
 
     An expression, not a column: only records off the fast path (see :func:`reason_column`)
     ever evaluate it, so a valid record never pays for it.
     """
-    return F.expr(f"schema_of_variant(variant_get(_v, '$.{name}'))")
+    return f"schema_of_variant(variant_get(_v, {_lit('$.' + name)}))"
 
 
-def _value(name: str, json_type: str) -> Column:
-    return F.col(f"_x_{name}")
+def _value(name: str) -> str:
+    return f"`_x_{name}`"
 
 
 def _field_columns() -> list[Column]:
@@ -38,101 +47,102 @@ def _field_columns() -> list[Column]:
     cols = []
     for f in contract.spark_schema().fields:
         typ = "bigint" if f.dataType.typeName() == "long" else "string"
-        cols.append(F.expr(f"try_variant_get(_v, '$.{f.name}', '{typ}')").alias(f"_x_{f.name}"))
+        cols.append(F.expr(f"try_variant_get(_v, {_lit('$.' + f.name)}, '{typ}') AS `_x_{f.name}`"))
     return cols
 
 
-def _absent(name: str) -> Column:
+def _absent(name: str) -> str:
     t = _vtype(name)
-    return t.isNull() | (t == "VOID")
+    return f"({t} IS NULL OR {t} = 'VOID')"
 
 
-def _type_rules(spec: contract.EventTypeSpec, *, shape_ok: bool = False) -> list[tuple[Column, Column]]:
-    """(condition, reason) for one event type, in the validator's order.
+def _type_rules(spec: contract.EventTypeSpec, *, shape_ok: bool = False) -> list[tuple[str, str]]:
+    """(condition, reason) for one event type, in the validator's order, as SQL.
 
     ``shape_ok``: the record is known to hold exactly the type's fields, each present with its
     JSON type, so only the value rules can fire (same rules, same order, same reasons).
     """
-    rules: list[tuple[Column, Column]] = []
+    rules: list[tuple[str, str]] = []
     if not shape_ok:
-        allowed = F.array(*[F.lit(f.name) for f in spec.fields])
-        extra = F.array_sort(
-            F.filter(F.expr("json_object_keys(raw)"), lambda k: ~F.array_contains(allowed, k))
-        )
-        rules.append((F.size(extra) > 0, F.concat(F.lit("unknown_field:"), extra.getItem(0))))
+        allowed = "array(" + ", ".join(_lit(f.name) for f in spec.fields) + ")"
+        extra = f"array_sort(filter(json_object_keys(raw), k -> NOT array_contains({allowed}, k)))"
+        rules.append((f"size({extra}) > 0", f"concat('unknown_field:', {extra}[0])"))
         for f in spec.fields:
             if f.required and f.name != "type":
-                rules.append((_absent(f.name), F.lit(f"missing_field:{f.name}")))
+                rules.append((_absent(f.name), _lit(f"missing_field:{f.name}")))
     for f in spec.fields:
         if f.name == "type":
             continue
-        present = F.lit(True) if shape_ok else ~_absent(f.name)
-        mistyped = F.lit(False) if shape_ok else _vtype(f.name) != _VARIANT_TYPE[f.json_type]
+        present = "true" if shape_ok else f"NOT {_absent(f.name)}"
+        mistyped = "false" if shape_ok else f"({_vtype(f.name)} <> {_lit(_VARIANT_TYPE[f.json_type])})"
+        v = _value(f.name)
         if f.const is not None:
-            bad = mistyped | (_value(f.name, "integer") != F.lit(f.const))
+            const = _lit(f.const) if isinstance(f.const, str) else int(f.const)
+            bad = f"({mistyped} OR {v} <> {const})"
             reason = "bad_schema_version" if f.name == "schema_version" else f"bad_value:{f.name}"
-            rules.append((present & bad, F.lit(reason)))
+            rules.append((f"({present} AND {bad})", _lit(reason)))
             continue
         if not shape_ok:
-            rules.append((present & mistyped, F.lit(f"mistyped_field:{f.name}")))
+            rules.append((f"({present} AND {mistyped})", _lit(f"mistyped_field:{f.name}")))
         if f.json_type == "integer":
-            v = _value(f.name, "integer")
-            out = F.lit(False)
+            out = "false"
             if f.minimum is not None:
-                out = out | (v < F.lit(f.minimum))
+                out = f"({out} OR {v} < {int(f.minimum)})"
             if f.maximum is not None:
-                out = out | (v > F.lit(f.maximum))
-            rules.append((present & out, F.lit(f"bad_value:{f.name}")))
+                out = f"({out} OR {v} > {int(f.maximum)})"
+            rules.append((f"({present} AND {out})", _lit(f"bad_value:{f.name}")))
         else:
-            v = _value(f.name, "string")
             if f.sealable:  # a sealed value: its form only (the producer checked the plaintext)
                 sealed = (
-                    v.startswith(contract.SEALED_PREFIX)
-                    & (F.char_length(v) <= contract.SEALED_MAX_LENGTH)
-                    & v.rlike(contract.SEALED_PATTERN)
+                    f"(startswith({v}, {_lit(contract.SEALED_PREFIX)})"
+                    f" AND char_length({v}) <= {int(contract.SEALED_MAX_LENGTH)}"
+                    f" AND {v} RLIKE {_lit(contract.SEALED_PATTERN)})"
                 )
-                present = present & ~F.coalesce(sealed, F.lit(False))
+                present = f"({present} AND NOT coalesce({sealed}, false))"
             if f.max_length is not None:
-                rules.append((present & (F.char_length(v) > f.max_length), F.lit(f"text_too_long:{f.name}")))
-            bad = F.lit(False)
+                rules.append(
+                    (
+                        f"({present} AND char_length({v}) > {int(f.max_length)})",
+                        _lit(f"text_too_long:{f.name}"),
+                    )
+                )
+            bad = "false"
             if f.min_length is not None:
-                bad = bad | (F.char_length(v) < f.min_length)
+                bad = f"({bad} OR char_length({v}) < {int(f.min_length)})"
             if f.pattern:
-                bad = bad | ~v.rlike(f.pattern)
-            rules.append((present & bad, F.lit(f"bad_value:{f.name}")))
+                bad = f"({bad} OR NOT {v} RLIKE {_lit(f.pattern)})"
+            rules.append((f"({present} AND {bad})", _lit(f"bad_value:{f.name}")))
     rules += _clock_rules()
     for reason, types, fld, other in contract.CROSS_FIELD_RULES:
         if spec.name in types:
-            rules.append((_value(fld, "integer") == _value(other, "integer"), F.lit(reason)))
+            rules.append((f"({_value(fld)} = {_value(other)})", _lit(reason)))
     return rules
 
 
-def _clock_rules() -> list[tuple[Column, Column]]:
+def _clock_rules() -> list[tuple[str, str]]:
     """The clock window (``contract.clock_reason``), after the field rules put every time in range.
 
     Overflow-proof whatever the record holds: the differences are ``try_subtract`` (null instead
     of an ANSI overflow error should Spark ever evaluate them ahead of the range rules), and a
     null difference counts as outside the window.
     """
-    device, sent, received = (_value(n, "integer") for n in ("device_time", "sent_time", "received_time"))
-    skew = F.try_subtract(received, sent)
-    held = F.try_subtract(sent, device)
-    k, off = F.lit(contract.MAX_CLOCK_SKEW_MS), F.lit(contract.MAX_OFFLINE_MS)
+    device, sent, received = (_value(n) for n in ("device_time", "sent_time", "received_time"))
+    skew = f"try_subtract({received}, {sent})"
+    held = f"try_subtract({sent}, {device})"
+    k, off = int(contract.MAX_CLOCK_SKEW_MS), int(contract.MAX_OFFLINE_MS)
     return [
-        (F.coalesce((skew > k) | (skew < -k), F.lit(True)), F.lit("clock_skew:sent_time")),
+        (f"coalesce({skew} > {k} OR {skew} < -{k}, true)", _lit("clock_skew:sent_time")),
         (
-            F.coalesce((held < 0) | (held > off) | (held > received), F.lit(True)),
-            F.lit("clock_skew:device_time"),
+            f"coalesce({held} < 0 OR {held} > {off} OR {held} > {received}, true)",
+            _lit("clock_skew:device_time"),
         ),
     ]
 
 
-def _first(rules: list[tuple[Column, Column]]) -> Column:
-    """The reason of the first rule that holds (null when none does)."""
-    expr = F.when(rules[0][0], rules[0][1])
-    for cond, reason in rules[1:]:
-        expr = expr.when(cond, reason)
-    return expr
+def _case(rules: list[tuple[str, str]], otherwise: str | None = None) -> str:
+    """The reason of the first rule that holds (``otherwise``, or null, when none does)."""
+    whens = " ".join(f"WHEN {cond} THEN {reason}" for cond, reason in rules)
+    return f"CASE {whens}{f' ELSE {otherwise}' if otherwise else ''} END"
 
 
 def clean_shape(spec: contract.EventTypeSpec) -> str:
@@ -141,7 +151,7 @@ def clean_shape(spec: contract.EventTypeSpec) -> str:
     return "OBJECT<" + ", ".join(f"{name}: {typ}" for name, typ in fields) + ">"
 
 
-def _fast_path(spec: contract.EventTypeSpec) -> Column:
+def _fast_path(spec: contract.EventTypeSpec) -> str:
     """True when a record of this type has exactly the type's shape (see :func:`reason_column`).
 
     Sound for any input: every field of every type is required, so all of them non-null means
@@ -151,14 +161,13 @@ def _fast_path(spec: contract.EventTypeSpec) -> Column:
     equal length would differ in place: equal strings mean exactly these keys with these types.
     """
     assert all(f.required for f in spec.fields), "the fast path assumes every field is required"
-    ok = F.expr("schema_of_variant(_v)") == F.lit(clean_shape(spec))
-    for f in spec.fields:
-        ok = ok & _value(f.name, f.json_type).isNotNull()
-    return ok
+    ok = [f"schema_of_variant(_v) = {_lit(clean_shape(spec))}"]
+    ok += [f"{_value(f.name)} IS NOT NULL" for f in spec.fields]
+    return "(" + " AND ".join(ok) + ")"
 
 
-def reason_column() -> Column:
-    """The quarantine reason of a record (null when it satisfies the contract).
+def reason_sql() -> str:
+    """The quarantine reason of a record (null when it satisfies the contract), as Spark SQL.
 
     Expects columns ``raw`` (string), ``_utf8`` (the value is UTF-8), ``_v`` (VARIANT or null)
     and the typed ``_x_<field>``.
@@ -169,33 +178,37 @@ def reason_column() -> Column:
     parse for its keys. Any other record takes the exact path, the validator's rules in order.
     A unit test runs both paths over the same records as the Python validator.
     """
-    etype = _value("type", "string")
-    exact = (
-        F.when(~F.col("_utf8"), F.lit("not_utf8"))
-        .when(F.col("_v").isNull(), F.lit("bad_json"))
-        .when(~F.expr("schema_of_variant(_v)").startswith("OBJECT"), F.lit("not_an_object"))
-        .when(_absent("type"), F.lit("missing_field:type"))
-        .when(_vtype("type") != "STRING", F.lit("mistyped_field:type"))
-        .when(~etype.isin(*contract.EVENT_TYPES), F.lit("unknown_type"))
-    )
+    etype = _value("type")
+    exact = [
+        ("NOT _utf8", _lit("not_utf8")),
+        ("_v IS NULL", _lit("bad_json")),
+        ("NOT startswith(schema_of_variant(_v), 'OBJECT')", _lit("not_an_object")),
+        (_absent("type"), _lit("missing_field:type")),
+        (f"({_vtype('type')} <> 'STRING')", _lit("mistyped_field:type")),
+        (f"NOT {etype} IN ({', '.join(_lit(t) for t in contract.EVENT_TYPES)})", _lit("unknown_type")),
+    ]
     for name in contract.EVENT_TYPES:
         for cond, reason in _type_rules(contract.event_type(name)):
-            exact = exact.when((etype == name) & cond, reason)
-    fast = None
+            exact.append((f"({etype} = {_lit(name)} AND {cond})", reason))
+    fast = []
     for name in contract.EVENT_TYPES:
         spec = contract.event_type(name)
-        cond, reason = (etype == name) & _fast_path(spec), _first(_type_rules(spec, shape_ok=True))
-        fast = F.when(cond, reason) if fast is None else fast.when(cond, reason)
-    return fast.otherwise(exact)
+        cond = f"({etype} = {_lit(name)} AND {_fast_path(spec)})"
+        fast.append((cond, _case(_type_rules(spec, shape_ok=True))))
+    return _case(fast, otherwise=_case(exact))
+
+
+def reason_column() -> Column:
+    """:func:`reason_sql` as a Column: parsed by Spark in one call."""
+    return F.expr(reason_sql())
 
 
 @functools.cache
 def _checks(gateway: int) -> tuple[list[Column], Column]:
     """The typed field columns and the reason column, built once per JVM gateway.
 
-    Building the reason expression takes thousands of Py4J calls (~1.5 s on two cores); a
-    micro-batch used to pay that every time. A Column is an expression tree that belongs to no
-    session, so the same objects serve every batch, stream and replay alike.
+    A Column is an expression tree that belongs to no session, so the same objects serve every
+    batch, stream and replay alike.
     """
     return _field_columns(), reason_column()
 
@@ -248,8 +261,8 @@ def parse_records(records: DataFrame, *, checkpoint: bool = True) -> tuple[DataF
             "key",
             "raw",
             "reason",
-            _value("event_id", "string").alias("event_id"),
-            _value("type", "string").alias("type"),
+            F.col("_x_event_id").alias("event_id"),
+            F.col("_x_type").alias("type"),
             "kafka_timestamp",
         )
         .select(*quarantine_cols)
@@ -266,10 +279,7 @@ def parse_records(records: DataFrame, *, checkpoint: bool = True) -> tuple[DataF
         "key",
         "raw",
         "kafka_timestamp",
-        *[
-            _value(f.name, "integer" if f.dataType.typeName() == "long" else "string").alias(f.name)
-            for f in fields
-        ],
+        *[F.col(f"_x_{f.name}").alias(f.name) for f in fields],
     ).withColumn(
         "event_time",
         F.try_add(F.col("device_time"), F.try_subtract(F.col("received_time"), F.col("sent_time"))),
