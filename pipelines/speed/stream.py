@@ -50,6 +50,20 @@ SUMMARY_SCHEMA = (
 _PROCESSORS: dict[ProcessorConfig, Processor] = {}  # one per Python worker, reused across tasks
 
 
+def processor_for(cfg: ProcessorConfig) -> Processor:
+    """This Python worker's :class:`Processor` for ``cfg`` (its Redis connection and the check
+    that the function library is loaded, paid once per worker, not once per task).
+
+    Module-level on purpose: the ``mapInArrow`` function below is a closure, which cloudpickle
+    ships by value with a copy of the globals it names, so a cache it held itself would be a new,
+    empty dict in every task; a module function is shipped by reference and finds this module's.
+    """
+    proc = _PROCESSORS.get(cfg)
+    if proc is None:
+        proc = _PROCESSORS[cfg] = Processor(cfg)
+    return proc
+
+
 def processor_config(settings: Settings, namespace: str, *, record_freshness: bool = True) -> ProcessorConfig:
     return ProcessorConfig(
         redis_url=settings.redis_url,
@@ -69,9 +83,7 @@ def apply_partitions(cfg: ProcessorConfig):
     def fn(batches: Iterator):
         import pyarrow as pa
 
-        proc = _PROCESSORS.get(cfg)
-        if proc is None:
-            proc = _PROCESSORS[cfg] = Processor(cfg)
+        proc = processor_for(cfg)
         for batch in batches:
             parts = batch.column("partition").to_pylist()
             offsets = batch.column("offset").to_pylist()
