@@ -62,6 +62,7 @@ class BenchContext:
     serving_seconds: int = 30
     freshness_p99_target_ms: int = 5_000
     ryw_writes: int = 50  # keyed: read-your-write samples, idle and under load
+    ryw_settle_s: float = 30.0  # keyed: quiet time after the catch-up before the idle samples
     ryw_load_rate: int = 5_000
     keyed_rates: tuple[int, ...] = (1_000, 5_000, 10_000)
     keyed_seconds: int = 120
