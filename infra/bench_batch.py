@@ -7,7 +7,10 @@ archived once as the speed layer's archiver lays it out (:mod:`pipelines.batch_l
   job over the archive pays);
 - the batch layer: every view recomputed from the same archive and written as Delta
   (:func:`pipelines.batch_layer.job.run`), events/s and the ratio to the bare read, in one run;
-- the time curve (10x over 1x, must be <= 10) and the data files per output table (compacted).
+- the time curve (10x over 1x, must be <= 10) and the data files per output table (compacted);
+- the floor under both targets: the 10x run's output tables read back and written again, as
+  Delta and as plain Parquet (``output_copy_*``), what any batch layer producing these rows pays
+  at least.
 
 Where the time goes is in the Spark event log of the run (``var/spark-events/``) and summarised
 by stage in the section's ``stages_10x`` (the slowest stages of the 10x run, from the UI's REST
@@ -46,6 +49,26 @@ def _stages(spark, top: int = 8) -> list[dict]:
         }
         for s in stages[:top]
     ]
+
+
+def _output_floor(spark, out_dir: Path, scratch: Path, events: int) -> dict:
+    """What writing the batch layer's output alone costs: every output table read back and written
+    again (no joins, no ranking), as Delta (with its per-file statistics) and as plain Parquet. No
+    batch layer that produces these rows can be faster than the cheaper of the two; its events/s
+    and its ratio to the bare read are the ceiling of both targets on this machine."""
+    tables = sorted(p for p in out_dir.iterdir() if (p / "_delta_log").is_dir())
+    rows = sum(spark.read.format("delta").load(str(t)).count() for t in tables)
+    out: dict = {"output_rows_10x": rows}
+    for fmt in ("delta", "parquet"):
+        t0 = time.perf_counter()
+        for table in tables:
+            df = spark.read.format("delta").load(str(table))
+            df.write.format(fmt).mode("overwrite").save(str(scratch / fmt / table.name))
+        seconds = time.perf_counter() - t0
+        out[f"output_copy_{fmt}_seconds_10x"] = round(seconds, 1)
+        out[f"output_copy_{fmt}_ceiling_events_per_s_10x"] = round(events / seconds)
+    shutil.rmtree(scratch, ignore_errors=True)
+    return out
 
 
 @section("batch_layer")
@@ -101,6 +124,7 @@ def batch_layer_section(ctx: BenchContext) -> dict:
             if label == "10x":
                 out["files_per_table"] = {name: t["files"] for name, t in result["tables"].items()}
                 out["stages_10x"] = _stages(spark)
+                out.update(_output_floor(spark, lake / result["out_namespace"], lake / f"{ns}-copy", n))
             for d in (lake / ns, lake / result["out_namespace"]):
                 shutil.rmtree(d, ignore_errors=True)
         out["time_ratio_10x_over_1x"] = round(
