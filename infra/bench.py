@@ -225,7 +225,8 @@ def _populate_serving_store(settings: Settings, namespace: str, users: int, seed
     """A serving store as the speed layer leaves it, written directly (key layout of ServingStore).
 
     Users follow others by the generator's heavy-tailed graph (``app_sim.graph``); each home
-    timeline holds the latest 50 posts of the user and their followees, every user has a status,
+    timeline holds the latest 50 posts of the user and the followees at or under the fan-out
+    threshold (the others are merged at read time, as the speed layer leaves them), every user has a status,
     a few inbox messages and an unread count. Returns the user ids.
     """
     import numpy as np
@@ -241,17 +242,24 @@ def _populate_serving_store(settings: Settings, namespace: str, users: int, seed
     posts_per_user = 10
     post_ids = {u: [u * 1000 + i for i in range(posts_per_user)] for u in range(1, users + 1)}
     following: dict[int, list[int]] = {u: [] for u in range(1, users + 1)}
+    followers: dict[int, int] = dict.fromkeys(following, 0)
     for a, b in edges.tolist():
         following[a].append(b)
+        followers[b] += 1
+    # the hybrid rule as the speed layer applies it: authors over the threshold are merged at read
+    # time, not fanned out (SOCIAL_FANOUT_THRESHOLD decides how much of the read is a merge)
+    celebs = {a for a, n in followers.items() if n > settings.fanout_threshold}
     pipe = r.pipeline(transaction=False)
+    if celebs:
+        pipe.sadd(k("celebs"), *sorted(celebs))
     for u in range(1, users + 1):
         pipe.hset(k("users"), u, orjson.dumps({"handle": f"u{u}", "display_name": f"User {u}"}))
         pipe.hset(k("status"), u, orjson.dumps({"text": f"status of {u}", "event_time": 1}))
         for i, pid in enumerate(post_ids[u]):
             body = {"post_id": pid, "author_id": u, "text": "x" * int(rng.integers(20, 200)), "event_time": i}
             pipe.set(k("p", pid), orjson.dumps(body))
-            pipe.zadd(k("posts", u), {_pid(pid): i})
-        authors = [u, *following[u]]
+            pipe.zadd(k("posts", u), {_pid(pid): i * users + u})
+        authors = [u, *(a for a in following[u] if a not in celebs)]
         candidates = [(i * users + a, post_ids[a][i]) for a in authors for i in range(posts_per_user)]
         top = sorted(candidates, reverse=True)[:50]
         pipe.zadd(k("tl", u), {_pid(pid): score for score, pid in top})
