@@ -726,7 +726,7 @@ def test_an_erasure_applied_before_earlier_events_of_another_partition(redis_url
     assert compare_namespaces(redis.Redis.from_url(redis_url), *states, timeline_length=800)["ok"]
 
 
-def test_each_task_of_a_worker_reuses_its_processor(redis_url, ns):
+def test_each_task_of_a_worker_reuses_its_processor(redis_url, ns, monkeypatch):
     """Spark ships the ``mapInArrow`` function to every task by cloudpickle; two tasks in one Python
     worker must share one Processor (one Redis connection, one library check), not build one each."""
     import pickle
@@ -745,19 +745,12 @@ def test_each_task_of_a_worker_reuses_its_processor(redis_url, ns):
         made.append(self)
         init(self, *a, **kw)
 
-    Processor.__init__ = counting
-    try:
-        for offset in (0, 1):  # two tasks: the function unpickled afresh each time, as Spark does
-            task = pickle.loads(shipped)
-            value = json.dumps(
-                ev("user_registered", 1 + offset, offset, handle=f"h{offset}", display_name="x")
-            )
-            batch = pa.RecordBatch.from_pydict(
-                {"partition": [0], "offset": [offset], "value": [value.encode()]}
-            )
-            (out,) = list(task(iter([batch])))
-            assert out.column("applied").to_pylist() == [1]
-    finally:
-        Processor.__init__ = init
-        stream._PROCESSORS.pop(cfg, None)
+    monkeypatch.setattr(Processor, "__init__", counting)
+    monkeypatch.setattr(stream, "_PROCESSORS", {})  # this worker's cache, empty, restored at teardown
+    for offset in (0, 1):  # two tasks: the function unpickled afresh each time, as Spark does
+        task = pickle.loads(shipped)
+        value = json.dumps(ev("user_registered", 1 + offset, offset, handle=f"h{offset}", display_name="x"))
+        batch = pa.RecordBatch.from_pydict({"partition": [0], "offset": [offset], "value": [value.encode()]})
+        (out,) = list(task(iter([batch])))
+        assert out.column("applied").to_pylist() == [1]
     assert len(made) == 1
