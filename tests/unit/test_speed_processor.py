@@ -304,6 +304,40 @@ def test_celebrity_posts_are_merged_at_read_time_not_fanned_out(redis_url, ns):
     assert {u: timeline(r, ns, u) for u in (1, 2, 3, 4)} == {1: [2000, 1000], 2: [1000], 3: [1000], 4: []}
 
 
+def test_the_read_time_merge_by_hand(redis_url, ns):
+    """FCALL_RO social_timeline: tl:u merged with the celebrities' posts, newest first by (corrected
+    event time, post_id), every prefix; celebrities' sources read in pages (a refill is needed)."""
+    follows = [ev("followed", u, 0, followee_id=c) for u in (1, 2) for c in (100, 200, 400, 500)]
+    follows.append(ev("followed", 1, 0, followee_id=300))  # 300: one follower, fanned out
+    posts = [ev("post_created", 100, 15 + i, post_id=1000 + i, text="c") for i in range(1, 11)]
+    posts += [
+        ev("post_created", 200, 22, post_id=2001, text="tie with 1007"),
+        ev("post_created", 200, 25, post_id=2002, text="tie with 1010 and 3001"),
+        ev("post_created", 300, 25, post_id=3001, text="fanned out, tie"),
+        ev("post_created", 300, 15, post_id=3002, text="fanned out"),
+        ev("post_created", 1, 24, post_id=1500, text="own"),
+        ev("post_created", 400, 5, post_id=4001, text="old"),
+        ev("post_created", 500, 6, post_id=5001, text="old"),
+    ]
+    r = apply(redis_url, ns, [follows, posts], fanout_threshold=1)
+    assert r.smembers(functions.key(ns, "celebs")) == {"100", "200", "400", "500"}
+    assert timeline(r, ns, 1) == [3001, 1500, 3002]  # the fanned-out part only
+    # by hand: t25: 3001 > 2002 > 1010 (post_id desc); t24: 1500, 1009; t23: 1008; t22: 2001, 1007;
+    # t21..16: 1006..1001; t15: 3002; then 5001 (t6), 4001 (t5)
+    want = {
+        1: [3001, 2002, 1010, 1500, 1009, 1008, 2001, 1007, 1006, 1005, 1004, 1003, 1002, 1001, 3002, 5001, 4001],
+        2: [2002, 1010, 1009, 1008, 2001, 1007, 1006, 1005, 1004, 1003, 1002, 1001, 5001, 4001],
+        300: [3001, 3002],
+        7: [],
+    }  # fmt: skip
+    for limit in range(1, 20):  # 5 sources: pages of max(4, 2 * limit / 5), so 100's run out
+        got = read_timelines(redis_url, ns, list(want), limit)
+        assert got == {u: w[:limit] for u, w in want.items()}, limit
+    as_of = read_timelines(redis_url, ns, [1], 5, as_of=True)[1][1]
+    assert as_of == {str(p): int(o) for p, o in r.hgetall(functions.key(ns, "fence")).items()}
+    assert as_of and all(o > 0 for o in as_of.values())
+
+
 def test_crossing_the_threshold_upwards_removes_and_refills(redis_url, ns):
     # 1 follows 100 and 200; timelines hold 2 posts; 100 becomes a celebrity when 2 more follow it
     evs = [
@@ -429,6 +463,32 @@ def definition(records, n, threshold, window):
     return tls, unread, status, follows, messages
 
 
+def home_timelines(records, n, window):
+    """home timeline(u) as the BRIEF defines it, whatever the fan-out: the posts of u and of all
+    follows(u), newest first by (corrected event time, post_id), the first n."""
+    tls, *_ = definition(records, n, threshold=len(records) + 1, window=window)  # no celebrities
+    return tls
+
+
+def read_timelines(url, ns, users, n, as_of=False):
+    """What the API serves: ServingReader.timeline (the library's read-time merge): post ids per
+    user, or (post ids, as_of)."""
+    import asyncio
+
+    from pipelines.serving import ServingReader
+
+    async def read_all():
+        client = redis.asyncio.Redis.from_url(url)
+        try:
+            reader = ServingReader(client, ns)
+            return {u: await reader.timeline(u, n) for u in users}
+        finally:
+            await client.aclose()
+
+    got = {u: ([p["post_id"] for p in posts], at) for u, (posts, at) in asyncio.run(read_all()).items()}
+    return got if as_of else {u: ids for u, (ids, _at) in got.items()}
+
+
 def state_of(url, ns, n):
     r = redis.Redis.from_url(url, decode_responses=True)
     tls = {}
@@ -463,6 +523,8 @@ def test_any_interleaving_and_batching_gives_the_definition(redis_url, erasure_s
     recs = to_records(evs)
     n, threshold, window = 20, 8, 24 * 3600 * 1000
     want_tl, want_unread, want_status, want_follows, want_msgs = definition(recs, n, threshold, window)
+    want_home = home_timelines(recs, n, window)
+    users = sorted({*want_home, *want_follows})
     erasures = sum(1 for _k, v in evs if isinstance(v, dict) and v["type"] == "user_erased")
     assert (erasures >= 3) == (erasure_share > 0), erasures
     if erasure_share:  # the log exercises the erasure: anonymised messages are left in inboxes
@@ -496,6 +558,13 @@ def test_any_interleaving_and_batching_gives_the_definition(redis_url, erasure_s
         assert status == want_status
         assert {u: f for u, f in follows.items() if f} == {u: f for u, f in want_follows.items() if f}
         assert {u: m for u, m in msgs.items() if m} == {u: m for u, m in want_msgs.items() if m}
+        # reads cannot tell fan-out on write from the read-time merge (BRIEF: home timeline)
+        celebs = redis.Redis.from_url(redis_url).scard(functions.key(ns, "celebs"))
+        assert celebs > 0
+        assert read_timelines(redis_url, ns, users, n) == {u: want_home.get(u, []) for u in users}
+        assert {u: t[:5] for u, t in read_timelines(redis_url, ns, users, 5).items()} == {
+            u: want_home.get(u, [])[:5] for u in users
+        }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -568,8 +637,6 @@ def erasure_authors_log():
 
 
 def test_erasing_an_author_and_a_celebrity(redis_url, ns):
-    from pipelines.serving import ServingReader
-
     before, erase, after = erasure_authors_log()
     r, step = stepper(redis_url, ns, fanout_threshold=2, timeline_length=2, timeline_slack=0)
     step(before)
@@ -597,17 +664,7 @@ def test_erasing_an_author_and_a_celebrity(redis_url, ns):
     assert r.smembers(functions.key(ns, "erased")) == {"10", "20"}
     assert r.hget(functions.key(ns, "users"), 10) is None and r.hget(functions.key(ns, "status"), 10) is None
     # the read-time merge finds nothing of 20 either
-    import asyncio
-
-    async def read(u):
-        client = redis.asyncio.Redis.from_url(redis_url)
-        try:
-            return await ServingReader(client, ns).timeline(u, 10)
-        finally:
-            await client.aclose()
-
-    assert [p["post_id"] for p in asyncio.run(read(3))[0]] == []
-    assert [p["post_id"] for p in asyncio.run(read(1))[0]] == [302, 301]
+    assert read_timelines(redis_url, ns, [3, 1], 10) == {3: [], 1: [302, 301]}
     assert reasons(r, ns) == ["user_erased", "user_erased"]
     # the erasure's changelog entry deletes every row of 10 (the deleted post's tombstone too)
     entry = [json.loads(f["c"]) for f in changelog(r, ns, 0) if f.get("c") and '"U-"' in f["c"]]
