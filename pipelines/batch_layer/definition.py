@@ -33,7 +33,7 @@ APPLIED, DUPLICATE, REJECTED, QUARANTINED = "applied", "duplicate", "rejected", 
 @dataclass(frozen=True)
 class BatchConfig:
     timeline_length: int = 800
-    fanout_threshold: int = 2000
+    fanout_threshold: int = 10  # the default of SOCIAL_FANOUT_THRESHOLD (infra/settings.py)
     dedup_window_ms: int = 24 * 3600 * 1000
 
 

@@ -36,7 +36,7 @@ class ProcessorConfig:
     namespace: str
     timeline_length: int = 800
     timeline_slack: int = 200  # kept beyond N so removals rarely need a refill (see the Lua module)
-    fanout_threshold: int = 2000
+    fanout_threshold: int = 10  # the default of SOCIAL_FANOUT_THRESHOLD (infra/settings.py)
     dedup_window_ms: int = 24 * 3600 * 1000
     dedup_grace_ms: int = 3600 * 1000
     group_size: int = 200  # events per FCALL: one atomic run, one round trip shared by a pipeline
