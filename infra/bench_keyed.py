@@ -168,9 +168,8 @@ def _memory(r: redis.Redis, namespace: str) -> dict:
     f_bytes, f_items = family("following:*")
     g_bytes, g_items = family("followers:*")
     t_bytes, t_items = family("tl:*")
-    s_bytes, s_items = family("seen:*")
-    q_bytes, _ = family("seenq:*")
-    per_id = (s_bytes + q_bytes) / max(s_items, 1)
+    q_bytes, q_items = family("seenq:*")
+    per_id = q_bytes / max(q_items, 1)
     return {
         "memory_bytes_per_follow_edge": round((f_bytes + g_bytes) / max(f_items, 1), 1),
         "memory_bytes_per_timeline_entry": round(t_bytes / max(t_items, 1), 1),

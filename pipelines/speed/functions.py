@@ -25,8 +25,8 @@ The serving reads (:mod:`pipelines.serving`) use the first group; the rest is th
 ``followers:<a>``   set     who follows a (the fan-out targets)
 ``pids:<a>``        hash    post_id -> 1 live / 0 deleted (a deleted post never comes back)
 ``sent:<u>``        set     "<recipient>:<message>" of the messages u sent (anonymised on erasure)
-``seen:<p>``        hash    dedup memory of partition p: event_id -> received_time;
-                            ``seenq:<p>`` the same ids by received_time (for forgetting)
+``seenq:<p>``       zset    dedup memory of partition p: member event_id, score its newest
+                            received_time (ZSCORE decides a duplicate; by score for forgetting)
 ``hwm``             hash    partition -> newest received_time seen
 ``stats:<p>``       hash    applied, duplicates, rejected, quarantined of partition p
 ``changelog:<p>``   stream  one entry per record, id ``<offset>-1``: disposition, reason, changes

@@ -45,7 +45,7 @@ are ids zero-padded to 19 digits, so ZREVRANGE order = (event_time desc, id desc
 strings here: Lua numbers are doubles and would round 64-bit ids.
 ]]
 
-local VERSION = '8'
+local VERSION = '9'
 local EVENT_ARGS = 10
 
 local function cmp_gt(s1, m1, s2, m2) -- (score, member) ordering of the timelines
@@ -444,7 +444,7 @@ end
 -- clock). Forgetting is done once per call (`forget`); until then an id older than that bound is
 -- treated as forgotten already, which decides every event exactly as forgetting after each would.
 local function dedup(c, eid, rt)
-  local prev = redis.call('HGET', c.seen, eid)
+  local prev = redis.call('ZSCORE', c.seenq, eid)
   if prev ~= false then
     prev = tonumber(prev)
     if prev < c.hwm - c.window - c.grace then prev = false end -- forgotten (lazily)
@@ -452,7 +452,6 @@ local function dedup(c, eid, rt)
   local dup = prev ~= false and prev >= rt - c.window
   if prev == false or prev < rt then
     local rts = string.format('%d', rt)
-    redis.call('HSET', c.seen, eid, rts)
     redis.call('ZADD', c.seenq, rts, eid)
   end
   if rt > c.hwm then c.hwm = rt end
@@ -466,7 +465,6 @@ local function forget(c)
   while true do
     local old = redis.call('ZRANGEBYSCORE', c.seenq, '-inf', bound, 'LIMIT', 0, 1000)
     if #old == 0 then return end
-    redis.call('HDEL', c.seen, unpack(old))
     redis.call('ZREM', c.seenq, unpack(old))
   end
 end
@@ -511,7 +509,7 @@ local function social_apply(keys, args)
   local ns, p = args[1], args[2]
   local c = setmetatable({ns = ns, window = tonumber(args[3]), grace = tonumber(args[4]),
     N = tonumber(args[5]), T = tonumber(args[6]), S = tonumber(args[7])}, Ctx)
-  c.seen, c.seenq, c.changelog = c:k('seen', p), c:k('seenq', p), c:k('changelog', p)
+  c.seenq, c.changelog = c:k('seenq', p), c:k('changelog', p)
   -- the per-partition bookkeeping is read once here and written once below, whatever happens
   -- in between: a function's writes are not rolled back by an error, so the fence must always
   -- cover exactly the events whose effects were written
@@ -581,10 +579,7 @@ local RESTORE = {
   end,
   E = function(ns, r) redis.call('SADD', ns .. ':erased', r[1]) end,
   N = function(ns, r) redis.call('HSET', ns .. ':unread', r[1], r[2]) end,
-  D = function(ns, r)
-    redis.call('HSET', ns .. ':seen:' .. r[1], r[2], r[3])
-    redis.call('ZADD', ns .. ':seenq:' .. r[1], r[3], r[2])
-  end,
+  D = function(ns, r) redis.call('ZADD', ns .. ':seenq:' .. r[1], r[3], r[2]) end,
   H = function(ns, r) redis.call('HSET', ns .. ':hwm', r[1], r[2]) end,
   X = function(ns, r) redis.call('HSET', ns .. ':stats:' .. r[1], r[2], r[3]) end,
   Z = function(ns, r) redis.call('HSET', ns .. ':fence', r[1], r[2]) end,
