@@ -117,7 +117,10 @@ def _fanout_ceiling(r: redis.Redis, namespace: str, seconds: float = 5.0, follow
 
     from pipelines.speed.processor import Processor, ProcessorConfig
 
-    cfg = ProcessorConfig(redis_url="unused", namespace=namespace, record_freshness=False)
+    # fan-out on write to every follower, whatever SOCIAL_FANOUT_THRESHOLD: this is its ceiling
+    cfg = ProcessorConfig(
+        redis_url="unused", namespace=namespace, record_freshness=False, fanout_threshold=followers
+    )
     proc = Processor(cfg, client=r)
     t = int(time.time() * 1000)
 
@@ -308,12 +311,23 @@ def _replay_vs_bare_read(ctx: BenchContext, settings: Settings, topic: str, name
     read_log(spark, settings, topic, ends).write.format("noop").mode("overwrite").save()
     bare = time.perf_counter() - t0
     scratch = f"{namespace}__benchreplay"
+    r = keyed_connect(settings.redis_url)
+    calls0, cpu0, forks0 = _commandstats(r), _redis_cpu(r), r.info("stats")["total_forks"]
     t0 = time.perf_counter()
     replay_keyed(spark, settings, topic, ends, scratch)
     replay = time.perf_counter() - t0
-    drop_namespace(keyed_connect(settings.redis_url), scratch)
+    calls1, cpu1, forks1 = _commandstats(r), _redis_cpu(r), r.info("stats")["total_forks"]
+    drop_namespace(r, scratch)
     spark.stop()
+    calls = {k: v - calls0.get(k, 0) for k, v in calls1.items() if k not in ("fcall", "info")}
+    top = sorted(calls.items(), key=lambda kv: -kv[1])[:6]
     return {
+        # what bounds it: Redis's one core (its CPU per event here, and the share of a core it used)
+        "replay_redis_cpu_us_per_event": round((cpu1 - cpu0) / max(n, 1) * 1e6, 1),
+        "replay_redis_core_share": round((cpu1 - cpu0) / replay, 2),
+        "replay_redis_commands_per_event": round(sum(calls.values()) / max(n, 1), 1),
+        "replay_redis_top_commands_per_event": {k: round(v / max(n, 1), 2) for k, v in top},
+        "replay_redis_forks": forks1 - forks0,  # AOF rewrites meanwhile (a fork copies page tables)
         "replay_events": n,
         "replay_events_per_s": round(n / replay),
         "bare_read_events_per_s": round(n / bare),
