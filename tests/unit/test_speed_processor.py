@@ -329,7 +329,7 @@ def test_the_read_time_merge_by_hand(redis_url, ns):
         300: [3001, 3002],
         7: [],
     }  # fmt: skip
-    for limit in range(1, 20):  # 5 sources: pages of max(4, 2 * limit / 5), so 100's run out
+    for limit in range(0, 20):  # 5 sources: pages of max(4, 2 * limit / 5), so 100's run out
         got = read_timelines(redis_url, ns, list(want), limit)
         assert got == {u: w[:limit] for u, w in want.items()}, limit
     as_of = read_timelines(redis_url, ns, [1], 5, as_of=True)[1][1]

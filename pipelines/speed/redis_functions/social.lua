@@ -45,7 +45,7 @@ are ids zero-padded to 19 digits, so ZREVRANGE order = (event_time desc, id desc
 strings here: Lua numbers are doubles and would round 64-bit ids.
 ]]
 
-local VERSION = '9'
+local VERSION = '10'
 local EVENT_ARGS = 10
 
 local function cmp_gt(s1, m1, s2, m2) -- (score, member) ordering of the timelines
@@ -618,6 +618,7 @@ local function social_timeline(keys, args)
     srcs[#srcs + 1] = ns .. ':posts:' .. c
   end
   local bodies = {}
+  if limit < 1 then return {fence, bodies} end -- (ZREVRANGE 0 -1 would be the whole timeline)
   local function body(m) bodies[#bodies + 1] = ns .. ':p:' .. (m:gsub('^0+(%d)', '%1')) end
   if #srcs == 1 then -- no celebrity followed: the fanned-out timeline is the answer
     for _, m in ipairs(redis.call('ZREVRANGE', srcs[1], 0, limit - 1)) do body(m) end
