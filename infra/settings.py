@@ -19,6 +19,14 @@ def _setting(env: str, default, doc: str):
     return field(default=default, metadata={"env": env, "doc": doc})
 
 
+# What the views mean by default (docs/views.md), shared by the settings, the speed layer's
+# ProcessorConfig and the batch layer's BatchConfig, so the three cannot drift apart.
+TIMELINE_LENGTH = 800
+FANOUT_THRESHOLD = 10  # 10 meets the 5,000 events/s targets on 2 cores (README: The fan-out threshold)
+DEDUP_WINDOW_MS = 24 * 3600 * 1000
+DEDUP_GRACE_MS = 3600 * 1000
+
+
 @dataclass(frozen=True)
 class Settings:
     profile: str = _setting(
@@ -168,15 +176,17 @@ class Settings:
     views_namespace: str = _setting(
         "SOCIAL_VIEWS_NAMESPACE", "", "views version to serve; empty = the active one recorded under var/"
     )
-    timeline_length: int = _setting("SOCIAL_TIMELINE_LENGTH", 800, "N, posts kept per home timeline")
+    timeline_length: int = _setting(
+        "SOCIAL_TIMELINE_LENGTH", TIMELINE_LENGTH, "N, posts kept per home timeline"
+    )
     fanout_threshold: int = _setting(
         "SOCIAL_FANOUT_THRESHOLD",
-        10,
+        FANOUT_THRESHOLD,
         "authors with more followers are merged at read time (social_timeline), not fanned out on write; "
         "10 meets the 5,000 events/s targets on 2 cores (README: The fan-out threshold)",
     )
     dedup_window_ms: int = _setting(
-        "SOCIAL_DEDUP_WINDOW_MS", 24 * 3600 * 1000, "an event_id seen again within this window is a duplicate"
+        "SOCIAL_DEDUP_WINDOW_MS", DEDUP_WINDOW_MS, "an event_id seen again within this window is a duplicate"
     )
     max_text_length: int = _setting("SOCIAL_MAX_TEXT_LENGTH", 280, "longest post, status or message text")
     trigger_interval: str = _setting(
@@ -206,7 +216,7 @@ class Settings:
     )
     dedup_grace_ms: int = _setting(
         "SOCIAL_DEDUP_GRACE_MS",
-        3600 * 1000,
+        DEDUP_GRACE_MS,
         "event ids are forgotten once received more than window + grace before a partition's newest",
     )
     archive_interval_s: float = _setting(

@@ -24,8 +24,9 @@ def _pid(post_id: int) -> str:
     return str(post_id).zfill(PAD)
 
 
-def _str(v) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
+def _as_of(pairs) -> dict[str, int]:
+    """The fence's (partition, next offset) pairs as a read's ``as_of`` (bytes or str replies)."""
+    return {str(int(p)): int(o) for p, o in pairs}
 
 
 def connect(url: str) -> redis.Redis:
@@ -83,7 +84,7 @@ class ServingReader:
         for name, *args in commands:
             getattr(pipe, name)(*args)
         fence, *results = await pipe.execute()
-        return {str(p): int(o) for p, o in fence.items()}, results
+        return _as_of(fence.items()), results
 
     async def timeline(self, user_id: int, limit: int = 50) -> tuple[list[dict], dict[str, int]]:
         """Home timeline of u: fanned-out entries merged with followed high-fan-out authors.
@@ -100,8 +101,7 @@ class ServingReader:
             # a store no speed layer of this version has started on yet: load the library once
             await self.r.function_load(functions.source(), replace=True)
             fence, bodies = await self.r.fcall_ro("social_timeline", 0, self.ns, user_id, limit)
-        as_of = {_str(fence[i]): int(fence[i + 1]) for i in range(0, len(fence), 2)}
-        return [json.loads(b) for b in bodies if b], as_of
+        return [json.loads(b) for b in bodies if b], _as_of(zip(fence[::2], fence[1::2], strict=True))
 
     async def inbox(self, user_id: int, limit: int = 50) -> tuple[list[dict], dict[str, int]]:
         as_of, (ids,) = await self._with_as_of(("zrevrange", self.k("inbox", user_id), 0, limit - 1))

@@ -27,14 +27,16 @@ from dataclasses import dataclass
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
+from infra.settings import DEDUP_WINDOW_MS, FANOUT_THRESHOLD, TIMELINE_LENGTH
+
 APPLIED, DUPLICATE, REJECTED, QUARANTINED = "applied", "duplicate", "rejected", "quarantined"
 
 
 @dataclass(frozen=True)
 class BatchConfig:
-    timeline_length: int = 800
-    fanout_threshold: int = 10  # the default of SOCIAL_FANOUT_THRESHOLD (infra/settings.py)
-    dedup_window_ms: int = 24 * 3600 * 1000
+    timeline_length: int = TIMELINE_LENGTH
+    fanout_threshold: int = FANOUT_THRESHOLD
+    dedup_window_ms: int = DEDUP_WINDOW_MS
 
 
 @dataclass

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import redis
 
 from app_sim import contract
+from infra.settings import DEDUP_GRACE_MS, DEDUP_WINDOW_MS, FANOUT_THRESHOLD, TIMELINE_LENGTH
 from pipelines.speed import functions
 
 EVENT_ARGS = 10
@@ -34,11 +35,11 @@ class ProcessorConfig:
 
     redis_url: str
     namespace: str
-    timeline_length: int = 800
+    timeline_length: int = TIMELINE_LENGTH
     timeline_slack: int = 200  # kept beyond N so removals rarely need a refill (see the Lua module)
-    fanout_threshold: int = 10  # the default of SOCIAL_FANOUT_THRESHOLD (infra/settings.py)
-    dedup_window_ms: int = 24 * 3600 * 1000
-    dedup_grace_ms: int = 3600 * 1000
+    fanout_threshold: int = FANOUT_THRESHOLD
+    dedup_window_ms: int = DEDUP_WINDOW_MS
+    dedup_grace_ms: int = DEDUP_GRACE_MS
     group_size: int = 200  # events per FCALL: one atomic run, one round trip shared by a pipeline
     record_freshness: bool = True
 
