@@ -16,18 +16,84 @@ The ratio judged is the median over rounds of each round's on/off pair: a pair r
 back, so the drift of a shared machine between rounds (an API's runs went 926, 1,017 and 1,167
 writes/s over three rounds with sealing off) cancels within it. The pooled ratio (all runs'
 throughputs summed) is reported beside it.
+
+Where the generator's time goes, per run, in CPU microseconds per event (``cpu``): its
+simulating thread (``main``: simulation, serialisation, produce calls and the sealing), the rest
+of its process (``client``: librdkafka's threads compressing and sending), the broker (``broker``,
+when its pid file is in this stack's run directory), and the cores left idle on the machine
+(``idle_cores``, 0-2 here). CPU time is far less sensitive than a rate to what else runs on a
+shared machine, and says whether there was a spare core to hide any of the sealing in.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
+import resource
 import statistics
 import time
 from pathlib import Path
 
 from infra.bench import BenchContext, section
 from infra.bench_keyed import _free_port
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _process_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of a process so far (None when it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime (proc(5), fields 14 and 15)
+
+
+def _machine_idle_s() -> tuple[float, float]:
+    """(idle, total) CPU seconds of the whole machine so far, summed over its cores."""
+    ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return ticks[3] / _TICKS, sum(ticks) / _TICKS
+
+
+def _broker_pid(ctx: BenchContext) -> int | None:
+    try:
+        return int((ctx.settings.run_dir / "kafka.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class _CpuMeter:
+    """CPU microseconds per event of a span of this thread's work (see the module docstring)."""
+
+    def __init__(self, broker_pid: int | None):
+        self.broker_pid = broker_pid
+
+    def __enter__(self) -> _CpuMeter:
+        self.thread = time.thread_time()
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        self.process = usage.ru_utime + usage.ru_stime
+        self.broker = _process_cpu_s(self.broker_pid) if self.broker_pid else None
+        self.idle, self.total = _machine_idle_s()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.thread = time.thread_time() - self.thread
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        self.process = usage.ru_utime + usage.ru_stime - self.process
+        broker = _process_cpu_s(self.broker_pid) if self.broker is not None else None
+        self.broker = broker - self.broker if broker is not None else None
+        idle, total = _machine_idle_s()
+        self.idle_share = (idle - self.idle) / max(total - self.total, 1e-9)
+
+    def per_event(self, events: int) -> dict:
+        us = 1e6 / events
+        return {
+            "main": round(self.thread * us, 2),
+            "client": round((self.process - self.thread) * us, 2),
+            "broker": round(self.broker * us, 2) if self.broker is not None else None,
+            "idle_cores": round(self.idle_share * (os.cpu_count() or 1), 2),
+        }
 
 
 def _generator_rate(ctx: BenchContext, events: int, sealed: bool, key_dir: Path, i: int) -> dict:
@@ -37,12 +103,17 @@ def _generator_rate(ctx: BenchContext, events: int, sealed: bool, key_dir: Path,
     cfg = GeneratorConfig(users=2000, seed=42, invalid_share=0.001, duplicate_share=0.001)
     topic = ctx.topic(f"sealing-gen-{'on' if sealed else 'off'}-{i}")
     sealer = Sealer(KeyStore(key_dir / f"{topic}.sqlite3")) if sealed else None
-    s = produce(
-        events, cfg, topic=topic, bootstrap=ctx.settings.kafka_bootstrap, progress=False, sealer=sealer
-    )
+    with _CpuMeter(_broker_pid(ctx)) as cpu:  # the whole call: key preparation and final flush too
+        s = produce(
+            events, cfg, topic=topic, bootstrap=ctx.settings.kafka_bootstrap, progress=False, sealer=sealer
+        )
     if s.delivery_failures:
         raise RuntimeError(f"{s.delivery_failures} records were not delivered to {topic}")
-    return {"events_per_s": s.events_per_s, "mean_record_bytes": s.mean_record_bytes}
+    return {
+        "events_per_s": s.events_per_s,
+        "mean_record_bytes": s.mean_record_bytes,
+        "cpu_us_per_event": cpu.per_event(events),
+    }
 
 
 async def _drive_writes(base: str, tokens: list[str], seconds: float, concurrency: int) -> dict:
@@ -128,6 +199,11 @@ def sealing_section(ctx: BenchContext) -> dict:
     def paired(runs: dict[str, list[dict]], rate) -> list[float]:
         return [round(rate(on) / rate(off), 3) for on, off in zip(runs["on"], runs["off"], strict=True)]
 
+    def cpu(mode: str, part: str) -> float | None:
+        values = [r["cpu_us_per_event"][part] for r in gen[mode]]
+        return None if None in values else round(statistics.median(values), 2)
+
+    gen_cpu = {mode: {part: cpu(mode, part) for part in ("main", "client", "broker")} for mode in gen}
     gen_pairs = paired(gen, lambda r: r["events_per_s"])
     api_pairs = paired(api, lambda r: r["writes"] / r["seconds"])
     gen_ratio = statistics.median(gen_pairs)
@@ -142,6 +218,14 @@ def sealing_section(ctx: BenchContext) -> dict:
         "generator_ratio_pooled": round(gen_rate("on") / gen_rate("off"), 3),
         "generator_mean_record_bytes_plain": gen["off"][0]["mean_record_bytes"],
         "generator_mean_record_bytes_sealed": gen["on"][0]["mean_record_bytes"],
+        # medians over rounds, CPU us per event: what sealing adds to the simulating thread, and
+        # how many cores sat idle while it ran (a spare core is what moving work off it needs)
+        "generator_cpu_us_per_event_plain": gen_cpu["off"],
+        "generator_cpu_us_per_event_sealed": gen_cpu["on"],
+        "generator_main_thread_cpu_ratio": round(gen_cpu["off"]["main"] / gen_cpu["on"]["main"], 3),
+        "generator_idle_cores_median": statistics.median(
+            r["cpu_us_per_event"]["idle_cores"] for m in gen.values() for r in m
+        ),
         "api_concurrency": ctx.sealing_api_concurrency,
         "api_writes_per_s_plain": api_rate("off"),
         "api_writes_per_s_sealed": api_rate("on"),
