@@ -328,7 +328,7 @@ def compute(
     ``quarantine`` rows at positions also in ``events_bronze`` are the speed layer's stateful
     rejections (decided again here); the others are records that failed the event contract.
     ``keep`` is applied to the intermediate results several views share (the duplicates, the
-    rejections, follows, posts): the job computes each once (``persist``), a test leaves them be.
+    rejections, follows, posts): the job and the tests compute each once (``job.computed_once``).
     """
     events = below(bronze, position)
     contract = below(quarantine, position).join(

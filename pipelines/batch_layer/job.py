@@ -134,10 +134,10 @@ def views_at(spark: SparkSession, archive: Archive, position: dict[int, int], cf
     """The batch views at ``position``, with the archive read once (kept for the several views)."""
     bronze = archive.read("events_bronze").select(*EVENT_COLUMNS).persist(StorageLevel.MEMORY_AND_DISK)
     quarantine = archive.read("quarantine").select("partition", "offset", "event_id", "type", "reason")
-    return compute(bronze, quarantine, position, cfg, keep=_computed_once)
+    return compute(bronze, quarantine, position, cfg, keep=computed_once)
 
 
-def _computed_once(df: DataFrame) -> DataFrame:
+def computed_once(df: DataFrame) -> DataFrame:
     """Shared by several views: computed once, now, and kept (memory, spilling to disk)."""
     df = df.persist(StorageLevel.MEMORY_AND_DISK)
     df.count()

@@ -59,9 +59,12 @@ def archive(spark, events):
 
 def batch(spark, events, **cfg):
     from pipelines.batch_layer.definition import BatchConfig, compute
+    from pipelines.batch_layer.job import computed_once
 
     bronze, quarantine, position, _ = archive(spark, events)
-    return compute(bronze, quarantine, position, BatchConfig(**cfg))
+    # the shared intermediates computed once, as the job does: each view's collect would compute
+    # them again otherwise (a log of these tests: 14.8 -> 6.8 CPU-seconds)
+    return compute(bronze, quarantine, position, BatchConfig(**cfg), keep=computed_once)
 
 
 def collect(views) -> dict[str, list[dict]]:
@@ -303,6 +306,7 @@ def test_generated_log_batch_layer_equals_speed_layer(spark, redis_url):  # noqa
     from app_sim.generator import GeneratorConfig, generate
     from pipelines.batch_layer.cross_check import changelog_dispositions, cross_check
     from pipelines.batch_layer.definition import BatchConfig, compute
+    from pipelines.batch_layer.job import computed_once
 
     cfg = GeneratorConfig(
         users=40, seed=seed, mean_followers=6, invalid_share=0.02, duplicate_share=0.03, erasure_share=0.003
@@ -311,7 +315,8 @@ def test_generated_log_batch_layer_equals_speed_layer(spark, redis_url):  # noqa
     bronze, quarantine, position, recs = archive(spark, evs)
     ns = f"bl{seed}"
     r = keyed(redis_url, ns, recs, timeline_length=n, fanout_threshold=threshold)
-    views = compute(bronze, quarantine, position, BatchConfig(timeline_length=n, fanout_threshold=threshold))
+    batch_cfg = BatchConfig(timeline_length=n, fanout_threshold=threshold)
+    views = compute(bronze, quarantine, position, batch_cfg, keep=computed_once)
     live_disp = spark.createDataFrame(
         changelog_dispositions(r, ns, list(range(PARTITIONS))),
         "partition INT, offset BIGINT, disposition STRING, reason STRING",
