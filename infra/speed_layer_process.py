@@ -30,7 +30,7 @@ class SpeedLayerProcess:
     namespace: str
     log_path: Path
     args: tuple[str, ...] = ()
-    archive: bool = True
+    archive: bool = True  # with the archiver; set False before a restart to run without it
     proc: subprocess.Popen | None = None
     archiver: subprocess.Popen | None = None
     restarts: int = field(default=0)
@@ -96,7 +96,7 @@ class SpeedLayerProcess:
                 raise SpeedLayerError(
                     f"speed layer exited with {self.proc.returncode}; see {self.log_path}:\n{self.tail()}"
                 )
-            if self.archiver is not None and self.archiver.poll() is not None:
+            if self.archive and self.archiver is not None and self.archiver.poll() is not None:
                 raise SpeedLayerError(
                     f"archiver exited with {self.archiver.returncode}; see {self.archiver_log}:\n"
                     + self.tail(path=self.archiver_log)

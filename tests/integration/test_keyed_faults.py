@@ -4,12 +4,14 @@
   with its state (at most the last second of writes is lost), the speed layer starts from those
   fences and re-applies the log from there; the keyed state then equals its replay and the
   accounting is exact.
-- Redis emptied entirely (FLUSHALL): restored from the Delta views and archive at the position
-  the last compaction covers (``python -m pipelines.restore``), then the speed layer reads only
-  the log after it; the keyed state then equals a replay of the whole log.
-- A new namespace rebuilt from the batch layer (``rebuild_views`` with ``source=batch``): the
-  batch views at the archived position P seed its Delta tables and Redis, its speed layer reads
-  only the log after P, and the whole rebuild verifies against a replay of the whole log.
+- One archived position P (a live namespace whose Delta views cover P, more events after P in the
+  log), two ways back from it in one test (they share that slow part):
+  - a new namespace rebuilt from the batch layer (``rebuild_views`` with ``source=batch``): the
+    batch views at P seed its Delta tables and Redis, its speed layer reads only the log after P,
+    and the whole rebuild verifies against a replay of the whole log;
+  - Redis emptied entirely (FLUSHALL): restored from the Delta views and archive at P
+    (``python -m pipelines.restore``), then the speed layer reads only the log after it; the
+    keyed state then equals a replay of the whole log.
 - The broker restarted mid-run: the speed layer and the archiver ride it out.
 
 (The speed layer and the archiver killed with SIGKILL at random moments, ten times each, is in
@@ -118,64 +120,20 @@ def _private_redis(kafka_stack, tmp_path):
     return settings, RedisServer(settings)
 
 
-def test_flushall_then_restore_from_delta(kafka_stack, topic_factory, speed_layer_factory, tmp_path):
-    import redis
-
-    from infra.stack import settings_env
-
-    settings, store = _private_redis(kafka_stack, tmp_path)
-    store.start()
-    try:
-        topic = topic_factory(4)
-        cfg = GeneratorConfig(
-            users=300, seed=9, graph_seed=9, mean_followers=10, invalid_share=0.02, duplicate_share=0.02
-        )
-        first = produce(12_000, cfg, topic=topic, bootstrap=kafka_stack.bootstrap, progress=False)
-        private = {k: getattr(settings, k) for k in ("redis_port", "redis_url", "var_dir")}
-        sl = speed_layer_factory(topic=topic, namespace="restored", **private)
-        covered = sl.wait_caught_up(timeout=600)  # Redis and the compacted Delta views
-        sl.stop()
-        client = redis.Redis.from_url(settings.redis_url)
-        client.flushall()
-        assert client.dbsize() == 0
-        done = subprocess.run(
-            [sys.executable, "-m", "pipelines.restore", "--namespace", "restored"],
-            env=settings_env(sl.settings),
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-        assert sl.redis_position() == covered  # the fences: the position the views covered
-        # more events after the restore; the speed layer reads only the log after that position
-        # the same users and graph, another generator worker id: post and message ids stay unique
-        cfg2 = dataclasses.replace(cfg, seed=10, emit_bootstrap=False, worker_id=cfg.worker_id - 1)
-        second = produce(3_000, cfg2, topic=topic, bootstrap=kafka_stack.bootstrap, progress=False)
-        sl.restart()
-        sl.wait_caught_up(timeout=600)
-        sl.stop()
-        since_restart = sl.log_path.read_text().split("speed layer running")[-1]
-        read_after_restore = sum(
-            int(line.split("'records': ")[1].split(",")[0])
-            for line in since_restart.splitlines()
-            if "keyed batch" in line
-        )
-        assert read_after_restore == second.events  # not the whole log again
-        k = verify_keyed(sl.settings, topic, "restored")
-
-        class Both:
-            events = first.events + second.events
-            duplicates = first.duplicates + second.duplicates
-            invalid = {"all": sum(first.invalid.values()) + sum(second.invalid.values())}
-
-        assert_keyed_ok(k, Both)
-    finally:
-        store.stop()
-
-
-def test_rebuild_from_the_batch_layer_reads_only_the_log_after_its_position(
+def test_rebuild_from_the_batch_layer_then_flushall_and_restore_read_only_the_log_after_p(
     kafka_stack, topic_factory, speed_layer_factory, tmp_path
 ):
+    """One archived position P, two ways back from it (they share the slow part: a live namespace
+    run until its Delta views cover P, then more events after P in the log):
+
+    1. a new namespace rebuilt from the batch layer's views at P (``rebuild_views`` with
+       ``source=batch``) reads only the log after P, and verifies against a replay of the whole log;
+    2. Redis emptied entirely (FLUSHALL), restored from the live namespace's Delta views at P
+       (``python -m pipelines.restore``): its fences are P again, and the restarted speed layer
+       reads only the log after P; the keyed state then equals a replay of the whole log.
+    """
+    import redis
+
     from infra.stack import settings_env
     from pipelines.archiver import archived
     from pipelines.batch_layer.job import batch_position
@@ -191,12 +149,19 @@ def test_rebuild_from_the_batch_layer_reads_only_the_log_after_its_position(
         first = produce(12_000, cfg, topic=topic, bootstrap=kafka_stack.bootstrap, progress=False)
         private = {k: getattr(settings, k) for k in ("redis_port", "redis_url", "var_dir")}
         live = speed_layer_factory(topic=topic, namespace="live", views_namespace="live", **private)
-        archived_at = live.wait_caught_up(timeout=600)
+        archived_at = live.wait_caught_up(timeout=600)  # Redis and the compacted Delta views: P
         live.stop()
-        # more events after what the live namespace archived: the new namespace reads these from
-        # the log (the same users and graph, another worker id: post and message ids stay unique)
+        # more events after P: both ways back read these from the log (the same users and graph,
+        # another generator worker id: post and message ids stay unique)
         cfg2 = dataclasses.replace(cfg, seed=22, emit_bootstrap=False, worker_id=cfg.worker_id - 1)
         second = produce(3_000, cfg2, topic=topic, bootstrap=kafka_stack.bootstrap, progress=False)
+
+        class Both:
+            events = first.events + second.events
+            duplicates = first.duplicates + second.duplicates
+            invalid = {"all": sum(first.invalid.values()) + sum(second.invalid.values())}
+
+        # 1. rebuilt from the batch layer at P
         rebuild = "-m pipelines.rebuild run --source batch --namespace nb --no-switch --topic".split()
         done = subprocess.run(
             [sys.executable, *rebuild, topic],
@@ -213,16 +178,42 @@ def test_rebuild_from_the_batch_layer_reads_only_the_log_after_its_position(
         after_seed = archived(live.settings.lake_dir, "nb")
         assert after_seed.archive_id == 1 and after_seed.start_offsets == archived_at
         assert after_seed.seq == second.events
-        assert sum(after_seed.end_offsets.values()) == first.events + second.events
+        assert sum(after_seed.end_offsets.values()) == Both.events
         assert committed_position(live.settings.lake_dir, "nb") == (1, after_seed.end_offsets)
         report = json.loads((live.settings.reports_dir / "verify" / "latest.json").read_text())
         assert report["namespace"] == "nb" and report["ok"] is True
         acct = report["keyed"]["accounting"]
-        assert acct["events_read"] == first.events + second.events
-        assert acct["duplicates"] == first.duplicates + second.duplicates
-        assert acct["rejected"] + acct["quarantined"] == sum(first.invalid.values()) + sum(
-            second.invalid.values()
+        assert acct["events_read"] == Both.events
+        assert acct["duplicates"] == Both.duplicates
+        assert acct["rejected"] + acct["quarantined"] == sum(Both.invalid.values())
+
+        # 2. Redis emptied, the live namespace restored from its Delta views at P
+        client = redis.Redis.from_url(settings.redis_url)
+        client.flushall()
+        assert client.dbsize() == 0
+        done = subprocess.run(
+            [sys.executable, "-m", "pipelines.restore", "--namespace", "live"],
+            env=settings_env(live.settings),
+            capture_output=True,
+            text=True,
+            timeout=600,
         )
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+        assert live.redis_position() == archived_at  # the fences: the position the views covered
+        # the keyed state alone from here (its verify reads the log and Redis, not Delta): no
+        # archiver, whose Spark session would only cost the test time
+        live.archive = False
+        live.restart()
+        live.wait_caught_up(timeout=600)
+        live.stop()
+        since_restart = live.log_path.read_text().split("speed layer running")[-1]
+        read_after_restore = sum(
+            int(line.split("'records': ")[1].split(",")[0])
+            for line in since_restart.splitlines()
+            if "keyed batch" in line
+        )
+        assert read_after_restore == second.events  # not the whole log again
+        assert_keyed_ok(verify_keyed(live.settings, topic, "live"), Both)
     finally:
         store.stop()
 
