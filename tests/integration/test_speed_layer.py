@@ -5,10 +5,10 @@
   log at the position they cover, Redis equal to Delta, and the accounting exact.
 - Crash safety: the speed layer is killed with SIGKILL at random moments ten times, each while
   records are still to apply (half before the second half of the log is written), the archiver
-  in four of those crashes, and both are restarted; the same checks hold, the views come from
-  more than one archive, and no table has a duplicate key. (The archiver is not killed every
-  time: each restart of it is a second Spark session starting beside the speed layer's on two
-  cores, ~10 s of the test each.)
+  in two of those crashes (one in each half), and both are restarted; the same checks hold, the
+  views come from more than one archive, and no table has a duplicate key. (The archiver is not
+  killed every time: each restart of it is a second Spark session starting beside the speed
+  layer's, and it redoes the archive or compaction it was in: ~20-35 CPU-seconds each.)
 """
 
 from __future__ import annotations
@@ -119,11 +119,11 @@ def test_crash_safety_kill9_and_restart(kafka_stack, topic_factory, speed_layer_
     in_flight: list[int] = []  # records sent but not applied yet, at each kill
 
     def crash_five_times() -> None:
-        archiver_crashes = set(rng.sample(range(5), 2))
+        archiver_crashes = {rng.randrange(5)}
         sent = sum(end_offsets(kafka_stack.settings, topic).values())
         for i in range(5):
             # once its query runs and has applied a random share of what is left, pull the plug
-            # at a random moment of the micro-batch in flight; in two of the five, the archiver's
+            # at a random moment of the micro-batch in flight; in one of the five, the archiver's
             # too, in the middle of an archive or a compaction
             sl.wait_running()
             applied = sum(sl.redis_position().values())
