@@ -99,6 +99,10 @@ def build_spark(
         .config("spark.ui.retainedTasks", "2000")
         .config("spark.sql.streaming.ui.retainedProgressUpdates", "50")
         .config("spark.sql.streaming.numRecentProgressUpdates", "50")
+        # A stream whose last look found nothing new sleeps this long before looking again (each
+        # look asks the broker for the latest offsets): the idle cost against the added latency
+        # of the first record after a quiet spell (SOCIAL_IDLE_POLL_MS)
+        .config("spark.sql.streaming.pollingDelay", f"{settings.idle_poll_ms}ms")
         # Delta rebuilds a table snapshot with this many tasks (default 50): far too many for
         # the small logs of a micro-batch pipeline on a few cores.
         .config("spark.databricks.delta.snapshotPartitions", "4")

@@ -43,6 +43,7 @@ def test_a_driver_maps_the_archive_setup_dumped(tmp_path):
         "print('ARGS', [a for a in args if 'Share' in a])\n"
         "print('ROWS', spark.range(5).count())\n"
         "print('CONF', spark.conf.get('spark.sql.codegen.factoryMode'), spark.conf.get('spark.sql.shuffle.partitions'))\n"
+        "print('POLL', spark.conf.get('spark.sql.streaming.pollingDelay'))\n"
         "spark.stop()\n"
     )
     env = {
@@ -50,6 +51,7 @@ def test_a_driver_maps_the_archive_setup_dumped(tmp_path):
         "SOCIAL_VAR_DIR": str(tmp_path),
         "SOCIAL_SPARK_DRIVER_JAVA_OPTIONS": "-Xshare:on",  # no usable archive, no driver
         "SOCIAL_SPARK_CONF": "spark.sql.codegen.factoryMode=NO_CODEGEN spark.sql.shuffle.partitions=3",
+        "SOCIAL_IDLE_POLL_MS": "75",
     }
     done = subprocess.run(
         [sys.executable, "-c", script], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300
@@ -57,3 +59,4 @@ def test_a_driver_maps_the_archive_setup_dumped(tmp_path):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert f"-XX:SharedArchiveFile={archive}" in done.stdout and "ROWS 5" in done.stdout
     assert "CONF NO_CODEGEN 3" in done.stdout  # testing=True sets 2 partitions; the setting wins
+    assert "POLL 75ms" in done.stdout  # an idle stream's wait before it asks the broker again
