@@ -199,7 +199,7 @@ class Settings:
         50,
         "how long a stream with no new records waits before asking Kafka again (Spark's "
         "`spark.sql.streaming.pollingDelay`, 10 ms by default: an idle speed layer then costs 0.34 "
-        "of a core, its JVM and the broker answering its offset requests; 50 ms: 0.17)",
+        "of a core, its JVM and the broker answering its offset requests; 50 ms: 0.15)",
     )
     kafka_fetch_max_wait_ms: int = _setting(
         "SOCIAL_KAFKA_FETCH_MAX_WAIT_MS",

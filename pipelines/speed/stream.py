@@ -18,7 +18,7 @@ Latency knobs, in one place (each a setting, see infra/settings.py and the READM
   as the last one ends;
 - the idle poll (``SOCIAL_IDLE_POLL_MS``, 50 ms): when the last look at the log found nothing new,
   the query waits this long before asking the broker again (Spark's 10 ms made an idle speed layer
-  and the broker answering it cost 0.34 of a core; 50 ms: 0.17, and at most 50 ms more before the
+  and the broker answering it cost 0.34 of a core; 50 ms: 0.15, and at most 50 ms more before the
   first record after a quiet spell is read);
 - ``maxOffsetsPerTrigger`` (``SOCIAL_MAX_OFFSETS_PER_TRIGGER``): bounds a catch-up batch;
 - the tasks per batch (``SOCIAL_SPEED_TASKS``, one per core): the partitions are coalesced;
