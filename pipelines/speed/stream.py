@@ -17,9 +17,9 @@ Latency knobs, in one place (each a setting, see infra/settings.py and the READM
 - the trigger (``SOCIAL_TRIGGER_INTERVAL``, ``0 seconds``): the next micro-batch starts as soon
   as the last one ends;
 - the idle poll (``SOCIAL_IDLE_POLL_MS``, 50 ms): when the last look at the log found nothing new,
-  the query waits this long before asking the broker again (Spark's 10 ms made an idle speed layer
-  and the broker answering it cost 0.34 of a core; 50 ms: 0.15, and at most 50 ms more before the
-  first record after a quiet spell is read);
+  the query waits this long before asking the broker again: an idle stream's CPU (its JVM and the
+  broker answering it) against the wait of the first record after a quiet spell (the measured
+  figures are the setting's documentation in infra/settings.py);
 - ``maxOffsetsPerTrigger`` (``SOCIAL_MAX_OFFSETS_PER_TRIGGER``): bounds a catch-up batch;
 - the tasks per batch (``SOCIAL_SPEED_TASKS``, one per core): the partitions are coalesced;
 - asynchronous progress tracking (``SOCIAL_ASYNC_PROGRESS``, on): Spark's offset and commit logs
