@@ -244,6 +244,12 @@ class Settings:
     max_offsets_per_trigger: int = _setting(
         "SOCIAL_MAX_OFFSETS_PER_TRIGGER", 200_000, "upper bound of events per micro-batch"
     )
+    replay_round_events: int = _setting(
+        "SOCIAL_REPLAY_ROUND_EVENTS",
+        100_000,
+        "a replay (verify, rebuild, bench) reads the log in rounds of at most this many records, every "
+        "partition advanced alike, as the live stream does: the partitions stay close in log position",
+    )
     # Compacted topics for bootstrapping (pipelines/speed/compacted.py, README "Compacted topics")
     compacted_topics: int = _setting(
         "SOCIAL_COMPACTED_TOPICS",

@@ -1014,6 +1014,11 @@ def end_offsets(settings: Settings, topic: str, timeout_s: float = 10.0) -> dict
     Retriable broker errors are retried for up to ``timeout_s``: a broker that has just
     restarted answers "not leader for partition" until its partitions have leaders again.
     """
+    return {p: high for p, (_low, high) in watermarks(settings, topic, timeout_s).items()}
+
+
+def watermarks(settings: Settings, topic: str, timeout_s: float = 10.0) -> dict[int, tuple[int, int]]:
+    """``(first retained offset, end)`` of every partition of ``topic`` (retried as :func:`end_offsets`)."""
     from confluent_kafka import Consumer, KafkaException, TopicPartition
     from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
 
@@ -1025,7 +1030,7 @@ def end_offsets(settings: Settings, topic: str, timeout_s: float = 10.0) -> dict
         }
     )
 
-    def lookup() -> dict[int, int]:
+    def lookup() -> dict[int, tuple[int, int]]:
         meta = consumer.list_topics(topic, timeout=timeout_s).topics[topic]
         if meta.error is not None:
             error = KafkaException(meta.error)
@@ -1033,7 +1038,7 @@ def end_offsets(settings: Settings, topic: str, timeout_s: float = 10.0) -> dict
                 raise error
             raise StackError(f"topic {topic}: {meta.error}")
         return {
-            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)[1]
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)
             for p in sorted(meta.partitions)
         }
 
