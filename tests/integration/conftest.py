@@ -18,9 +18,12 @@ import pytest
 from infra.speed_layer_process import SpeedLayerProcess
 
 # `make test` spreads these files over two pytest-xdist workers, a file at a time (`--dist
-# loadfile`: a file's tests share its fixtures and run in order), handing the next file to whichever
-# worker is free. Longest first (CI's per-test durations), so the two finish near together instead
-# of one running the longest file alone at the end.
+# loadfile`: a file's tests share its fixtures and run in order), handing the next file to a worker
+# when it has two tests or fewer left. xdist first sorts the files by their number of tests (its
+# default `--loadscope-reorder`); this order, longest first by CI's durations, breaks the ties.
+# Replayed with CI's per-test durations, xdist's order ends the two workers 24 s apart, the longest
+# first alone (`--no-loadscope-reorder`) 102 s apart: the next file is handed out early, so the
+# long files pair up on one worker.
 LONGEST_FIRST = (
     "test_keyed_faults.py",
     "test_speed_layer.py",
