@@ -41,8 +41,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 # The archiver as the tests run it: archives every second; compacts at once when the log goes
 # quiet (what every test waits for) and at most every 30 s while events flow. A compaction costs
-# 17-24 CPU-seconds however few events it folds (~10 MERGEs), and at 3 s the archivers compacted
-# back to back under load, each beside the speed layer it shares two cores with.
+# 17-24 CPU-seconds however few events it folds (~10 MERGEs); at 3 s one followed every archive
+# under load. (In the suite that saved one compaction of twelve: the crash test's fall in the
+# quiet gaps its restarts make.)
 ARCHIVER_TEST_SETTINGS = {
     "archive_interval_s": 1.0,
     "archive_durability_s": 1.0,
