@@ -45,7 +45,7 @@ are ids zero-padded to 19 digits, so ZREVRANGE order = (event_time desc, id desc
 strings here: Lua numbers are doubles and would round 64-bit ids.
 ]]
 
-local VERSION = '10'
+local VERSION = '11'
 local EVENT_ARGS = 10
 
 local function cmp_gt(s1, m1, s2, m2) -- (score, member) ordering of the timelines
@@ -100,7 +100,12 @@ local function msg_json(mid, sender, text, et, read)
 end
 
 function Ctx:is_celeb(a) return redis.call('SISMEMBER', self:k('celebs'), a) == 1 end
-function Ctx:is_erased(u) return redis.call('SISMEMBER', self:k('erased'), u) == 1 end
+-- `any_erased` (read once per call): while no user was ever erased, no event asks Redis (a set
+-- only grows: erasure tombstones are kept forever)
+function Ctx:is_erased(u)
+  if self.any_erased == false then return false end
+  return redis.call('SISMEMBER', self:k('erased'), u) == 1
+end
 
 -- Timelines keep the latest K posts, N <= K <= N + S (S = slack) whenever that many are eligible
 -- (all of them otherwise): removals eat into the slack, and only a timeline that falls below N
@@ -381,6 +386,7 @@ end
 function apply.user_erased(c, e)
   local u = e.user
   redis.call('SADD', c:k('erased'), u)
+  c.any_erased = true
   -- posts: gone first, so no refill below can take them back; then out of every timeline
   local latest = members_of(c:latest_posts(u))
   local pids = redis.call('HKEYS', c:k('pids', u))
@@ -510,6 +516,7 @@ local function social_apply(keys, args)
   local c = setmetatable({ns = ns, window = tonumber(args[3]), grace = tonumber(args[4]),
     N = tonumber(args[5]), T = tonumber(args[6]), S = tonumber(args[7])}, Ctx)
   c.seenq, c.changelog = c:k('seenq', p), c:k('changelog', p)
+  c.any_erased = redis.call('EXISTS', c:k('erased')) == 1
   -- the per-partition bookkeeping is read once here and written once below, whatever happens
   -- in between: a function's writes are not rolled back by an error, so the fence must always
   -- cover exactly the events whose effects were written
