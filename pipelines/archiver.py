@@ -54,7 +54,7 @@ from pipelines import namespaces
 from pipelines.lake import Lake, latest_metadata
 from pipelines.parse import parse_records, received_date
 from pipelines.speed import changelog, functions
-from pipelines.speed.stream import commit_positions, kafka_options
+from pipelines.speed.stream import commit_positions
 from pipelines.tables import TABLES
 
 log = logging.getLogger("archiver")
@@ -138,15 +138,9 @@ def next_range(
 
 def raw_records(spark, settings: Settings, topic: str, a: Archive) -> DataFrame:
     """The Kafka records of the archive's range (one Spark task per partition)."""
-    parts = [p for p in a.end_offsets if a.end_offsets[p] > a.start_offsets[p]]
-    return (
-        spark.read.format("kafka")
-        .options(**kafka_options(settings))
-        .option("assign", json.dumps({topic: parts}))
-        .option("startingOffsets", json.dumps({topic: {str(p): a.start_offsets[p] for p in parts}}))
-        .option("endingOffsets", json.dumps({topic: {str(p): a.end_offsets[p] for p in parts}}))
-        .load()
-    )
+    from pipelines.replay import read_range
+
+    return read_range(spark, settings, topic, a.start_offsets, a.end_offsets)
 
 
 def _arrow(rows: list[dict]):

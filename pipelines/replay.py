@@ -40,6 +40,24 @@ def read_log(
     return reader.load()
 
 
+def read_range(
+    spark: SparkSession, settings: Settings, topic: str, starts: dict[int, int], ends: dict[int, int]
+) -> DataFrame:
+    """The records of ``topic`` in ``[starts[p], ends[p])``, the partitions with an empty range left
+    out (one Spark task per partition; the archiver's ranges and the replay's rounds)."""
+    from pipelines.speed.stream import kafka_options
+
+    parts = sorted(p for p in ends if ends[p] > starts[p])
+    return (
+        spark.read.format("kafka")
+        .options(**kafka_options(settings))
+        .option("assign", json.dumps({topic: parts}))
+        .option("startingOffsets", json.dumps({topic: {str(p): starts[p] for p in parts}}))
+        .option("endingOffsets", json.dumps({topic: {str(p): ends[p] for p in parts}}))
+        .load()
+    )
+
+
 def replay_keyed(
     spark: SparkSession, settings: Settings, topic: str, end_offsets: dict[int, int] | None, namespace: str
 ) -> dict[str, int]:
@@ -54,7 +72,7 @@ def replay_keyed(
     Returns the summed counts and the number of rounds.
     """
     from infra.stack import watermarks
-    from pipelines.speed.stream import SUMMARY_SCHEMA, apply_partitions, kafka_options, processor_config
+    from pipelines.speed.stream import SUMMARY_SCHEMA, apply_partitions, processor_config
 
     cfg = processor_config(settings, namespace, record_freshness=False)
     tasks = settings.speed_tasks or spark.sparkContext.defaultParallelism
@@ -65,14 +83,8 @@ def replay_keyed(
     counts = dict.fromkeys(keys, 0)
     plan = rounds(starts, ends, settings.replay_round_events)
     for lo, hi in plan:
-        parts = sorted(p for p in hi if hi[p] > lo[p])
         rows = (
-            spark.read.format("kafka")
-            .options(**kafka_options(settings))
-            .option("assign", json.dumps({topic: parts}))
-            .option("startingOffsets", json.dumps({topic: {str(p): lo[p] for p in parts}}))
-            .option("endingOffsets", json.dumps({topic: {str(p): hi[p] for p in parts}}))
-            .load()
+            read_range(spark, settings, topic, lo, hi)
             .select("partition", "offset", "value")
             .coalesce(tasks)
             .mapInArrow(apply_partitions(cfg), SUMMARY_SCHEMA)
