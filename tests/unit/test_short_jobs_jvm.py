@@ -69,3 +69,17 @@ def test_the_integration_run_turns_adaptive_execution_and_codegen_off():
     assert conf["spark.sql.adaptive.enabled"] == "false"
     assert conf["spark.sql.codegen.wholeStage"] == "false"
     assert conf["spark.sql.codegen.factoryMode"] == "NO_CODEGEN"
+
+
+def test_test_brokers_get_the_same_flags_and_idle_streams_poll_less(tmp_path):
+    from infra.settings import Settings, get_settings
+    from infra.stack import KAFKA_MAIN, KafkaBroker
+
+    flags = makefile_default("SOCIAL_KAFKA_JAVA_OPTIONS")
+    assert shlex.split(flags) == shlex.split(makefile_default("SOCIAL_SPARK_DRIVER_JAVA_OPTIONS"))
+    cmd = KafkaBroker(get_settings(var_dir=tmp_path, kafka_java_options=flags)).command()
+    # JVM flags, so before the main class
+    assert all(cmd.index(f) < cmd.index(KAFKA_MAIN) for f in shlex.split(flags))
+    assert (
+        int(makefile_default("SOCIAL_IDLE_POLL_MS")) > Settings.__dataclass_fields__["idle_poll_ms"].default
+    )
