@@ -299,6 +299,7 @@ def run(
         reraise=True,
     )
     pending: tuple[float, changelog.Cut] | None = None
+    committed: dict[str, dict[int, int]] = {}  # the positions last committed to Kafka
     last_compaction = time.monotonic()
     behind = True  # archives not compacted yet (a previous run may have left some)
     while not stopping.is_set():
@@ -312,15 +313,14 @@ def run(
         if pending is None:
             pending = (time.monotonic(), retry(changelog.cut, client, namespace))
             done = archived(settings.lake_dir, namespace)
-            try:
-                commit_positions(
-                    settings,
-                    topic,
-                    namespace,
-                    {"speed-layer": pending[1].fences, "archiver": done.end_offsets if done else {}},
-                )
-            except Exception:  # a monitoring aid only: never stops the archiver
-                log.warning("committing the positions to Kafka consumer groups failed", exc_info=True)
+            positions = {"speed-layer": pending[1].fences, "archiver": done.end_offsets if done else {}}
+            # only when they moved (each commit is a short-lived Kafka client of its own)
+            if positions != committed:
+                try:
+                    commit_positions(settings, topic, namespace, positions)
+                    committed = positions
+                except Exception:  # a monitoring aid only: never stops the archiver
+                    log.warning("committing the positions to Kafka consumer groups failed", exc_info=True)
         # every few minutes under load, and at once when the log goes quiet (nothing new to
         # archive): the views are never older than the interval, and current when nothing moves
         if behind and (quiet or time.monotonic() - last_compaction >= settings.compaction_interval_s):

@@ -328,3 +328,21 @@ def test_no_record_stops_the_stream_and_every_record_is_accounted_for(
         "quarantined": len(reasons),
     }
     assert totals["events_read"] == totals["applied"] + totals["duplicates"] + totals["quarantined"]
+    # both positions are visible to Kafka's own tools as consumer-group offsets (the archiver
+    # commits them when they move): the speed layer's fences and the archive's end, the log's end
+    from confluent_kafka import Consumer, TopicPartition
+
+    from infra.stack import end_offsets
+    from pipelines.speed.stream import consumer_group
+
+    ends = end_offsets(kafka_stack.settings, topic)
+    for role in ("speed-layer", "archiver"):
+        c = Consumer(
+            {"bootstrap.servers": kafka_stack.bootstrap, "group.id": consumer_group(namespace, role)}
+        )
+        try:
+            got = c.committed([TopicPartition(topic, p) for p in ends], timeout=30)
+        finally:
+            c.close()
+        committed = {tp.partition: tp.offset for tp in got}
+        assert {p: committed[p] for p, o in ends.items() if o} == {p: o for p, o in ends.items() if o}, role
