@@ -83,3 +83,8 @@ def test_test_brokers_get_the_same_flags_and_idle_streams_poll_less(tmp_path):
     assert (
         int(makefile_default("SOCIAL_IDLE_POLL_MS")) > Settings.__dataclass_fields__["idle_poll_ms"].default
     )
+    # and the tiny shuffles of the test runs one partition per core, not the stack's default
+    fields = Settings.__dataclass_fields__
+    assert (
+        int(makefile_default("SOCIAL_SPARK_SHUFFLE_PARTITIONS")) < fields["spark_shuffle_partitions"].default
+    )
