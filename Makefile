@@ -64,8 +64,9 @@ SMALL_DATA := SOCIAL_SPARK_CONF="$${SOCIAL_SPARK_CONF-spark.sql.adaptive.enabled
 # an idle speed layer (waiting on an archive, a verify, a restart) then costs its JVM and the
 # broker 0.05 of a core instead of 0.14 (1.5 vs 4.3 CPU-s per idle 30 s; SOCIAL_IDLE_POLL_MS).
 # Tests check what the state is, not how soon; the benchmarks measure latency with the defaults.
-SHORT_JOBS := SOCIAL_SPARK_DRIVER_JAVA_OPTIONS="$${SOCIAL_SPARK_DRIVER_JAVA_OPTIONS--XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m}" \
-	SOCIAL_KAFKA_JAVA_OPTIONS="$${SOCIAL_KAFKA_JAVA_OPTIONS--XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m}" \
+NO_C2 := -XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m
+SHORT_JOBS := SOCIAL_SPARK_DRIVER_JAVA_OPTIONS="$${SOCIAL_SPARK_DRIVER_JAVA_OPTIONS-$(NO_C2)}" \
+	SOCIAL_KAFKA_JAVA_OPTIONS="$${SOCIAL_KAFKA_JAVA_OPTIONS-$(NO_C2)}" \
 	SOCIAL_IDLE_POLL_MS="$${SOCIAL_IDLE_POLL_MS-250}" \
 	$(SMALL_DATA)
 # The integration files go to INTEGRATION_WORKERS pytest-xdist workers (each with its own Kafka and

@@ -25,7 +25,12 @@ def makefile_default(variable: str) -> str:
     makefile = (REPO_ROOT / "Makefile").read_text()
     default = re.search(r"\$\$\{" + variable + r"-(.*?)\}\"", makefile)
     assert default, f"no default for {variable} in the Makefile"
-    return default.group(1)
+    # a `$(NAME)` in it is the Makefile's `NAME := ...`
+    return re.sub(
+        r"\$\((\w+)\)",
+        lambda m: re.search(rf"^{m.group(1)} := (.*)$", makefile, re.M).group(1).strip(),
+        default.group(1),
+    )
 
 
 def final_flags(flags: list[str]) -> dict[str, str]:
