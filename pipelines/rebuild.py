@@ -22,8 +22,11 @@ layer that starts from offset 0:
 Rollback is one command: ``python -m pipelines.rebuild rollback`` (switch back to the namespace
 that was live before; its speed layer resumes from its own checkpoint).
 
-The history of switches is ``var/lake/namespaces.json``. Spark runs in child processes: each step
-gets a fresh JVM, and an Airflow task that calls :func:`main` stays light.
+The history of switches is ``var/lake/namespaces.json``. Each step calls the same functions as the
+command named above, in this process: a whole ``run`` is one Spark application (one JVM started,
+its classes loaded and compiled once), not one per step. Each of the ``rebuild_views`` DAG's tasks
+runs one step (``python -m pipelines.rebuild build|verify|switch``) in a child process of its own,
+so the Airflow worker stays light.
 """
 
 from __future__ import annotations
@@ -33,13 +36,12 @@ import json
 import logging
 import os
 import re
-import subprocess
 import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from infra.settings import REPO_ROOT, Settings, get_settings
+from infra.settings import Settings, get_settings
 from pipelines import namespaces
 
 log = logging.getLogger("rebuild")
@@ -105,17 +107,6 @@ def previous_namespace(settings: Settings) -> str | None:
 # Steps ----------------------------------------------------------------------------------------------
 
 
-def _python_module(module: str, args: list[str], settings: Settings, timeout_s: float | None = None) -> int:
-    """Run ``python -m module args`` in the repository with this process's environment; stream its output."""
-    cmd = [sys.executable, "-m", module, *args]
-    log.info("$ %s", " ".join(cmd))
-    env = {**os.environ, "SOCIAL_VAR_DIR": str(settings.var_dir)}
-    try:
-        return subprocess.run(cmd, cwd=REPO_ROOT, env=env, timeout=timeout_s, check=False).returncode
-    except subprocess.TimeoutExpired:
-        raise RebuildError(f"{module} did not finish within {timeout_s}s") from None
-
-
 def _build_progress(settings: Settings, namespace: str, topic: str):
     """A progress bar of the build on a terminal: the new namespace's fences against the log's end."""
     import threading
@@ -138,6 +129,26 @@ def _build_progress(settings: Settings, namespace: str, topic: str):
 SOURCES = ("kappa", "batch")
 
 
+def catch_up(settings: Settings, namespace: str, topic: str | None = None) -> None:
+    """Bring ``namespace`` up to the log's end: its speed layer until caught up
+    (``python -m pipelines.speed_layer --available-now``), then its Delta archive and views
+    (``python -m pipelines.archiver --once``), in one Spark application."""
+    from pipelines import archiver, speed_layer
+
+    stop = _build_progress(settings, namespace, topic or settings.events_topic)
+    try:
+        speed_layer.run(settings, namespace=namespace, topic=topic, available_now=True)
+    except Exception as exc:
+        raise RebuildError(f"building namespace {namespace!r} failed: {exc}") from exc
+    finally:
+        stop.set()
+    # its Delta archive and views: everything the new keyed state's changelog holds, compacted
+    try:
+        archiver.run(settings, namespace=namespace, topic=topic, once=True)
+    except Exception as exc:
+        raise RebuildError(f"archiving namespace {namespace!r} failed: {exc}") from exc
+
+
 def build(settings: Settings, namespace: str, topic: str | None = None, source: str = "kappa") -> None:
     """Compute the new views until caught up with the log.
 
@@ -151,32 +162,35 @@ def build(settings: Settings, namespace: str, topic: str | None = None, source: 
     if source not in SOURCES:
         raise RebuildError(f"unknown source {source!r}; one of {', '.join(SOURCES)}")
     if source == "batch":
-        from pipelines.batch_layer.job import SUFFIX
+        from pipelines import restore
+        from pipelines.batch_layer import job as batch_layer
+        from pipelines.spark import build_spark
 
-        batch_ns = namespace + SUFFIX
-        archive = ["--namespace", namespaces.active(settings), "--out", batch_ns]
-        if _python_module("pipelines.batch_layer", archive, settings) != 0:
-            raise RebuildError(f"the batch layer into {batch_ns!r} failed (see the output above)")
-        if _python_module(
-            "pipelines.restore", ["--namespace", namespace, "--from-batch", batch_ns], settings
-        ):
-            raise RebuildError(f"seeding {namespace!r} from {batch_ns!r} failed (see the output above)")
-    args = ["--namespace", namespace, "--available-now", *(["--topic", topic] if topic else [])]
-    stop = _build_progress(settings, namespace, topic or settings.events_topic)
-    try:
-        code = _python_module("pipelines.speed_layer", args, settings)
-    finally:
-        stop.set()
-    if code != 0:
-        raise RebuildError(f"building namespace {namespace!r} failed (see the output above)")
-    # its Delta archive and views: everything the new keyed state's changelog holds, compacted
-    if _python_module("pipelines.archiver", [*args[:2], "--once", *args[3:]], settings) != 0:
-        raise RebuildError(f"archiving namespace {namespace!r} failed (see the output above)")
+        spark = build_spark(f"rebuild-{namespace}", settings)
+        batch_ns = namespace + batch_layer.SUFFIX
+        live = namespaces.active(settings)
+        log.info("batch layer: %s's archive -> %s", live, batch_ns)
+        result = batch_layer.run(spark, settings, namespace=live, upto=None, out_namespace=batch_ns)
+        if not result["ok"]:
+            raise RebuildError(f"the batch layer into {batch_ns!r} failed: {json.dumps(result)[:2000]}")
+        log.info("seeding %s from %s", namespace, batch_ns)
+        try:
+            restore.seed_from_batch(spark, settings, namespace, batch_ns)
+            log.info("restored: %s", json.dumps(restore.restore(spark, settings, namespace)))
+        except restore.RestoreError as exc:
+            raise RebuildError(f"seeding {namespace!r} from {batch_ns!r} failed: {exc}") from exc
+    catch_up(settings, namespace, topic)
 
 
 def verify(settings: Settings, namespace: str, topic: str | None = None) -> None:
-    args = ["--namespace", namespace, *(["--topic", topic] if topic else [])]
-    if _python_module("pipelines.verify", args, settings) != 0:
+    """``python -m pipelines.verify --namespace NEW``, in this process: a mismatch stops the rebuild."""
+    from pipelines import verify as verifying
+    from pipelines.spark import build_spark
+
+    spark = build_spark(f"rebuild-{namespace}", settings)
+    report = verifying.verify(spark, settings, namespace=namespace, topic=topic)
+    print(verifying.summary(report))
+    if not report["ok"]:
         raise RebuildError(
             f"namespace {namespace!r} does not verify; not switching "
             f"(report: {Path(settings.reports_dir) / 'verify' / 'latest.html'})"

@@ -53,10 +53,14 @@ def run_py(settings: Settings, args: list[str], timeout: float = 600) -> subproc
 
 def speed_layer(settings: Settings, namespace: str, topic: str) -> None:
     """The speed layer up to the log's end (Redis), then the archiver once (the Delta archive and
-    views), as a rebuild's build step runs them."""
-    for module, flag in (("pipelines.speed_layer", "--available-now"), ("pipelines.archiver", "--once")):
-        done = run_py(settings, ["-m", module, "--namespace", namespace, "--topic", topic, flag])
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    views), as a rebuild's build step runs them (one Spark application)."""
+    script = (
+        "from infra.settings import get_settings\n"
+        "from pipelines.rebuild import catch_up\n"
+        f"catch_up(get_settings(), {namespace!r}, {topic!r})\n"
+    )
+    done = run_py(settings, ["-c", script])
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 
 def dags_test(settings: Settings, dag_id: str, conf: dict) -> tuple[bool, str]:
