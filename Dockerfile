@@ -10,7 +10,8 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /app
-ENV UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never
+# bytecode compiled at install: no process compiles the dependencies again at start
+ENV UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never UV_COMPILE_BYTECODE=1
 # Dependencies first, so code changes do not refetch them.
 COPY pyproject.toml uv.lock .python-version ./
 RUN uv sync --locked --no-install-project
