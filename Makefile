@@ -20,7 +20,7 @@ $(UV):
 # The project as uv builds it: Python 3.11 (.python-version), the locked dependencies (uv.lock,
 # from pyproject.toml), the project itself (editable) with its console entry points.
 # Compiled to bytecode once, here: uv installs sources only, and a Python run with
-# PYTHONDONTWRITEBYTECODE (as on this project's CI machines) never caches what it compiles, so
+# PYTHONDONTWRITEBYTECODE (as in this machine's environment) never caches what it compiles, so
 # every process compiled every module it imported again: `import airflow.sdk` 3.2 -> 1.4 s, a
 # job's start (`python -m pipelines.verify --help`) 1.1 -> 0.4 s; the suite starts hundreds.
 $(STAMP): pyproject.toml uv.lock .python-version | $(UV)

@@ -1,5 +1,5 @@
 """`make setup` compiles the dependencies and the project to bytecode once (Makefile, $(STAMP) and
-setup): with PYTHONDONTWRITEBYTECODE set, as on this project's CI machines, nothing else ever
+setup): with PYTHONDONTWRITEBYTECODE set, as in this machine's environment, nothing else ever
 writes it, and every process would compile every module it imports again (`import airflow.sdk`
 3.2 s instead of 1.4 s)."""
 
