@@ -39,6 +39,15 @@ KAFKA_MAIN = "kafka.Kafka"  # the broker (and, with process.roles=broker,control
 KAFKA_STORAGE_TOOL = "kafka.tools.StorageTool"  # what bin/kafka-storage.sh runs: formats the log dirs
 KAFKA_HEAP = ["-Xms256m", "-Xmx1g"]
 
+
+COLLECTORS = {f"-XX:+Use{gc}GC" for gc in ("Serial", "Parallel", "G1", "Z", "Shenandoah", "Epsilon")}
+
+
+def _with_a_collector(options: list[str], default: str) -> list[str]:
+    """JVM flags with one garbage collector: the given one's, else ``default`` (two are an error)."""
+    return options if COLLECTORS & set(options) else [*options, default]
+
+
 # The retained event log: the source of truth, so nothing may ever be deleted by time or size.
 EVENTS_TOPIC_CONFIGS: dict[str, str] = {
     "retention.ms": "-1",
@@ -416,8 +425,7 @@ class KafkaBroker(Service):
         return [
             java,
             *KAFKA_HEAP,
-            *shlex.split(self.settings.kafka_java_options),
-            "-XX:+UseG1GC",
+            *_with_a_collector(shlex.split(self.settings.kafka_java_options), "-XX:+UseG1GC"),
             "-XX:+ExitOnOutOfMemoryError",
             "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={self.home / 'log4j2.properties'}",

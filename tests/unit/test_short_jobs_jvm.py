@@ -1,4 +1,5 @@
-"""The JVM flags `make test` gives its integration run's Spark drivers (Makefile: SHORT_JOBS).
+"""The JVM flags `make test` gives its integration run's Spark drivers (Makefile: SHORT_JOBS) and
+its unit run's (UNIT_JVM).
 
 `-XX:TieredStopAtLevel=1` alone switches the JVM to client emulation, whose code cache is 48 MiB:
 a long rebuild filled it and died of "Out of space in CodeCache for method handle intrinsic".
@@ -25,11 +26,15 @@ def makefile_default(variable: str) -> str:
     makefile = (REPO_ROOT / "Makefile").read_text()
     default = re.search(r"\$\$\{" + variable + r"-(.*?)\}\"", makefile)
     assert default, f"no default for {variable} in the Makefile"
-    # a `$(NAME)` in it is the Makefile's `NAME := ...`
+    return expand(default.group(1), makefile)
+
+
+def expand(value: str, makefile: str) -> str:
+    """``value`` with each `$(NAME)` in it replaced by the Makefile's `NAME := ...`, recursively."""
     return re.sub(
         r"\$\((\w+)\)",
-        lambda m: re.search(rf"^{m.group(1)} := (.*)$", makefile, re.M).group(1).strip(),
-        default.group(1),
+        lambda m: expand(re.search(rf"^{m.group(1)} := (.*)$", makefile, re.M).group(1).strip(), makefile),
+        value,
     )
 
 
@@ -52,6 +57,7 @@ def test_short_jobs_keep_the_usual_code_cache_without_c2():
     final = final_flags(flags)
     assert int(final["ReservedCodeCacheSize"]) >= 240 * MiB
     assert final["TieredStopAtLevel"] == "1"
+    assert final["UseSerialGC"] == "true" and final["UseG1GC"] == "false"
     # and the trap itself, so the test explains why the size flag is there
     assert int(final_flags(["-XX:TieredStopAtLevel=1"])["ReservedCodeCacheSize"]) < 240 * MiB
 
@@ -85,6 +91,9 @@ def test_test_brokers_get_the_same_flags_and_idle_streams_poll_less(tmp_path):
     cmd = KafkaBroker(get_settings(var_dir=tmp_path, kafka_java_options=flags)).command()
     # JVM flags, so before the main class
     assert all(cmd.index(f) < cmd.index(KAFKA_MAIN) for f in shlex.split(flags))
+    # one collector: the flags' serial one instead of the broker's G1 (a JVM given two refuses to start)
+    assert "-XX:+UseSerialGC" in cmd and "-XX:+UseG1GC" not in cmd
+    assert "-XX:+UseG1GC" in KafkaBroker(get_settings(var_dir=tmp_path)).command()
     assert (
         int(makefile_default("SOCIAL_IDLE_POLL_MS")) > Settings.__dataclass_fields__["idle_poll_ms"].default
     )
@@ -93,3 +102,12 @@ def test_test_brokers_get_the_same_flags_and_idle_streams_poll_less(tmp_path):
     assert (
         int(makefile_default("SOCIAL_SPARK_SHUFFLE_PARTITIONS")) < fields["spark_shuffle_partitions"].default
     )
+
+
+def test_the_unit_run_keeps_c2_with_the_serial_collector():
+    makefile = (REPO_ROOT / "Makefile").read_text()
+    unit = re.search(r"^UNIT_JVM := .*\$\$\{SOCIAL_SPARK_DRIVER_JAVA_OPTIONS-(.*?)\}\"$", makefile, re.M)
+    assert unit, "no UNIT_JVM in the Makefile"
+    flags = shlex.split(expand(unit.group(1), makefile))
+    assert flags == ["-XX:+UseSerialGC"]
+    assert re.search(r"\$\(UNIT_JVM\) \$\(SMALL_DATA\) \$\(PY\) -m pytest tests/unit", makefile)
