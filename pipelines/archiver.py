@@ -28,8 +28,10 @@ of what Redis can come back with.
 
 Each cycle it also commits the speed layer's fences and its own position as Kafka consumer-group
 offsets (``social.speed-layer.<ns>``, ``social.archiver.<ns>``), so ``kafka-consumer-groups``
-shows both lags. Every ``SOCIAL_COMPACTION_INTERVAL_S``, and at once when the log goes quiet, it also compacts
-the archive into the Delta views (:mod:`pipelines.compaction`). Run: ``python -m pipelines.archiver [--once]``.
+shows both lags. Every ``SOCIAL_COMPACTION_INTERVAL_S``, and at once when the log goes quiet (nothing
+new to archive, and the speed layer's fences at the log's end: a speed layer restarting with
+records still to read is a pause, not a quiet log), it also compacts the archive into the Delta
+views (:mod:`pipelines.compaction`). Run: ``python -m pipelines.archiver [--once]``.
 """
 
 from __future__ import annotations
@@ -265,6 +267,28 @@ def archive_once(
     return a
 
 
+def applied_all(settings: Settings, topic: str, fences: dict[int, int]) -> bool:
+    """Whether the speed layer's ``fences`` are at the end of every partition of ``topic``.
+
+    A log the speed layer has not caught up with (it is restarting, or it crashed) is not quiet,
+    however long nothing new reaches Redis: compacting then would be redone as soon as it reads
+    on. A broker that does not answer at once makes it "no" (the interval still compacts).
+    """
+    from infra.stack import end_offsets
+
+    try:
+        ends = end_offsets(settings, topic, timeout_s=2.0)
+    except Exception:  # it only decides whether to compact now or at the interval
+        log.debug("the log's end is unknown for now", exc_info=True)
+        return False
+    return covers(fences, ends)
+
+
+def covers(fences: dict[int, int], ends: dict[int, int]) -> bool:
+    """Whether ``fences`` (partition -> next offset) reach ``ends`` in every partition."""
+    return all(fences.get(p, 0) >= end for p, end in ends.items())
+
+
 def run(
     settings: Settings, *, namespace: str | None = None, topic: str | None = None, once: bool = False
 ) -> None:
@@ -308,7 +332,7 @@ def run(
         if pending is not None and now - pending[0] >= settings.archive_durability_s:
             wrote = retry(archive_once, spark, lake, client, settings, topic, pending[1])
             behind = behind or wrote is not None
-            quiet = wrote is None
+            quiet = wrote is None and behind and applied_all(settings, topic, pending[1].fences)
             pending = None
         if pending is None:
             pending = (time.monotonic(), retry(changelog.cut, client, namespace))
