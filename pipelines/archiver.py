@@ -53,7 +53,7 @@ from tenacity import Retrying, before_sleep_log, stop_after_attempt, wait_expone
 
 from infra.settings import Settings, get_settings
 from pipelines import namespaces
-from pipelines.lake import Lake, latest_metadata
+from pipelines.lake import Lake, covers, latest_metadata
 from pipelines.parse import parse_records, received_date
 from pipelines.speed import changelog, functions
 from pipelines.speed.stream import commit_positions
@@ -282,11 +282,6 @@ def applied_all(settings: Settings, topic: str, fences: dict[int, int]) -> bool:
         log.debug("the log's end is unknown for now", exc_info=True)
         return False
     return covers(fences, ends)
-
-
-def covers(fences: dict[int, int], ends: dict[int, int]) -> bool:
-    """Whether ``fences`` (partition -> next offset) reach ``ends`` in every partition."""
-    return all(fences.get(p, 0) >= end for p, end in ends.items())
 
 
 def run(

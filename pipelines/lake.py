@@ -79,6 +79,12 @@ def latest_metadata(table_dir: Path, field: str) -> dict | None:
     return None
 
 
+def covers(position: dict[int, int], ends: dict[int, int]) -> bool:
+    """Whether ``position`` (partition -> next offset) reaches ``ends`` in every partition (a
+    partition missing from it is at 0)."""
+    return all(position.get(p, 0) >= end for p, end in ends.items())
+
+
 def committed_position(lake_dir: Path, namespace: str) -> tuple[int, dict[int, int]] | None:
     """(batch id, end offsets) of the latest committed ``batches`` row, read from the Delta log alone.
 

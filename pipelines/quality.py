@@ -302,7 +302,9 @@ def log_health(
     now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
     read = int(agg["events_read"] or 0)
     quarantined = int(agg["quarantined"] or 0)
-    caught_up = log_end is not None and all(snap.end_offsets.get(p, 0) >= end for p, end in log_end.items())
+    from pipelines.lake import covers
+
+    caught_up = log_end is not None and covers(snap.end_offsets, log_end)
     staleness = 0.0 if caught_up else max(0.0, (now_ms - int(agg["visible_at"] or 0)) / 1000)
     row = (
         read,

@@ -8,7 +8,8 @@ from __future__ import annotations
 import time
 
 from infra.settings import get_settings
-from pipelines.archiver import applied_all, covers
+from pipelines.archiver import applied_all
+from pipelines.lake import covers
 from tests.conftest import _free_port
 
 
