@@ -43,7 +43,7 @@ KAFKA_HEAP = ["-Xms256m", "-Xmx1g"]
 COLLECTORS = {f"-XX:+Use{gc}GC" for gc in ("Serial", "Parallel", "G1", "Z", "Shenandoah", "Epsilon")}
 
 
-def _with_a_collector(options: list[str], default: str) -> list[str]:
+def with_a_collector(options: list[str], default: str) -> list[str]:
     """JVM flags with one garbage collector: the given one's, else ``default`` (two are an error)."""
     return options if COLLECTORS & set(options) else [*options, default]
 
@@ -425,7 +425,7 @@ class KafkaBroker(Service):
         return [
             java,
             *KAFKA_HEAP,
-            *_with_a_collector(shlex.split(self.settings.kafka_java_options), "-XX:+UseG1GC"),
+            *with_a_collector(shlex.split(self.settings.kafka_java_options), "-XX:+UseG1GC"),
             "-XX:+ExitOnOutOfMemoryError",
             "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={self.home / 'log4j2.properties'}",

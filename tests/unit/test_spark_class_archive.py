@@ -60,3 +60,16 @@ def test_a_driver_maps_the_archive_setup_dumped(tmp_path):
     assert f"-XX:SharedArchiveFile={archive}" in done.stdout and "ROWS 5" in done.stdout
     assert "CONF NO_CODEGEN 3" in done.stdout  # testing=True sets 2 partitions; the setting wins
     assert "POLL 75ms" in done.stdout  # an idle stream's wait before it asks the broker again
+
+
+def test_the_dump_runs_with_the_cheapest_compiler_and_one_collector():
+    import shlex
+
+    from infra.settings import get_settings
+    from pipelines.spark import dump_java_options
+
+    flags = shlex.split(dump_java_options(get_settings(spark_driver_java_options="")))
+    assert "-XX:TieredStopAtLevel=1" in flags and "-XX:+UseSerialGC" in flags
+    # configured flags come last (they win); a collector they name replaces the serial one
+    flags = shlex.split(dump_java_options(get_settings(spark_driver_java_options="-XX:+UseG1GC -Xss2m")))
+    assert flags[-2:] == ["-XX:+UseG1GC", "-Xss2m"] and "-XX:+UseSerialGC" not in flags
