@@ -80,6 +80,7 @@ def test_the_integration_run_turns_adaptive_execution_and_codegen_off():
     assert conf["spark.sql.adaptive.enabled"] == "false"
     assert conf["spark.sql.codegen.wholeStage"] == "false"
     assert conf["spark.sql.codegen.factoryMode"] == "NO_CODEGEN"
+    assert conf["spark.databricks.delta.snapshotPartitions"] == "1"  # the stack's 4, the testing session's 2
 
 
 def test_test_brokers_get_the_same_flags_and_idle_streams_poll_less(tmp_path):
