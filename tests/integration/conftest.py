@@ -3,8 +3,8 @@
 `speed_layer_factory(topic=..., namespace=..., archive=True, **settings)` starts
 `python -m pipelines.speed_layer` and (with ``archive``) `python -m pipelines.archiver` against the
 session's Kafka and Redis with their own namespace (Delta tables, checkpoint, Redis keys), exactly
-as `make up` runs them, the archiver compacting when the log goes quiet and at most every 30 s
-under load instead of every two minutes; every one started is stopped at teardown.
+as `make up` runs them, the archiver compacting when the log goes quiet (ARCHIVER_TEST_SETTINGS
+below); every one started is stopped at teardown.
 """
 
 from __future__ import annotations
