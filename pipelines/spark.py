@@ -239,8 +239,9 @@ def dump_java_options(settings: Settings) -> str:
 
 
 def build_class_archive(settings: Settings | None = None, *, force: bool = False) -> Path:
-    """Dump the class archive (``make setup``): one warm-up driver run with
-    ``-XX:ArchiveClassesAtExit``, ~30 s once per JDK and jar set. Returns its path."""
+    """Dump the class archive (``make setup``; ``make test`` beside its first tests): one warm-up
+    driver run with ``-XX:ArchiveClassesAtExit`` and :func:`dump_java_options`, ~45 s once per JDK
+    and jar set. Returns its path."""
     settings = settings or get_settings()
     target = class_archive(_jar_paths(settings))
     if target.exists() and not force:
