@@ -25,7 +25,7 @@ import pytest
 from app_sim.contract import is_sealed
 from app_sim.generator import GeneratorConfig, produce
 from app_sim.keys import KeyStore, Sealer, open_fields
-from pipelines.tables import TABLES, VIEWS
+from pipelines.tables import VIEWS
 
 pytestmark = pytest.mark.integration
 
@@ -67,20 +67,6 @@ def assert_verified(report: dict, summary) -> None:
     assert k["accounting"]["events_read"] == summary.events
     assert k["accounting"]["duplicates"] == summary.duplicates
     assert k["accounting"]["rejected"] + k["accounting"]["quarantined"] == a["quarantined"]
-
-
-def assert_no_duplicate_keys(settings, namespace: str, versions: dict) -> None:
-    from pipelines.lake import Lake
-    from pipelines.spark import build_spark
-
-    spark = build_spark("dup-check", settings, testing=True)
-    lake = Lake(spark, settings.lake_dir, namespace)
-    for name in (*VIEWS, "events_bronze", "quarantine", "batches"):
-        keys = list(TABLES[name].keys)
-        df = lake.read(name)
-        dups = df.groupBy(*keys).count().where("count > 1").count()
-        assert dups == 0, f"{name}: {dups} duplicate keys"
-    spark.stop()
 
 
 def test_stream_equals_replay(kafka_stack, topic_factory, speed_layer_factory, tmp_path):
@@ -162,4 +148,8 @@ def test_crash_safety_kill9_and_restart(kafka_stack, topic_factory, speed_layer_
     report = run_verify(kafka_stack.settings, topic, "crashy", tmp_path)
     assert_verified(report, summary)
     assert report["position"]["batch_id"] >= 1  # the views came from more than one archive
-    assert_no_duplicate_keys(kafka_stack.settings, "crashy", report["table_versions"])
+    # No table holds a key twice: verify compares every table with its recomputation as multisets
+    # of whole rows (assert_verified: equal row counts, no row in excess on either side), and the
+    # recomputed tables hold one row per key (docs/views.md); a row archived or merged twice, or a
+    # key with two rows, is a row in excess. The ``batches`` rows are summed by the accounting
+    # (events read == the records below P), which a repeated row would break.
