@@ -61,6 +61,8 @@ def assert_verified(report: dict, summary) -> None:
     assert a["duplicates"] == summary.duplicates
     assert a["quarantined"] == sum(summary.invalid.values())
     assert report["serving"]["ok"] is True, report["serving"]
+    # the Delta changelog: each record below P archived once, none twice (exactly-once appends)
+    assert report["changelog"]["duplicates"] == 0 and report["changelog"]["ok"], report["changelog"]
     # the keyed state in Redis == the same processor replayed into a scratch namespace, key by key
     k = report["keyed"]
     assert k["ok"] is True, {n: f for n, f in k.get("families", {}).items() if not f["ok"]} or k
@@ -152,4 +154,5 @@ def test_crash_safety_kill9_and_restart(kafka_stack, topic_factory, speed_layer_
     # of whole rows (assert_verified: equal row counts, no row in excess on either side), and the
     # recomputed tables hold one row per key (docs/views.md); a row archived or merged twice, or a
     # key with two rows, is a row in excess. The ``batches`` rows are summed by the accounting
-    # (events read == the records below P), which a repeated row would break.
+    # (events read == the records below P), which a repeated row would break, and the Delta
+    # changelog, which nothing recomputes, is checked for a record twice (verify's changelog_once).

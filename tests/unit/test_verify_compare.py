@@ -49,3 +49,22 @@ def test_an_empty_side(spark):
     result = compare(live, replay, COLUMNS)
     assert (result["live_rows"], result["recomputed_rows"], result["only_recomputed"]) == (0, 1, 1)
     assert result["examples"] == [{"side": "only_recomputed", "user_id": 7, "text": "x"}]
+
+
+CHANGELOG = "partition INT, offset BIGINT, seq BIGINT, disposition STRING"
+
+
+def test_the_changelog_holds_each_record_below_p_at_most_once(spark):
+    from pipelines.verify import changelog_once
+
+    P = {0: 3, 1: 2}  # records (0, 0..2) and (1, 0..1) are below P
+    once = [(0, 0, 1, "a"), (0, 1, 2, "a"), (0, 2, 4, "d"), (1, 0, 3, "a"), (1, 1, 5, "q")]
+    beyond = [(0, 3, 6, "a"), (0, 3, 6, "a"), (1, 2, 7, "a")]  # above P: not this check's business
+    clean = changelog_once(spark.createDataFrame(once + beyond, CHANGELOG), P)
+    assert clean == {"rows": 5, "records": 5, "duplicates": 0, "ok": True}
+    # an archive appended twice for partition 1's first record (a re-run that did not skip)
+    twice = changelog_once(spark.createDataFrame(once + [(1, 0, 3, "a")] + beyond, CHANGELOG), P)
+    assert twice == {"rows": 6, "records": 5, "duplicates": 1, "ok": False}
+    # a namespace seeded at P0 = {0: 2, 1: 1} archives only what came after it: fewer rows is fine
+    seeded = changelog_once(spark.createDataFrame([once[2], once[4]], CHANGELOG), P)
+    assert seeded == {"rows": 2, "records": 2, "duplicates": 0, "ok": True}
