@@ -34,7 +34,7 @@ from pyspark.sql import functions as F
 
 from infra.settings import Settings, get_settings
 from pipelines import namespaces
-from pipelines.batch_layer.definition import QUARANTINED, REJECTED, BatchViews
+from pipelines.batch_layer.definition import QUARANTINED, REJECTED, BatchViews, below
 from pipelines.batch_layer.job import Archive, batch_config, views_at
 from pipelines.batch_layer.verify import summary as batch_layer_summary
 from pipelines.batch_layer.verify import verify_batch_layer
@@ -162,8 +162,6 @@ def changelog_once(changelog: DataFrame, position: dict[int, int]) -> dict:
     namespace seeded at a position P0, a rebuild from the batch layer, archives only the records
     after P0: fewer rows than records is not an error, a record twice is.)
     """
-    from pipelines.batch_layer.definition import below
-
     row = (
         below(changelog, position)
         .groupBy("partition", "offset")
