@@ -7,9 +7,9 @@ One story in order (module-scoped state), because every step needs the previous 
 1. a few thousand generated events -> the speed layer (catch-up mode) into namespace A, and the
    archiver once (its Delta archive and views);
 2. one ``unread_counts`` row of A is changed through Delta (what a buggy writer or a dual write
-   would do); the quality suite catches it at once; after the next micro-batch (which touches
-   another user) ``verify_views`` (``dag.test()``) fails on that view alone, every other table
-   of A still equal to its recomputation;
+   would do), and the next micro-batch (which touches another user) records it in A's table
+   versions; the quality suite catches it, and ``verify_views`` (``dag.test()``) fails on that
+   view alone, every other table of A still equal to its recomputation;
 3. ``rebuild_views`` (namespace B): build from offset 0, verify, switch: B is
    live (file + Redis pointer) and verifies; A is kept;
 4. ``python -m pipelines.rebuild rollback``: A is live again.
@@ -76,21 +76,6 @@ def dags_test(settings: Settings, dag_id: str, conf: dict) -> tuple[bool, str]:
     return done.returncode == 0, done.stdout + done.stderr
 
 
-def spark_job(settings: Settings, body: str) -> str:
-    """Run ``body`` (Python, with ``spark`` and ``F`` defined) in a child process; returns its stdout."""
-    script = (
-        "from infra.settings import get_settings\n"
-        "from pipelines.spark import build_spark\n"
-        "from pyspark.sql import functions as F\n"
-        "spark = build_spark('test-helper', get_settings(), testing=True)\n"
-        + textwrap.dedent(body)
-        + "\nspark.stop()\n"
-    )
-    done = run_py(settings, ["-c", script], timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout
-
-
 def produce_status_update(settings: Settings, topic: str, user_id: int) -> None:
     """One valid event touching only ``user_id`` (a new micro-batch that leaves other users alone)."""
     from confluent_kafka import Producer
@@ -153,18 +138,33 @@ def story(kafka_stack, tmp_path_factory):
 
 
 def test_1_corrupted_row_is_caught_by_quality_and_verify(story):
-    s, ns = story["settings"], story["a"]
+    s, ns, topic = story["settings"], story["a"], story["topic"]
+    # One Spark application (not one to corrupt and one to catch up: ~15 CPU-s each to start):
+    # one unread_counts row of A is changed through Delta, then one event touching another user
+    # (a status update) is appended to the log, then the speed layer and the archiver catch up
+    # (as `speed_layer` above): the next micro-batch records table versions that include the
+    # corrupted row, so the live views at P are wrong from then on.
     path = s.lake_dir / ns / "unread_counts"
-    out = spark_job(
-        s,
+    script = textwrap.dedent(
         f"""
+        from pyspark.sql import functions as F
+        from infra.settings import get_settings
+        from pipelines.rebuild import catch_up
+        from pipelines.spark import build_spark
+        from tests.integration.test_dags_e2e import produce_status_update
+
+        settings = get_settings()
+        spark = build_spark("corrupt-then-catch-up", settings)
         users = spark.read.format("delta").load({str(s.lake_dir / ns / "users")!r})
         victim = spark.read.format("delta").load({str(path)!r}).agg(F.min("user_id")).collect()[0][0]
         spark.sql(f"UPDATE delta.`{path}` SET unread = unread + 3 WHERE user_id = {{victim}}")
-        print(users.where(F.col("user_id") != victim).agg(F.max("user_id")).collect()[0][0])
-        """,
+        bystander = users.where(F.col("user_id") != victim).agg(F.max("user_id")).collect()[0][0]
+        produce_status_update(settings, {topic!r}, user_id=bystander)
+        catch_up(settings, {ns!r}, {topic!r})
+        """
     )
-    bystander = int(out.strip().splitlines()[-1])
+    done = run_py(s, ["-c", script])
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
     done = run_py(
         s,
@@ -185,10 +185,6 @@ def test_1_corrupted_row_is_caught_by_quality_and_verify(story):
     assert failed == {"unread_invariant"}
     assert (s.reports_dir / "quality" / "index.html").exists()
 
-    # the next micro-batch (a status update of another user) records table versions that
-    # include the corrupted row: the live views at P are now wrong, and verify says so
-    produce_status_update(s, story["topic"], user_id=bystander)
-    speed_layer(s, ns, story["topic"])
     ok, out = dags_test(s, "verify_views", {"topic": story["topic"]})
     assert not ok, out[-3000:]
     report = json.loads((s.reports_dir / "verify" / "latest.json").read_text())
