@@ -73,21 +73,21 @@ def assert_verified(report: dict, summary) -> None:
 
 def test_stream_equals_replay(kafka_stack, topic_factory, speed_layer_factory, tmp_path):
     topic = topic_factory(8)
-    cfg = GeneratorConfig(users=1000, seed=11, mean_followers=30, invalid_share=0.01, duplicate_share=0.01)
+    cfg = GeneratorConfig(users=500, seed=11, mean_followers=30, invalid_share=0.01, duplicate_share=0.01)
     # personal data sealed as the generator's CLI writes it (docs/erasure.md): replays stay exact
     store = KeyStore(tmp_path / "keys.sqlite3")
     summary = produce(
-        60_000, cfg, topic=topic, bootstrap=kafka_stack.bootstrap, progress=False, sealer=Sealer(store)
+        30_000, cfg, topic=topic, bootstrap=kafka_stack.bootstrap, progress=False, sealer=Sealer(store)
     )
     assert summary.delivery_failures == 0
     sl = speed_layer_factory(topic=topic, namespace="stream", max_offsets_per_trigger=100_000)
     sl.wait_caught_up(timeout=900)
     # the replay in three rounds (pipelines/replay.py): the state must not depend on the order
     # in which they interleave the partitions
-    report = run_verify(replace(kafka_stack.settings, replay_round_events=20_000), topic, "stream", tmp_path)
+    report = run_verify(replace(kafka_stack.settings, replay_round_events=10_000), topic, "stream", tmp_path)
     assert_verified(report, summary)
-    assert report["keyed"]["replay"]["rounds"] == 3  # ceil(60,000 / 20,000)
-    assert report["views"]["home_timeline"]["live_rows"] > 30_000  # the fan-out really happened
+    assert report["keyed"]["replay"]["rounds"] == 3  # ceil(30,000 / 10,000)
+    assert report["views"]["home_timeline"]["live_rows"] > 10_000  # the fan-out really happened
     # the serving store holds sealed values only; they open with the user's key
     import redis
 
