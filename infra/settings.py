@@ -176,6 +176,13 @@ class Settings:
         "turns adaptive execution and code generation off for its integration run (README: The test "
         "suite's time)",
     )
+    spark_java_home: str = _setting(
+        "SOCIAL_SPARK_JAVA_HOME",
+        "",
+        "the JDK of the Spark drivers and the standalone cluster; empty = a JDK 25 under "
+        "/usr/lib/jvm if one is installed (its ahead-of-time class cache: README, Spark driver start), "
+        "else JAVA_HOME or the `java` on PATH (17 or 21; AppCDS archive)",
+    )
     spark_class_archive: int = _setting(
         "SOCIAL_SPARK_CLASS_ARCHIVE",
         1,

@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from infra.jars import JarsError, kafka_classpath, require_java
+from infra.jars import JarsError, kafka_classpath, require_java, spark_java_home
 from infra.settings import REPO_ROOT, Settings, get_settings
 
 KAFKA_MAIN = "kafka.Kafka"  # the broker (and, with process.roles=broker,controller, the KRaft controller)
@@ -585,8 +585,10 @@ class SparkStandalone(Service):
         return Path(pyspark.__file__).parent
 
     def env(self) -> Mapping[str, str]:
+        home = spark_java_home(self.settings)
         return {
             **os.environ,
+            **({"JAVA_HOME": str(home)} if home else {}),  # the drivers' JDK: one JDK per cluster
             "SPARK_HOME": str(self.spark_home()),
             "SPARK_LOCAL_IP": "127.0.0.1",
             # executors run the project's Python (the driver sends PYSPARK_PYTHON, the venv's)
