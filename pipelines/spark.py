@@ -270,14 +270,9 @@ def dump_java_options(settings: Settings) -> str:
 
 def build_class_archive(settings: Settings | None = None, *, force: bool = False) -> Path:
     """Dump the class archive (``make setup``; ``make test`` beside its first tests) from one
-    warm-up driver run with :func:`dump_java_options`, once per JDK and jar set. Returns its path.
-
-    - JDK 25: the run records (``-XX:AOTMode=record``), then a plain ``java`` with the run's own
-      classpath and flags assembles the cache (``-XX:AOTMode=create``): ~40 + ~12 s. (The
-      one-step ``-XX:AOTCacheOutput`` assembles it in a child of the exiting driver, which
-      PySpark's shutdown does not wait for: no cache.)
-    - older JDKs: the run writes an AppCDS archive at exit (``-XX:ArchiveClassesAtExit``): ~45 s.
-    """
+    warm-up driver run with :func:`dump_java_options`, ~40-60 s once per JDK and jar set: on JDK 25
+    its AOT cache (``-XX:AOTCacheOutput``: the driver records, then assembles the cache as it
+    exits), on older JDKs an AppCDS archive (``-XX:ArchiveClassesAtExit``). Returns its path."""
     settings = settings or get_settings()
     target = class_archive(_jar_paths(settings), settings)
     if target.exists() and not force:
@@ -285,17 +280,17 @@ def build_class_archive(settings: Settings | None = None, *, force: bool = False
     target.parent.mkdir(parents=True, exist_ok=True)
     for stale in [*target.parent.glob("spark-*.jsa"), *target.parent.glob("spark-*.aot")]:
         stale.unlink()  # another JDK's or jar set's: never used again
-    aot = target.suffix == ".aot"
     with tempfile.TemporaryDirectory(prefix="spark-cds-") as scratch:
         partial = Path(scratch) / target.name
-        config = Path(scratch) / "spark.aotconf"
-        record = (
-            f"-XX:AOTMode=record -XX:AOTConfiguration={config} {QUIET_AOT_LOG}"
-            if aot
+        dump = (
+            # its warnings (classes it skips: Janino's generated ones, JFR's, ...) are many and
+            # expected; its errors are not
+            f"-XX:AOTCacheOutput={partial} -Xlog:cds*=error,aot*=error"
+            if target.suffix == ".aot"
             else f"-XX:ArchiveClassesAtExit={partial} -Xlog:cds=off"
         )
         env = dict(os.environ)
-        env["SOCIAL_SPARK_DRIVER_JAVA_OPTIONS"] = f"{dump_java_options(settings)} {record}"
+        env["SOCIAL_SPARK_DRIVER_JAVA_OPTIONS"] = f"{dump_java_options(settings)} {dump}"
         env["SOCIAL_VAR_DIR"] = str(Path(scratch) / "var")
         env["SOCIAL_SPARK_CLASS_ARCHIVE"] = "0"
         done = subprocess.run(
@@ -305,45 +300,10 @@ def build_class_archive(settings: Settings | None = None, *, force: bool = False
             text=True,
             timeout=600,
         )
-        if done.returncode == 0 and aot and config.exists():
-            done = _assemble_aot_cache(settings, config, partial, Path(scratch) / JVM_OF_RUN)
         if done.returncode != 0 or not partial.exists():
             raise RuntimeError(f"class archive not written (exit {done.returncode}):\n{done.stderr[-3000:]}")
         shutil.move(partial, target)  # whole or not at all: a driver never maps a half-written one
     return target
-
-
-# The AOT cache's warnings (classes it skips: Janino's generated ones, JFR's, ...) are many and
-# expected; its errors are not.
-QUIET_AOT_LOG = "-Xlog:cds*=error,aot*=error"
-JVM_OF_RUN = "jvm.json"  # the warm-up driver's classpath and flags, for the AOT cache's create step
-
-
-def _assemble_aot_cache(
-    settings: Settings, config: Path, cache: Path, jvm_of_run: Path
-) -> subprocess.CompletedProcess:
-    """JDK 25's create step: the recorded configuration into a cache, by a JVM given the recording
-    driver's classpath and flags (the cache is valid for those only)."""
-    import json
-
-    run = json.loads(jvm_of_run.read_text())
-    own = ("-XX:AOTMode", "-XX:AOTConfiguration", "-XX:AOTCache", "-Xlog")
-    java = java_home(settings) / "bin" / "java"
-    return subprocess.run(
-        [
-            str(java),
-            *[a for a in run["args"] if not a.startswith(own)],
-            "-XX:AOTMode=create",
-            f"-XX:AOTConfiguration={config}",
-            f"-XX:AOTCache={cache}",
-            QUIET_AOT_LOG,
-            "-cp",
-            run["classpath"],
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -359,15 +319,15 @@ def main(argv: list[str] | None = None) -> int:
     warm.add_argument("scratch")
     args = p.parse_args(argv)
     if args.command == "warm-up":
-        import json
-
         settings = get_settings()
         spark = build_spark("class-archive", settings, testing=True)
+        jvm_process = spark.sparkContext._gateway.proc
         _warm_up(spark, Path(args.scratch))
-        runtime = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
-        jvm = {"classpath": runtime.getClassPath(), "args": list(runtime.getInputArguments())}
-        (Path(args.scratch) / JVM_OF_RUN).write_text(json.dumps(jvm))
         spark.stop()
+        # The JVM writes the archive as it exits, which it does when its stdin closes. Left to
+        # this process's exit, nobody would wait for it: close it, and wait.
+        jvm_process.stdin.close()
+        jvm_process.wait(timeout=600)
         return 0
     path = build_class_archive(force=args.force)
     print(f"spark class archive: {path} ({path.stat().st_size / 2**20:.0f} MiB)")
