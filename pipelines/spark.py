@@ -18,8 +18,8 @@ from infra.settings import REPO_ROOT, Settings, get_settings
 
 # The class archive: the classes a Spark driver with Delta loads at start (~25,000), parsed and
 # verified once into a file that every later driver maps read-only instead of loading each class
-# from its jar again. On JDK 25 an ahead-of-time cache (JEP 483: the classes loaded *and linked*),
-# on older JDKs an AppCDS archive. See :func:`class_archive` and the README.
+# from its jar again. On JDK 25 an ahead-of-time cache (JEP 483), on older JDKs an AppCDS archive.
+# See :func:`class_archive` and the README.
 CLASS_ARCHIVE_DIR = REPO_ROOT / ".cache" / "cds"
 
 
@@ -59,9 +59,11 @@ def build_spark(
     jar_paths = _jar_paths(settings)
     jar_list = ",".join(str(p) for p in jar_paths)
     java_options = settings.spark_driver_java_options
-    home = java_home(settings)
-    if home:  # the JDK the gateway launches (Spark's launcher reads JAVA_HOME)
-        os.environ["JAVA_HOME"] = str(home)
+    from infra.jars import spark_java_home
+
+    chosen = spark_java_home(settings)
+    if chosen:  # the JDK the gateway launches (Spark's launcher reads JAVA_HOME)
+        os.environ["JAVA_HOME"] = str(chosen)
     archive = class_archive(jar_paths, settings)
     if settings.spark_class_archive and archive.exists() and not _names_an_archive(java_options):
         java_options = f"{java_options} {archive_option(archive)}"
