@@ -33,44 +33,9 @@ import time
 import pytest
 
 from app_sim.generator import GeneratorConfig, produce
+from tests.integration.verifying import assert_keyed_ok, verify_keyed
 
 pytestmark = pytest.mark.integration
-
-
-def verify_keyed(settings, topic: str, namespace: str) -> dict:
-    from infra.stack import settings_env
-
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pipelines.verify",
-            "--keyed-only",
-            "--topic",
-            topic,
-            "--namespace",
-            namespace,
-        ],
-        env=settings_env(settings),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    report = json.loads((settings.reports_dir / "verify" / "keyed.json").read_text())
-    assert report["namespace"] == namespace
-    return {**report["keyed"], "_exit": done.returncode, "_out": done.stdout[-2000:] + done.stderr[-2000:]}
-
-
-def assert_keyed_ok(k: dict, summary) -> None:
-    assert k["_exit"] == 0, k["_out"]
-    assert k["ok"] is True, {n: f for n, f in k["families"].items() if not f["ok"]}
-    a = k["accounting"]
-    assert a["events_read"] == summary.events
-    assert a["events_read"] == a["applied"] + a["duplicates"] + a["rejected"] + a["quarantined"]
-    assert a["duplicates"] == summary.duplicates
-    assert a["rejected"] + a["quarantined"] == sum(summary.invalid.values())
-    # one changelog entry per record, by construction of its ids; none twice
-    assert k["families"]["changelog"]["keys"] > 0
 
 
 def test_redis_kill9_and_restart_from_its_aof(kafka_stack, topic_factory, speed_layer_factory, tmp_path):

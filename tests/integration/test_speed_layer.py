@@ -1,22 +1,27 @@
-"""The speed layer against the real stack: Kafka -> Spark -> Delta + Redis, checked by verify.
+"""The speed layer against the real stack: Kafka -> Spark -> Redis, the archiver -> Delta, checked
+by verify (a separate process, as the DAG runs it).
 
-- Generated events (with counted invalid records and duplicates) through the running stream; then
-  `verify` (a separate process, as the DAG runs it) finds the live views equal to a replay of the
-  log at the position they cover, Redis equal to Delta, and the accounting exact.
+- Stream == replay: generated events (sealed personal data, counted invalid records and
+  duplicates) through the running stream into Redis; ``verify --keyed-only`` finds the keyed state
+  equal, key by key, to the same processor replayed over the log in three rounds, and the
+  accounting exact. No archiver: the Delta side (the archive, the compacted views against the
+  batch layer's recomputation, Redis against Delta) is checked by the crash test below, with
+  crashes, and by the rebuilds (tests/integration/test_dags_e2e.py, test_keyed_faults.py); an
+  archiver and a whole verify here cost ~120 of this test's ~160 CPU-seconds and checked nothing
+  those do not.
 - Crash safety: the speed layer is killed with SIGKILL at random moments ten times, each while
   records are still to apply (half before the second half of the log is written), the archiver
-  in two of those crashes (one in each half), and both are restarted; the same checks hold, the
-  views come from more than one archive, and no table has a duplicate key. (The archiver is not
-  killed every time: each restart of it is a second Spark session starting beside the speed
-  layer's, and it redoes the archive or compaction it was in: ~20-35 CPU-seconds each.)
+  in two of those crashes (one in each half), and both are restarted; the whole verify holds
+  (the Delta views and archive, Redis, the keyed state, the accounting), the views come from more
+  than one archive, and no table has a duplicate key. (The archiver is not killed every time:
+  each restart of it is a second Spark session starting beside the speed layer's, and it redoes
+  the archive or compaction it was in: ~20-35 CPU-seconds each.)
 """
 
 from __future__ import annotations
 
 import json
 import random
-import subprocess
-import sys
 import time
 from dataclasses import replace
 
@@ -25,50 +30,9 @@ import pytest
 from app_sim.contract import is_sealed
 from app_sim.generator import GeneratorConfig, produce
 from app_sim.keys import KeyStore, Sealer, open_fields
-from pipelines.tables import VIEWS
+from tests.integration.verifying import assert_keyed_ok, assert_verified, run_verify, verify_keyed
 
 pytestmark = pytest.mark.integration
-
-
-def run_verify(settings, topic: str, namespace: str, tmp_path) -> dict:
-    from infra.stack import settings_env
-
-    env = settings_env(settings)
-    done = subprocess.run(
-        [sys.executable, "-m", "pipelines.verify", "--topic", topic, "--namespace", namespace],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    report = json.loads((settings.reports_dir / "verify" / "latest.json").read_text())
-    assert report["namespace"] == namespace
-    report["_exit_code"] = done.returncode
-    report["_stdout"] = done.stdout[-3000:] + done.stderr[-3000:]
-    return report
-
-
-def assert_verified(report: dict, summary) -> None:
-    assert report["_exit_code"] == 0, report["_stdout"]
-    assert report["ok"], {k: v["mismatches"] for k, v in report["views"].items()}
-    for name in (*VIEWS, "events_bronze", "quarantine"):
-        view = report["views"][name]
-        assert view["mismatches"] == 0 and view["live_rows"] == view["recomputed_rows"], (name, view)
-    a = report["accounting"]
-    assert a["events_read"] == summary.events == a["records_below_position"]
-    assert a["events_read"] == a["applied"] + a["duplicates"] + a["quarantined"]
-    # what the generator injected is what the speed layer accounted for
-    assert a["duplicates"] == summary.duplicates
-    assert a["quarantined"] == sum(summary.invalid.values())
-    assert report["serving"]["ok"] is True, report["serving"]
-    # the Delta changelog: each record below P archived once, none twice (exactly-once appends)
-    assert report["changelog"]["duplicates"] == 0 and report["changelog"]["ok"], report["changelog"]
-    # the keyed state in Redis == the same processor replayed into a scratch namespace, key by key
-    k = report["keyed"]
-    assert k["ok"] is True, {n: f for n, f in k.get("families", {}).items() if not f["ok"]} or k
-    assert k["accounting"]["events_read"] == summary.events
-    assert k["accounting"]["duplicates"] == summary.duplicates
-    assert k["accounting"]["rejected"] + k["accounting"]["quarantined"] == a["quarantined"]
 
 
 def test_stream_equals_replay(kafka_stack, topic_factory, speed_layer_factory, tmp_path):
@@ -80,14 +44,18 @@ def test_stream_equals_replay(kafka_stack, topic_factory, speed_layer_factory, t
         30_000, cfg, topic=topic, bootstrap=kafka_stack.bootstrap, progress=False, sealer=Sealer(store)
     )
     assert summary.delivery_failures == 0
-    sl = speed_layer_factory(topic=topic, namespace="stream", max_offsets_per_trigger=100_000)
+    # the keyed state only (its verify reads the log and Redis): no archiver (module docstring)
+    sl = speed_layer_factory(topic=topic, namespace="stream", archive=False, max_offsets_per_trigger=100_000)
     sl.wait_caught_up(timeout=900)
+    sl.stop()
     # the replay in three rounds (pipelines/replay.py): the state must not depend on the order
     # in which they interleave the partitions
-    report = run_verify(replace(kafka_stack.settings, replay_round_events=10_000), topic, "stream", tmp_path)
-    assert_verified(report, summary)
-    assert report["keyed"]["replay"]["rounds"] == 3  # ceil(30,000 / 10,000)
-    assert report["views"]["home_timeline"]["live_rows"] > 10_000  # the fan-out really happened
+    k = verify_keyed(replace(kafka_stack.settings, replay_round_events=10_000), topic, "stream")
+    assert_keyed_ok(k, summary)
+    assert k["replay"]["rounds"] == 3  # ceil(30,000 / 10,000)
+    # the fan-out really happened (500 users following ~30 each: 14,986 timeline rows)
+    timelines = sum(1 for _ in sl.store().dump_timelines(kafka_stack.settings.timeline_length))
+    assert timelines > 10_000
     # the serving store holds sealed values only; they open with the user's key
     import redis
 
@@ -147,7 +115,7 @@ def test_crash_safety_kill9_and_restart(kafka_stack, topic_factory, speed_layer_
     sl.wait_caught_up(timeout=900)
     sl.stop()
     assert len(in_flight) == 10 and all(n > 0 for n in in_flight), in_flight  # none hit an idle stream
-    report = run_verify(kafka_stack.settings, topic, "crashy", tmp_path)
+    report = run_verify(kafka_stack.settings, topic, "crashy")
     assert_verified(report, summary)
     assert report["position"]["batch_id"] >= 1  # the views came from more than one archive
     # No table holds a key twice: verify compares every table with its recomputation as multisets
