@@ -90,7 +90,7 @@ UNIT_JVM := SOCIAL_SPARK_DRIVER_JAVA_OPTIONS="$${SOCIAL_SPARK_DRIVER_JAVA_OPTION
 # Redis, a file at a time, longest first: tests/integration/conftest.py): most of their time one
 # JVM at a time waits on a stream, a restart or real time, so one run alone left the cores idle.
 INTEGRATION_WORKERS ?= 2
-INTEGRATION := $(SHORT_JOBS) $(PY) -m pytest tests/integration -n $(INTEGRATION_WORKERS) --dist loadfile
+INTEGRATION := $(SHORT_JOBS) $(PY) -m pytest tests/integration -n $(INTEGRATION_WORKERS) --dist loadfile --no-loadscope-reorder
 # The unit run goes beside them; its output follows theirs. On a fresh clone the Spark class archive
 # (~45 s, one core: `make setup`) is dumped first in the unit run's line, while the integration run
 # starts: its first drivers start without the archive (the driver checks it exists; it appears

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from tests.conftest import WORKER_PORT_STRIDE, isolated_settings
-from tests.integration.conftest import LONGEST_FIRST
+from tests.integration.conftest import FILE_SECONDS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,9 +32,9 @@ def test_the_second_workers_stack_prefers_ports_a_stride_above_the_firsts(monkey
     assert second.kafka_bootstrap == f"127.0.0.1:{first.kafka_port + WORKER_PORT_STRIDE}"
 
 
-def test_the_longest_files_listed_first_exist_and_lead_the_collection():
+def test_the_files_go_out_longest_first_in_the_order_xdist_keeps():
     names = {p.name for p in (ROOT / "tests" / "integration").glob("test_*.py")}
-    assert set(LONGEST_FIRST) <= names  # a renamed file would silently lose its place
+    assert set(FILE_SECONDS) <= names  # a renamed file would silently lose its place
     out = subprocess.run(
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "tests/integration"],
         cwd=ROOT,
@@ -49,4 +49,10 @@ def test_the_longest_files_listed_first_exist_and_lead_the_collection():
             if not files or files[-1] != f:
                 files.append(f)
     assert len(files) == len(set(files))  # every file's tests together, in their own order
-    assert tuple(files[: len(LONGEST_FIRST)]) == LONGEST_FIRST
+    listed = sorted(FILE_SECONDS, key=lambda f: -FILE_SECONDS[f])
+    assert files == listed + sorted(set(files) - set(listed))
+    # xdist's default would sort the files by their number of tests again
+    integration = next(
+        line for line in (ROOT / "Makefile").read_text().splitlines() if line.startswith("INTEGRATION :=")
+    )
+    assert "--dist loadfile" in integration and "--no-loadscope-reorder" in integration
