@@ -68,7 +68,7 @@ def test_stream_equals_replay(kafka_stack, topic_factory, speed_layer_factory, t
 
 
 @pytest.mark.slow
-def test_crash_safety_kill9_and_restart(kafka_stack, topic_factory, speed_layer_factory, tmp_path):
+def test_crash_safety_kill9_and_restart(kafka_stack, topic_factory, speed_layer_factory):
     from infra.stack import end_offsets
 
     topic = topic_factory(4)
