@@ -19,22 +19,26 @@ import sys
 from pipelines.tables import VIEWS
 
 
-def run_verify(settings, topic: str, namespace: str) -> dict:
+def _verify(settings, topic: str, namespace: str, *args: str, report: str) -> tuple[dict, int, str]:
+    """``python -m pipelines.verify`` with ``args``: its report (``report`` under the reports
+    dir), its exit code and the tail of its output."""
     from infra.stack import settings_env
 
-    env = settings_env(settings)
     done = subprocess.run(
-        [sys.executable, "-m", "pipelines.verify", "--topic", topic, "--namespace", namespace],
-        env=env,
+        [sys.executable, "-m", "pipelines.verify", *args, "--topic", topic, "--namespace", namespace],
+        env=settings_env(settings),
         capture_output=True,
         text=True,
         timeout=900,
     )
-    report = json.loads((settings.reports_dir / "verify" / "latest.json").read_text())
-    assert report["namespace"] == namespace
-    report["_exit_code"] = done.returncode
-    report["_stdout"] = done.stdout[-3000:] + done.stderr[-3000:]
-    return report
+    got = json.loads((settings.reports_dir / "verify" / report).read_text())
+    assert got["namespace"] == namespace
+    return got, done.returncode, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def run_verify(settings, topic: str, namespace: str) -> dict:
+    report, code, out = _verify(settings, topic, namespace, report="latest.json")
+    return {**report, "_exit_code": code, "_stdout": out}
 
 
 def assert_verified(report: dict, summary) -> None:
@@ -61,27 +65,8 @@ def assert_verified(report: dict, summary) -> None:
 
 
 def verify_keyed(settings, topic: str, namespace: str) -> dict:
-    from infra.stack import settings_env
-
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pipelines.verify",
-            "--keyed-only",
-            "--topic",
-            topic,
-            "--namespace",
-            namespace,
-        ],
-        env=settings_env(settings),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    report = json.loads((settings.reports_dir / "verify" / "keyed.json").read_text())
-    assert report["namespace"] == namespace
-    return {**report["keyed"], "_exit": done.returncode, "_out": done.stdout[-2000:] + done.stderr[-2000:]}
+    report, code, out = _verify(settings, topic, namespace, "--keyed-only", report="keyed.json")
+    return {**report["keyed"], "_exit": code, "_out": out}
 
 
 def assert_keyed_ok(k: dict, summary) -> None:
