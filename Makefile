@@ -84,7 +84,13 @@ SMALL_DATA := SOCIAL_SPARK_CONF="$${SOCIAL_SPARK_CONF-spark.sql.adaptive.enabled
 # the benchmarks keep G1.
 SERIAL_GC := -XX:+UseSerialGC
 SHORT_JVM := -XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m $(SERIAL_GC)
+# The archiver and the analytics run level with everything else, not at nice 10 (their place
+# behind the speed layer in the stack, SOCIAL_OFF_PATH_NICE): the tests wait on them, and with the
+# integration workers and the unit run keeping both cores busy, a niced archiver (nice 10 on its
+# autogroup too) got a sliver of a core: the FLUSHALL test's one archive of 12,000 events took
+# 6-9 minutes, and that test went past its 15-minute timeout (2026-11-27). The CPU is the same.
 SHORT_JOBS := SOCIAL_SPARK_DRIVER_JAVA_OPTIONS="$${SOCIAL_SPARK_DRIVER_JAVA_OPTIONS-$(SHORT_JVM)}" \
+	SOCIAL_OFF_PATH_NICE="$${SOCIAL_OFF_PATH_NICE-0}" \
 	SOCIAL_KAFKA_JAVA_OPTIONS="$${SOCIAL_KAFKA_JAVA_OPTIONS-$(SHORT_JVM)}" \
 	SOCIAL_IDLE_POLL_MS="$${SOCIAL_IDLE_POLL_MS-250}" \
 	$(SMALL_DATA)

@@ -252,6 +252,12 @@ class Settings:
         2.0,
         "the archiver archives a cut of Redis only once it is this old (Redis fsyncs its AOF every second)",
     )
+    off_path_nice: int = _setting(
+        "SOCIAL_OFF_PATH_NICE",
+        10,
+        "CPU priority (nice, and the autogroup's) the jobs off the serving path give themselves: the "
+        "archiver and the analytics; 0 keeps them level with the speed layer (the integration tests)",
+    )
     compaction_interval_s: float = _setting(
         "SOCIAL_COMPACTION_INTERVAL_S",
         120.0,

@@ -336,11 +336,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-OFF_SERVING_PATH_NICE = 10
-
-
-def run_behind_serving_path(nice: int = OFF_SERVING_PATH_NICE) -> None:
-    """Lower this process's CPU priority, before it starts its JVM (which inherits it).
+def run_behind_serving_path(nice: int | None = None) -> None:
+    """Lower this process's CPU priority, before it starts its JVM (which inherits it), by
+    ``nice`` (default: ``SOCIAL_OFF_PATH_NICE``, 10).
 
     For the jobs off the serving path (the archiver, the analytics): when they and the speed
     layer both want the cores, the speed layer gets them. ``nice`` alone is not enough where the
@@ -352,6 +350,10 @@ def run_behind_serving_path(nice: int = OFF_SERVING_PATH_NICE) -> None:
     terminal's session leaves the terminal's autogroup alone. Inside a cgroup of its own (a
     container) the kernel does not group by session, and the plain nice is what counts.
     """
+    if nice is None:
+        nice = get_settings().off_path_nice
+    if nice == 0:
+        return
     os.nice(nice)
     if os.getsid(0) != os.getpid():
         return

@@ -46,6 +46,7 @@ def _child(new_session: bool):
         stdout=subprocess.PIPE,
         text=True,
         start_new_session=new_session,
+        env={**os.environ, "SOCIAL_OFF_PATH_NICE": "10"},  # the default, whatever the caller sets
     )
     try:
         assert int(child.stdout.readline()) == os.getpriority(os.PRIO_PROCESS, 0) + 10
@@ -69,3 +70,22 @@ def test_a_job_started_inside_a_terminal_session_leaves_that_session_alone():
     mine = _autogroup(os.getpid())
     with _child(new_session=False) as child:
         assert _autogroup(child.pid) == mine  # the caller's group, its nice untouched
+
+
+def test_an_off_path_nice_of_zero_leaves_the_priority_and_the_autogroup_alone():
+    """SOCIAL_OFF_PATH_NICE=0 (the integration tests' setting, Makefile: SHORT_JOBS): level with
+    the speed layer, in a session of its own too."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "SOCIAL_OFF_PATH_NICE": "0"},
+    )
+    try:
+        assert int(child.stdout.readline()) == os.getpriority(os.PRIO_PROCESS, 0)
+        if _autogroup_applies():
+            assert _autogroup(child.pid)[1] == 0
+    finally:
+        child.communicate("")

@@ -98,6 +98,9 @@ def test_test_brokers_get_the_same_flags_and_idle_streams_poll_less(tmp_path):
     assert (
         int(makefile_default("SOCIAL_IDLE_POLL_MS")) > Settings.__dataclass_fields__["idle_poll_ms"].default
     )
+    # the archiver and the analytics level with the rest (the tests wait on them), not niced
+    assert makefile_default("SOCIAL_OFF_PATH_NICE") == "0"
+    assert Settings.__dataclass_fields__["off_path_nice"].default == 10
     # and the tiny shuffles of the test runs one partition per core, not the stack's default
     fields = Settings.__dataclass_fields__
     assert (
