@@ -1,7 +1,8 @@
 """The archiver: the keyed speed layer's changelog and the raw log into Delta, off the serving path.
 
-A process of its own beside the speed layer, at a lower CPU priority (it sets ``nice 10``, ``SOCIAL_OFF_PATH_NICE``, on
-itself at start; its JVM inherits it), so the serving path keeps the cores when both want them. Every ``SOCIAL_ARCHIVE_INTERVAL_S`` it
+A process of its own beside the speed layer, at a lower CPU priority (it sets ``nice 10``,
+``SOCIAL_OFF_PATH_NICE``, on itself at start; its JVM inherits it), so the serving path keeps the
+cores when both want them. Every ``SOCIAL_ARCHIVE_INTERVAL_S`` it
 archives one consistent cut of the keyed state (:func:`pipelines.speed.changelog.cut`, read
 atomically from Redis), with one fenced Delta append per table (docs/architecture.md, "Where
 state lives"):
