@@ -38,18 +38,19 @@ def _autogroup(pid: int) -> tuple[str, int]:
 
 
 @contextlib.contextmanager
-def _child(new_session: bool):
-    """A child that ran ``run_behind_serving_path`` and waits; its own nice is checked here."""
+def _child(new_session: bool, off_path_nice: int = 10):
+    """A child that ran ``run_behind_serving_path`` with ``SOCIAL_OFF_PATH_NICE`` (whatever the
+    caller's environment sets) and waits; its own nice is checked here."""
     child = subprocess.Popen(
         [sys.executable, "-c", CHILD],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
         start_new_session=new_session,
-        env={**os.environ, "SOCIAL_OFF_PATH_NICE": "10"},  # the default, whatever the caller sets
+        env={**os.environ, "SOCIAL_OFF_PATH_NICE": str(off_path_nice)},
     )
     try:
-        assert int(child.stdout.readline()) == os.getpriority(os.PRIO_PROCESS, 0) + 10
+        assert int(child.stdout.readline()) == os.getpriority(os.PRIO_PROCESS, 0) + off_path_nice
         yield child
     finally:
         child.communicate("")
@@ -75,17 +76,6 @@ def test_a_job_started_inside_a_terminal_session_leaves_that_session_alone():
 def test_an_off_path_nice_of_zero_leaves_the_priority_and_the_autogroup_alone():
     """SOCIAL_OFF_PATH_NICE=0 (the integration tests' setting, Makefile: SHORT_JOBS): level with
     the speed layer, in a session of its own too."""
-    child = subprocess.Popen(
-        [sys.executable, "-c", CHILD],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        env={**os.environ, "SOCIAL_OFF_PATH_NICE": "0"},
-    )
-    try:
-        assert int(child.stdout.readline()) == os.getpriority(os.PRIO_PROCESS, 0)
+    with _child(new_session=True, off_path_nice=0) as child:
         if _autogroup_applies():
             assert _autogroup(child.pid)[1] == 0
-    finally:
-        child.communicate("")
