@@ -12,8 +12,8 @@ background (log: ``var/log/analytics.log``) unless ``SOCIAL_ANALYTICS=0``. Every
 micro-batch of every query is one JSON line (Spark's ``StreamingQueryProgress``: durations, rows,
 offsets, state store size) in ``var/log/analytics-progress-<namespace>.jsonl``.
 
-Off the serving path: the process sets ``nice 10`` (``SOCIAL_OFF_PATH_NICE``) on itself before its JVM starts, as the
-archiver does, so when the speed layer and the analytics both want the two cores the speed layer
+Off the serving path: the process sets ``nice 10`` (``SOCIAL_OFF_PATH_NICE``) on itself before
+its JVM starts, as the archiver does, so when the speed layer and the analytics both want the two cores the speed layer
 gets them and the analytics' windows close a little later instead (docs/architecture.md, "The
 stream analytics").
 
