@@ -13,9 +13,9 @@ micro-batch of every query is one JSON line (Spark's ``StreamingQueryProgress``:
 offsets, state store size) in ``var/log/analytics-progress-<namespace>.jsonl``.
 
 Off the serving path: the process sets ``nice 10`` (``SOCIAL_OFF_PATH_NICE``) on itself before
-its JVM starts, as the archiver does, so when the speed layer and the analytics both want the two cores the speed layer
-gets them and the analytics' windows close a little later instead (docs/architecture.md, "The
-stream analytics").
+its JVM starts, as the archiver does, so when the speed layer and the analytics both want the two
+cores the speed layer gets them and the analytics' windows close a little later instead
+(docs/architecture.md, "The stream analytics").
 
 """
 
