@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -157,9 +158,33 @@ def build_spark(
         )
     for key, value in {**(extra_conf or {}), **parse_conf(settings.spark_conf)}.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    spark = _get_or_create(builder)
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+# Two drivers started in the same millisecond (a speed layer and its archiver, spawned together)
+# get the same application id, ``local-<ms>``, and the second one's SparkContext fails on its event
+# log: "Target log directory already exists" (seen on a private stack, 2026-11-27). The id is
+# Spark's own (not a setting); an attempt a moment later gets another one, and the JVM is up by
+# then, so a retry costs well under a second.
+APP_ID_TAKEN = re.compile(r".*Target log directory already exists", re.DOTALL)
+APP_ID_RETRY_S = 10.0
+
+
+def _get_or_create(builder):
+    import logging
+
+    from tenacity import Retrying, before_sleep_log, retry_if_exception_message, stop_after_delay, wait_random
+
+    retrying = Retrying(
+        retry=retry_if_exception_message(match=APP_ID_TAKEN),
+        stop=stop_after_delay(APP_ID_RETRY_S),
+        wait=wait_random(0.01, 0.25),
+        before_sleep=before_sleep_log(logging.getLogger("spark"), logging.WARNING),
+        reraise=True,
+    )
+    return retrying(builder.getOrCreate)
 
 
 def java_home(settings: Settings) -> Path | None:
