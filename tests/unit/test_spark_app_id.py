@@ -9,8 +9,9 @@ import sys
 from infra.settings import REPO_ROOT
 
 # A real driver with its event log, as every job runs: the first session takes the JVM up; then
-# every id of the next 1.5 s is taken (as a driver started beside it would take one), and the
-# second session is created inside that window.
+# every id of the next 4 s is taken (as a driver started beside it would take one), and the
+# second session is created inside that window (a context starts in well under a second, even on
+# a busy machine; the retries go on for 10 s).
 SCRIPT = r"""
 import logging, sys, time
 from pathlib import Path
@@ -21,10 +22,10 @@ settings = get_settings(var_dir=Path(sys.argv[1]), spark_master="local[1]")
 build_spark("first", settings).stop()
 events = Path(settings.var_dir) / "spark-events"
 taken_from = int(time.time() * 1000)
-for ms in range(taken_from, taken_from + 1500):
+for ms in range(taken_from, taken_from + 4000):
     (events / f"eventlog_v2_local-{ms}").mkdir()
 spark = build_spark("second", settings)
-print("TAKEN", taken_from, taken_from + 1500, "GOT", spark.sparkContext.applicationId)
+print("TAKEN", taken_from, taken_from + 4000, "GOT", spark.sparkContext.applicationId)
 spark.stop()
 """
 
@@ -39,7 +40,7 @@ def test_a_driver_whose_application_id_is_taken_starts_with_the_next_one(tmp_pat
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     line = next(x for x in done.stdout.splitlines() if x.startswith("TAKEN"))
-    _, start, end, _, app_id = line.split()
+    _, _, end, _, app_id = line.split()
     assert app_id.startswith("local-")
     assert int(app_id.removeprefix("local-")) >= int(end)  # an id after the taken ones
     # it was refused at least once and tried again (the log says so), not lucky
