@@ -245,7 +245,8 @@ class Settings:
     archive_interval_s: float = _setting(
         "SOCIAL_ARCHIVE_INTERVAL_S",
         5.0,
-        "the archiver appends the changelog and the raw log to Delta this often (off the serving path)",
+        "the archiver appends the changelog and the raw log to Delta this often while records flow "
+        "(off the serving path), and at once when the speed layer is idle at the log's end",
     )
     archive_durability_s: float = _setting(
         "SOCIAL_ARCHIVE_DURABILITY_S",

@@ -148,6 +148,23 @@ class SpeedLayerProcess:
                 raise SpeedLayerError(f"speed layer did not start; see {self.log_path}:\n{self.tail()}")
             time.sleep(0.2)
 
+    def archives_started(self) -> int:
+        """How many archives the archivers of this harness have begun (their log's start lines)."""
+        try:
+            return self.archiver_log.read_bytes().count(b": starting, offsets")
+        except FileNotFoundError:
+            return 0
+
+    def wait_archive_started(self, after: int, timeout: float = 180.0) -> None:
+        """Block until an archive beyond the first ``after`` has begun (to crash the archiver in one)."""
+        deadline = time.monotonic() + timeout
+        while self.archives_started() <= after:
+            if self.archiver is None or self.archiver.poll() is not None or time.monotonic() > deadline:
+                raise SpeedLayerError(
+                    f"no archive began; see {self.archiver_log}:\n" + self.tail(path=self.archiver_log)
+                )
+            time.sleep(0.1)
+
     def restart(self) -> None:
         self.restarts += 1
         self.start()

@@ -2,10 +2,10 @@
 
 A process of its own beside the speed layer, at a lower CPU priority (it sets ``nice 10``,
 ``SOCIAL_OFF_PATH_NICE``, on itself at start; its JVM inherits it), so the serving path keeps the
-cores when both want them. Every ``SOCIAL_ARCHIVE_INTERVAL_S`` it
-archives one consistent cut of the keyed state (:func:`pipelines.speed.changelog.cut`, read
-atomically from Redis), with one fenced Delta append per table (docs/architecture.md, "Where
-state lives"):
+cores when both want them. Every ``SOCIAL_ARCHIVE_INTERVAL_S`` while records flow, and at once
+when the speed layer is idle at the log's end, it archives one consistent cut of the keyed state
+(:func:`pipelines.speed.changelog.cut`, read atomically from Redis), with one fenced Delta append
+per table (docs/architecture.md, "Where state lives"):
 
 - ``changelog``: every record's disposition, reason, sequence number and view changes;
 - ``events_bronze``: every contract-valid record with the disposition the speed layer gave it,
@@ -44,7 +44,9 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis
@@ -172,6 +174,7 @@ def archive_once(
     if a is None:
         return None
     t0 = time.time()
+    log.info("archive %d: starting, offsets %s to %s", a.archive_id, a.start_offsets, a.end_offsets)
     rows = []
     for p, end in a.end_offsets.items():
         got = changelog.read(client, lake.namespace, p, a.start_offsets[p], end)
@@ -285,6 +288,63 @@ def applied_all(settings: Settings, topic: str, fences: dict[int, int]) -> bool:
     return covers(fences, ends)
 
 
+@dataclass(frozen=True)
+class Step:
+    archive: changelog.Cut | None  # the cut to archive now, if any
+    at_end: bool  # the speed layer idle at the log's end (what the durable cut holds is all there is)
+
+
+@dataclass
+class Schedule:
+    """When the archiver archives and compacts: :func:`run`'s loop asks it once a tick.
+
+    - It archives the newest cut at least ``durability_s`` old (what Redis is sure to come back
+      with after a crash), every ``interval_s`` while the speed layer applies records, and at once
+      when the speed layer is idle at the log's end: nothing applied since that cut, and its fences
+      at every partition's end. A speed layer that stopped short (restarting, crashed) is a pause,
+      not the end: it waits for the interval.
+    - It compacts what was archived every ``compaction_interval_s``, and at once when the log is
+      quiet: at its end, and nothing new to archive.
+
+    Idle at the end and all compacted, a tick asks nothing of the broker (``at_end`` is asked only
+    when there is something to archive or compact, and the speed layer is idle).
+    """
+
+    interval_s: float
+    durability_s: float
+    compaction_interval_s: float
+    cuts: deque = field(default_factory=deque)  # (taken at, cut) of the last durability seconds
+    handed: dict[int, int] | None = None  # the fences the last archive reached (or was asked for)
+    last_archive: float = float("-inf")
+    last_compaction: float = field(default_factory=time.monotonic)
+    behind: bool = True  # archives not compacted yet (a previous run may have left some)
+
+    def tick(self, now: float, cut: changelog.Cut, at_end: Callable[[dict[int, int]], bool]) -> Step:
+        self.cuts.append((now, cut))
+        while len(self.cuts) > 1 and now - self.cuts[1][0] >= self.durability_s:
+            self.cuts.popleft()
+        taken, durable = self.cuts[0]
+        new = durable.fences != self.handed
+        if now - taken < self.durability_s or not (new or self.behind):
+            return Step(None, False)
+        end = cut.fences == durable.fences and at_end(durable.fences)
+        due = new and (end or now - self.last_archive >= self.interval_s)
+        return Step(durable if due else None, end)
+
+    def archived(self, now: float, asked: changelog.Cut, wrote: Archive | None) -> None:
+        # a crashed run's unfinished archive is re-run first: it may end short of the cut asked for
+        self.handed = wrote.end_offsets if wrote else asked.fences
+        self.last_archive = now
+        self.behind = self.behind or wrote is not None
+
+    def compaction_due(self, now: float, step: Step) -> bool:
+        quiet = step.at_end and step.archive is None
+        return self.behind and (quiet or now - self.last_compaction >= self.compaction_interval_s)
+
+    def compacted(self, now: float) -> None:
+        self.last_compaction, self.behind = now, False
+
+
 def run(
     settings: Settings, *, namespace: str | None = None, topic: str | None = None, once: bool = False
 ) -> None:
@@ -318,22 +378,21 @@ def run(
         before_sleep=before_sleep_log(log, logging.WARNING, exc_info=True),
         reraise=True,
     )
-    pending: tuple[float, changelog.Cut] | None = None
+    schedule = Schedule(
+        settings.archive_interval_s, settings.archive_durability_s, settings.compaction_interval_s
+    )
     committed: dict[str, dict[int, int]] = {}  # the positions last committed to Kafka
-    last_compaction = time.monotonic()
-    behind = True  # archives not compacted yet (a previous run may have left some)
+    tick = max(0.1, min(1.0, settings.archive_interval_s, settings.archive_durability_s))
     while not stopping.is_set():
         now = time.monotonic()
-        quiet = False
-        if pending is not None and now - pending[0] >= settings.archive_durability_s:
-            wrote = retry(archive_once, spark, lake, client, settings, topic, pending[1])
-            behind = behind or wrote is not None
-            quiet = wrote is None and behind and applied_all(settings, topic, pending[1].fences)
-            pending = None
-        if pending is None:
-            pending = (time.monotonic(), retry(changelog.cut, client, namespace))
+        step = schedule.tick(
+            now, retry(changelog.cut, client, namespace), lambda f: applied_all(settings, topic, f)
+        )
+        if step.archive is not None:
+            wrote = retry(archive_once, spark, lake, client, settings, topic, step.archive)
+            schedule.archived(now, step.archive, wrote)
             done = archived(settings.lake_dir, namespace)
-            positions = {"speed-layer": pending[1].fences, "archiver": done.end_offsets if done else {}}
+            positions = {"speed-layer": step.archive.fences, "archiver": done.end_offsets if done else {}}
             # only when they moved (each commit is a short-lived Kafka client of its own)
             if positions != committed:
                 try:
@@ -341,14 +400,10 @@ def run(
                     committed = positions
                 except Exception:  # a monitoring aid only: never stops the archiver
                     log.warning("committing the positions to Kafka consumer groups failed", exc_info=True)
-        # every few minutes under load, and at once when the log goes quiet (nothing new to
-        # archive): the views are never older than the interval, and current when nothing moves
-        if behind and (quiet or time.monotonic() - last_compaction >= settings.compaction_interval_s):
+        if schedule.compaction_due(time.monotonic(), step):
             retry(compact_once, spark, compactor, settings)
-            last_compaction, behind = time.monotonic(), False
-        stopping.wait(
-            max(settings.archive_interval_s, settings.archive_durability_s) - (time.monotonic() - now)
-        )
+            schedule.compacted(time.monotonic())
+        stopping.wait(tick - (time.monotonic() - now))
     log.info("stopping")
 
 

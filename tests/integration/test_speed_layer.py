@@ -11,7 +11,8 @@ by verify (a separate process, as the DAG runs it).
   those do not.
 - Crash safety: the speed layer is killed with SIGKILL at random moments ten times, each while
   records are still to apply (half before the second half of the log is written), the archiver
-  in two of those crashes (one in each half), and both are restarted; the whole verify holds
+  in two of those crashes (one in each half, in the middle of the next archive it begins), and
+  both are restarted; the whole verify holds
   (the Delta views and archive, Redis, the keyed state, the accounting), the views come from more
   than one archive, and no table has a duplicate key. (The archiver is not killed every time:
   each restart of it is a second Spark session starting beside the speed layer's, and it redoes
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import time
 from dataclasses import replace
 
@@ -84,17 +86,23 @@ def test_crash_safety_kill9_and_restart(kafka_stack, topic_factory, speed_layer_
         for i in range(5):
             # once its query runs and has applied a random share of what is left, pull the plug
             # at a random moment of the micro-batch in flight; in one of the five, the archiver's
-            # too, in the middle of an archive or a compaction
+            # too, at a random moment of the next archive it begins: one that holds what the speed
+            # layer applied last (the cut it archives is a second old, and that was moments ago)
             sl.wait_running()
             applied = sum(sl.redis_position().values())
             sl.wait_applied(applied + int(rng.uniform(0.05, 0.25) * (sent - applied)), timeout=300)
             time.sleep(rng.uniform(0, 0.3))
+            begun = sl.archives_started()
             sl.kill9()
             in_flight.append(sent - sum(sl.redis_position().values()))
             if i in archiver_crashes:
-                time.sleep(rng.uniform(0, 4))
+                # within what the last archive took (Spark jobs, a Delta commit per table, the
+                # trim of Redis): any of its steps
+                sl.wait_archive_started(begun)
+                took = re.findall(rb"archive \d+: \d+ records .* in ([\d.]+)s", sl.archiver_log.read_bytes())
+                time.sleep(rng.uniform(0, float(took[-1]) if took else 3.0))
                 sl.kill9_archiver()
-            sl.restart()
+            sl.restart()  # both
 
     def first_half_archived() -> None:
         # the views must come from more than one archive whatever the machine's speed: the
