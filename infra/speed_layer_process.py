@@ -9,6 +9,7 @@ session (process group), so a stop or a crash takes the Python driver and its JV
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -154,6 +155,14 @@ class SpeedLayerProcess:
             return self.archiver_log.read_bytes().count(b": starting, offsets")
         except FileNotFoundError:
             return 0
+
+    def last_archive_seconds(self) -> float | None:
+        """What the last archive the archivers finished took (their log's ``in <s>s`` lines)."""
+        try:
+            took = re.findall(rb"archive \d+: \d+ records .* in ([\d.]+)s", self.archiver_log.read_bytes())
+        except FileNotFoundError:
+            return None
+        return float(took[-1]) if took else None
 
     def wait_archive_started(self, after: int, timeout: float = 180.0) -> None:
         """Block until an archive beyond the first ``after`` has begun (to crash the archiver in one)."""

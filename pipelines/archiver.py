@@ -275,8 +275,9 @@ def applied_all(settings: Settings, topic: str, fences: dict[int, int]) -> bool:
     """Whether the speed layer's ``fences`` are at the end of every partition of ``topic``.
 
     A log the speed layer has not caught up with (it is restarting, or it crashed) is not quiet,
-    however long nothing new reaches Redis: compacting then would be redone as soon as it reads
-    on. A broker that does not answer at once makes it "no" (the interval still compacts).
+    however long nothing new reaches Redis: archiving and compacting at once then would be redone
+    as soon as it reads on. A broker that does not answer at once makes it "no" (the intervals
+    still archive and compact).
     """
     from infra.stack import end_offsets
 
@@ -391,7 +392,7 @@ def run(
         if step.archive is not None:
             wrote = retry(archive_once, spark, lake, client, settings, topic, step.archive)
             schedule.archived(now, step.archive, wrote)
-            done = archived(settings.lake_dir, namespace)
+            done = wrote or archived(settings.lake_dir, namespace)  # the last complete archive
             positions = {"speed-layer": step.archive.fences, "archiver": done.end_offsets if done else {}}
             # only when they moved (each commit is a short-lived Kafka client of its own)
             if positions != committed:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import random
-import re
 import time
 from dataclasses import replace
 
@@ -99,8 +98,7 @@ def test_crash_safety_kill9_and_restart(kafka_stack, topic_factory, speed_layer_
                 # within what the last archive took (Spark jobs, a Delta commit per table, the
                 # trim of Redis): any of its steps
                 sl.wait_archive_started(begun)
-                took = re.findall(rb"archive \d+: \d+ records .* in ([\d.]+)s", sl.archiver_log.read_bytes())
-                time.sleep(rng.uniform(0, float(took[-1]) if took else 3.0))
+                time.sleep(rng.uniform(0, sl.last_archive_seconds() or 3.0))
                 sl.kill9_archiver()
             sl.restart()  # both
 
