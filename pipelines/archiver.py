@@ -40,9 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import signal
 import sys
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -60,6 +58,7 @@ from pipelines.lake import Lake, covers, latest_metadata
 from pipelines.parse import parse_records, received_date
 from pipelines.speed import changelog, functions
 from pipelines.speed.stream import commit_positions
+from pipelines.stopping import stop_requested
 from pipelines.tables import TABLES
 
 log = logging.getLogger("archiver")
@@ -362,10 +361,6 @@ def run(
     lake.ensure_tables()
     compactor = Lake(spark, settings.lake_dir, namespace, writer="compaction")
 
-    stopping = threading.Event()
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, lambda *_: stopping.set())
-        signal.signal(signal.SIGINT, lambda *_: stopping.set())
     log.info("archiver running: namespace=%s topic=%s", namespace, topic)
     if once:
         archive_once(spark, lake, client, settings, topic, changelog.cut(client, namespace))
@@ -384,27 +379,28 @@ def run(
     )
     committed: dict[str, dict[int, int]] = {}  # the positions last committed to Kafka
     tick = max(0.1, min(1.0, settings.archive_interval_s, settings.archive_durability_s))
-    while not stopping.is_set():
-        now = time.monotonic()
-        step = schedule.tick(
-            now, retry(changelog.cut, client, namespace), lambda f: applied_all(settings, topic, f)
-        )
-        if step.archive is not None:
-            wrote = retry(archive_once, spark, lake, client, settings, topic, step.archive)
-            schedule.archived(now, step.archive, wrote)
-            done = wrote or archived(settings.lake_dir, namespace)  # the last complete archive
-            positions = {"speed-layer": step.archive.fences, "archiver": done.end_offsets if done else {}}
-            # only when they moved (each commit is a short-lived Kafka client of its own)
-            if positions != committed:
-                try:
-                    commit_positions(settings, topic, namespace, positions)
-                    committed = positions
-                except Exception:  # a monitoring aid only: never stops the archiver
-                    log.warning("committing the positions to Kafka consumer groups failed", exc_info=True)
-        if schedule.compaction_due(time.monotonic(), step):
-            retry(compact_once, spark, compactor, settings)
-            schedule.compacted(time.monotonic())
-        stopping.wait(tick - (time.monotonic() - now))
+    with stop_requested() as stopping:
+        while not stopping.is_set():
+            now = time.monotonic()
+            step = schedule.tick(
+                now, retry(changelog.cut, client, namespace), lambda f: applied_all(settings, topic, f)
+            )
+            if step.archive is not None:
+                wrote = retry(archive_once, spark, lake, client, settings, topic, step.archive)
+                schedule.archived(now, step.archive, wrote)
+                done = wrote or archived(settings.lake_dir, namespace)  # the last complete archive
+                positions = {"speed-layer": step.archive.fences, "archiver": done.end_offsets if done else {}}
+                # only when they moved (each commit is a short-lived Kafka client of its own)
+                if positions != committed:
+                    try:
+                        commit_positions(settings, topic, namespace, positions)
+                        committed = positions
+                    except Exception:  # a monitoring aid only: never stops the archiver
+                        log.warning("committing the positions to Kafka consumer groups failed", exc_info=True)
+            if schedule.compaction_due(time.monotonic(), step):
+                retry(compact_once, spark, compactor, settings)
+                schedule.compacted(time.monotonic())
+            stopping.wait(tick - (time.monotonic() - now))
     log.info("stopping")
 
 

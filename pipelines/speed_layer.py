@@ -15,15 +15,14 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
-import threading
 import time
 
 from infra.settings import Settings, get_settings
 from pipelines import namespaces
 from pipelines.spark import build_spark
 from pipelines.speed import stream as keyed
+from pipelines.stopping import stop_requested
 
 log = logging.getLogger("speed_layer")
 
@@ -59,33 +58,30 @@ def run(
         "speed layer running: namespace=%s topic=%s queries=%s", namespace, topic, [q.name for q in queries]
     )
 
-    stopping = threading.Event()
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, lambda *_: stopping.set())
-        signal.signal(signal.SIGINT, lambda *_: stopping.set())
-    # Stop between micro-batches, not in the middle of one (an interrupted one is harmless: the
-    # fences make its re-run change nothing, but it delays what the next start serves).
-    deadline = None
-    while any(q.isActive for q in queries):
-        for q in queries:
-            if q.exception() is not None:
-                for other in queries:
-                    if other is not q and other.isActive:
-                        other.stop()
-                raise q.exception()
-        if stopping.is_set():
-            deadline = deadline or time.monotonic() + 120
-            if all(not q.isActive or not q.status["isTriggerActive"] for q in queries) or (
-                time.monotonic() > deadline
-            ):
-                log.info("stopping")
-                for q in queries:
-                    q.stop()
-                break
-        time.sleep(0.5)
-    if publisher is not None:  # publish what the last batches left, then stop
-        publisher.stop()
-        publisher.join(timeout=60)
+    with stop_requested() as stopping:
+        # Stop between micro-batches, not in the middle of one (an interrupted one is harmless: the
+        # fences make its re-run change nothing, but it delays what the next start serves).
+        deadline = None
+        while any(q.isActive for q in queries):
+            for q in queries:
+                if q.exception() is not None:
+                    for other in queries:
+                        if other is not q and other.isActive:
+                            other.stop()
+                    raise q.exception()
+            if stopping.is_set():
+                deadline = deadline or time.monotonic() + 120
+                if all(not q.isActive or not q.status["isTriggerActive"] for q in queries) or (
+                    time.monotonic() > deadline
+                ):
+                    log.info("stopping")
+                    for q in queries:
+                        q.stop()
+                    break
+            time.sleep(0.5)
+        if publisher is not None:  # publish what the last batches left, then stop
+            publisher.stop()
+            publisher.join(timeout=60)
     for q in queries:
         if q.exception() is not None:
             raise q.exception()

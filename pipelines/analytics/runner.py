@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import signal
 import sys
 import threading
 import time
@@ -40,6 +39,7 @@ from infra.settings import Settings, get_settings
 from pipelines import namespaces
 from pipelines.analytics import joins, rules, source, windows
 from pipelines.analytics.config import AnalyticsConfig
+from pipelines.stopping import stop_requested
 
 log = logging.getLogger("analytics")
 
@@ -352,16 +352,13 @@ def run(
         trigger=trigger,
     )
     log.info("analytics running: namespace=%s topic=%s queries=%s", namespace, topic, ",".join(names))
-    stopping = threading.Event()
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, lambda *_: stopping.set())
-        signal.signal(signal.SIGINT, lambda *_: stopping.set())
     try:
-        while any(q.isActive for q in queries) and not stopping.is_set():
-            for q in queries:
-                if not q.isActive and q.exception() is not None:
-                    raise q.exception()
-            time.sleep(0.5)
+        with stop_requested() as stopping:
+            while any(q.isActive for q in queries) and not stopping.is_set():
+                for q in queries:
+                    if not q.isActive and q.exception() is not None:
+                        raise q.exception()
+                time.sleep(0.5)
     finally:
         # A batch interrupted here is re-run from the checkpoint at the next start (every sink is
         # fenced by batch id), so stopping in the middle of one is safe.

@@ -23,6 +23,7 @@ import pytest
 from confluent_kafka import Consumer
 
 from app_sim.generator import GeneratorConfig, inject, produce
+from tests.integration.verifying import worker_spark
 
 pytestmark = pytest.mark.integration
 PATTERN_USER = 900_000
@@ -117,7 +118,6 @@ def wait_for_alert_rows(spark, table: str, alert_ids: set[str], service, timeout
 def test_live_alerts_report_and_replay(kafka_stack, topic_factory, tmp_path):
     from pipelines.analytics import report
     from pipelines.analytics.runner import Paths
-    from pipelines.spark import build_spark
 
     topic, alerts_topic = topic_factory(4), topic_factory(1)
     settings = replace(
@@ -152,7 +152,7 @@ def test_live_alerts_report_and_replay(kafka_stack, topic_factory, tmp_path):
         produce(2_500, more, topic=topic, bootstrap=settings.kafka_bootstrap, rate=50, progress=False)
         seen = consume_alerts(settings, alerts_topic, {"burst", "follow_churn", "message_flood"})
         wait_for_rows(Path(Paths.for_namespace(settings, "live").table("activity_per_minute")), live)
-        spark = build_spark("analytics-it", settings, testing=True)
+        spark = worker_spark(settings)  # this worker's session, for reading what the service wrote
         # an alert reaches Kafka before Delta: stopped in between, its batch would only be re-run
         # (and the table written) at the next start
         wait_for_alert_rows(spark, Paths.for_namespace(settings, "live").table("alerts"), set(seen), live)
@@ -185,26 +185,23 @@ def test_live_alerts_report_and_replay(kafka_stack, topic_factory, tmp_path):
     replay = analytics(settings, topic, "replay", replay_log, "--available-now", *only)
     assert replay.wait(timeout=600) == 0, replay_log.read_text()[-4000:]
 
-    try:
-        live_paths, replay_paths = (
-            Paths.for_namespace(settings, "live"),
-            Paths.for_namespace(settings, "replay"),
+    live_paths, replay_paths = (
+        Paths.for_namespace(settings, "live"),
+        Paths.for_namespace(settings, "replay"),
+    )
+    alerts = spark.read.format("delta").load(live_paths.table("alerts"))
+    assert set(mine) <= {r["alert_id"] for r in alerts.collect()}  # the table has what the topic got
+    for name, end in (("activity_per_minute", "window_end"),):
+        got = spark.read.format("delta").load(live_paths.table(name))
+        again = spark.read.format("delta").load(replay_paths.table(name))
+        assert got.count() > 0, name
+        closed = got.agg({end: "max"}).first()[0]
+        # every window the live run closed, the replay closed with the same rows
+        assert sorted(map(tuple, got.collect())) == sorted(
+            map(tuple, again.where(again[end] <= closed).collect())
         )
-        alerts = spark.read.format("delta").load(live_paths.table("alerts"))
-        assert set(mine) <= {r["alert_id"] for r in alerts.collect()}  # the table has what the topic got
-        for name, end in (("activity_per_minute", "window_end"),):
-            got = spark.read.format("delta").load(live_paths.table(name))
-            again = spark.read.format("delta").load(replay_paths.table(name))
-            assert got.count() > 0, name
-            closed = got.agg({end: "max"}).first()[0]
-            # every window the live run closed, the replay closed with the same rows
-            assert sorted(map(tuple, got.collect())) == sorted(
-                map(tuple, again.where(again[end] <= closed).collect())
-            )
-        page = report.write(spark, settings, "live")
-        text = page.read_text()  # the queries this run had: activity and alerts (two plots)
-        assert "Activity per minute" in text and "Alerts over time" in text and text.count("<img") == 2
-        summary = json.loads((page.parent / "summary.json").read_text())
-        assert summary["alerts_per_rule"]["follow_churn"] >= 1
-    finally:
-        spark.stop()
+    page = report.write(spark, settings, "live")
+    text = page.read_text()  # the queries this run had: activity and alerts (two plots)
+    assert "Activity per minute" in text and "Alerts over time" in text and text.count("<img") == 2
+    summary = json.loads((page.parent / "summary.json").read_text())
+    assert summary["alerts_per_rule"]["follow_churn"] >= 1

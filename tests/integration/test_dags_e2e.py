@@ -25,7 +25,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 import time
 import uuid
 from dataclasses import fields
@@ -33,6 +32,7 @@ from dataclasses import fields
 import pytest
 
 from infra.settings import REPO_ROOT, Settings, get_settings
+from tests.integration.verifying import worker_spark
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -58,14 +58,12 @@ def run_py(settings: Settings, args: list[str], timeout: float = 600) -> subproc
 
 def speed_layer(settings: Settings, namespace: str, topic: str) -> None:
     """The speed layer up to the log's end (Redis), then the archiver once (the Delta archive and
-    views), as a rebuild's build step runs them (one Spark application)."""
-    script = (
-        "from infra.settings import get_settings\n"
-        "from pipelines.rebuild import catch_up\n"
-        f"catch_up(get_settings(), {namespace!r}, {topic!r})\n"
-    )
-    done = run_py(settings, ["-c", script])
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    views), as a rebuild's build step runs them: one Spark application, this worker's own
+    (tests/integration/verifying.py). What the DAGs run, they run as commands."""
+    from pipelines.rebuild import catch_up
+
+    worker_spark(settings)
+    catch_up(settings, namespace, topic)
 
 
 def dags_test(settings: Settings, dag_id: str, conf: dict) -> tuple[bool, str]:
@@ -139,33 +137,24 @@ def story(kafka_stack, tmp_path_factory):
 
 def test_1_corrupted_row_is_caught_by_quality_and_verify(story):
     s, ns, topic = story["settings"], story["a"], story["topic"]
-    # One Spark application, not one to corrupt and one to catch up (the file alone, 2026-11-27:
-    # 294.0 -> 282.4 CPU-s):
+    # In this worker's Spark session (the story's setup started it), as one application corrupts
+    # and catches up:
     # one unread_counts row of A is changed through Delta, then one event touching another user
     # (a status update) is appended to the log, then the speed layer and the archiver catch up
     # (as `speed_layer` above): the next micro-batch records table versions that include the
     # corrupted row, so the live views at P are wrong from then on.
-    path = s.lake_dir / ns / "unread_counts"
-    script = textwrap.dedent(
-        f"""
-        from pyspark.sql import functions as F
-        from infra.settings import get_settings
-        from pipelines.rebuild import catch_up
-        from pipelines.spark import build_spark
-        from tests.integration.test_dags_e2e import produce_status_update
+    from pyspark.sql import functions as F
 
-        settings = get_settings()
-        spark = build_spark("corrupt-then-catch-up", settings)
-        users = spark.read.format("delta").load({str(s.lake_dir / ns / "users")!r})
-        victim = spark.read.format("delta").load({str(path)!r}).agg(F.min("user_id")).collect()[0][0]
-        spark.sql(f"UPDATE delta.`{path}` SET unread = unread + 3 WHERE user_id = {{victim}}")
-        bystander = users.where(F.col("user_id") != victim).agg(F.max("user_id")).collect()[0][0]
-        produce_status_update(settings, {topic!r}, user_id=bystander)
-        catch_up(settings, {ns!r}, {topic!r})
-        """
-    )
-    done = run_py(s, ["-c", script])
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    from pipelines.rebuild import catch_up
+
+    path = s.lake_dir / ns / "unread_counts"
+    spark = worker_spark(s)
+    users = spark.read.format("delta").load(str(s.lake_dir / ns / "users"))
+    victim = spark.read.format("delta").load(str(path)).agg(F.min("user_id")).collect()[0][0]
+    spark.sql(f"UPDATE delta.`{path}` SET unread = unread + 3 WHERE user_id = {victim}")
+    bystander = users.where(F.col("user_id") != victim).agg(F.max("user_id")).collect()[0][0]
+    produce_status_update(s, topic, user_id=bystander)
+    catch_up(s, ns, topic)
 
     done = run_py(
         s,

@@ -17,7 +17,8 @@
 (The speed layer and the archiver killed with SIGKILL at random moments, ten times each, is in
 test_speed_layer.py, with the Delta side verified too.)
 
-`verify --keyed-only` runs as a separate process, as the DAG runs it.
+The one-off Spark jobs (``verify --keyed-only``, the rebuild) run in this pytest worker's own
+Spark session (tests/integration/verifying.py); ``python -m pipelines.restore`` runs as a command.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import time
 import pytest
 
 from app_sim.generator import GeneratorConfig, produce
-from tests.integration.verifying import assert_keyed_ok, verify_keyed
+from tests.integration.verifying import assert_keyed_ok, verify_keyed, worker_spark
 
 pytestmark = pytest.mark.integration
 
@@ -118,6 +119,7 @@ def test_rebuild_from_the_batch_layer_then_flushall_and_restore_read_only_the_lo
     from pipelines.archiver import archived
     from pipelines.batch_layer.job import batch_position
     from pipelines.lake import committed_position
+    from pipelines.rebuild import rebuild
 
     settings, store = _private_redis(kafka_stack, tmp_path)
     store.start()
@@ -141,17 +143,12 @@ def test_rebuild_from_the_batch_layer_then_flushall_and_restore_read_only_the_lo
             duplicates = first.duplicates + second.duplicates
             invalid = {"all": sum(first.invalid.values()) + sum(second.invalid.values())}
 
-        # 1. rebuilt from the batch layer at P
-        rebuild = "-m pipelines.rebuild run --source batch --namespace nb --no-switch --topic".split()
-        done = subprocess.run(
-            [sys.executable, *rebuild, topic],
-            env=settings_env(live.settings),
-            capture_output=True,
-            text=True,
-            timeout=1200,
-        )
-        out = done.stdout + done.stderr
-        assert done.returncode == 0, out[-4000:]  # built, then verified against a replay of the log
+        # 1. rebuilt from the batch layer at P: ``python -m pipelines.rebuild run --source batch
+        # --namespace nb --no-switch``, in this worker's Spark session (the command's own process
+        # is the rebuild_views DAG's, test_dags_e2e.py); it raises unless built, then verified
+        # against a replay of the log
+        worker_spark(live.settings)
+        assert rebuild(live.settings, "nb", topic, do_switch=False, source="batch") == "nb"
         assert batch_position(live.settings.lake_dir, "nb-batch") == archived_at  # the batch views' P
         # the new namespace's changelog after the seed: the records after P, each once (its
         # sequence numbers count from the seed's 0); none of the log below P was applied again
