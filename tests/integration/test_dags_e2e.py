@@ -137,8 +137,7 @@ def story(kafka_stack, tmp_path_factory):
 
 def test_1_corrupted_row_is_caught_by_quality_and_verify(story):
     s, ns, topic = story["settings"], story["a"], story["topic"]
-    # In this worker's Spark session (the story's setup started it), as one application corrupts
-    # and catches up:
+    # In this worker's Spark session (the story's setup started it):
     # one unread_counts row of A is changed through Delta, then one event touching another user
     # (a status update) is appended to the log, then the speed layer and the archiver catch up
     # (as `speed_layer` above): the next micro-batch records table versions that include the
