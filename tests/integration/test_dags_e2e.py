@@ -22,7 +22,6 @@ Spark application (~50 CPU-seconds), checked nothing the two runs here do not.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -32,17 +31,10 @@ from dataclasses import fields
 import pytest
 
 from infra.settings import REPO_ROOT, Settings, get_settings
+from infra.stack import settings_env
 from tests.integration.verifying import worker_spark
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-
-def settings_env(settings: Settings) -> dict[str, str]:
-    """Environment that makes every child process (Airflow, its tasks, the jobs) use ``settings``."""
-    env = dict(os.environ)
-    for f in fields(Settings):
-        env[f.metadata["env"]] = str(getattr(settings, f.name))
-    return env
 
 
 def run_py(settings: Settings, args: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
