@@ -173,8 +173,8 @@ class Settings:
         "SOCIAL_SPARK_CONF",
         "",
         "extra Spark confs of every session, `key=value` separated by spaces, applied last; `make test` "
-        "turns adaptive execution and code generation off for its integration run (README: The test "
-        "suite's time)",
+        "turns adaptive execution and code generation off for its integration run (the Makefile says "
+        "why; docs/test-suite-time.md)",
     )
     spark_java_home: str = _setting(
         "SOCIAL_SPARK_JAVA_HOME",
