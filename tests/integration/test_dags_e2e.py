@@ -149,7 +149,8 @@ def test_1_corrupted_row_is_caught_by_quality_and_verify(story, monkeypatch):
 
     # the quality command's own entry point (its arguments, its exit status: 1 when a suite fails),
     # in this worker's Spark session with the story's settings in its environment, as the
-    # data_quality DAG's task process gets them; a process of its own cost a cold JVM (~60 CPU-s)
+    # data_quality DAG's task process gets them; as a process of its own it cost a cold JVM (31-33
+    # CPU-s on a quiet machine, against ~10 in a warm session)
     from pipelines.quality import main as quality_main
 
     for f in fields(Settings):
