@@ -9,6 +9,8 @@ below); every one started is stopped at teardown.
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -43,6 +45,17 @@ FILE_SECONDS = {
     "test_compacted_topics.py": 21,
     "test_history.py": 12,
 }
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # An xdist worker's ``__main__`` (execnet's ``python -c``) has neither a file nor a spec, which
+    # pyspark.sql.connect's import takes for a doctest run and exits the process on
+    # (pyspark/sql/connect/utils.py): Great Expectations imports it, so a test running the quality
+    # suites in its worker would end the worker. The worker's ``__main__`` gets a name.
+    main = sys.modules["__main__"]
+    if os.environ.get("PYTEST_XDIST_WORKER") and getattr(main, "__spec__", None) is None:
+        if not hasattr(main, "__file__"):
+            main.__file__ = "<pytest-xdist worker>"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -153,12 +153,8 @@ def test_1_corrupted_row_is_caught_by_quality_and_verify(story, monkeypatch):
     # CPU-s on a quiet machine, against ~10 in a warm session)
     from pipelines.quality import main as quality_main
 
-    for f in fields(Settings):
-        monkeypatch.setenv(f.metadata["env"], str(getattr(s, f.name)))
-    # Great Expectations imports pyspark.sql.connect, whose import takes a ``__main__`` with no file
-    # and no spec for a doctest run and exits the process (pyspark/sql/connect/utils.py): an xdist
-    # worker's ``__main__`` (execnet's ``python -c``) is such a one
-    monkeypatch.setattr(sys.modules["__main__"], "__file__", "<pytest-xdist worker>", raising=False)
+    for name, value in settings_env(s).items():
+        monkeypatch.setenv(name, value)
     args = ["--namespace", ns, "--suite", "unread_invariant", "--suite", "unread_counts"]
     assert quality_main(args) == 1
     summary = json.loads((s.reports_dir / "quality" / "latest.json").read_text())

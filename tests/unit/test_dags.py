@@ -6,6 +6,7 @@ files every few seconds, and every task runs its job in a child process.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -96,8 +97,6 @@ print(json.dumps(found))
 
 
 def test_importing_the_dag_files_stays_light():
-    import json
-
     paths = [str(REPO_ROOT / "dags" / f"{name}.py") for name in sorted(DAG_IDS)]
     done = subprocess.run(
         [sys.executable, "-c", LIGHT_CHECK, json.dumps(HEAVY), *paths],
