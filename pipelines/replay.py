@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     namespace = args.namespace or f"{namespaces.active(settings)}__replay"
     client = connect(settings.redis_url)
     drop_namespace(client, namespace)
-    spark = build_spark("replay", settings)
+    spark = build_spark("replay", settings, console_progress=False)  # its own bar below
     spark_tasks(spark, "replay")  # a progress bar on a terminal
     until = {int(k): v for k, v in json.loads(args.until).items()} if args.until else None
     started = time.time()

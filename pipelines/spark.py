@@ -47,11 +47,17 @@ def build_spark(
     *,
     testing: bool = False,
     extra_conf: dict[str, str] | None = None,
+    console_progress: bool | None = None,
 ):
     """Return a SparkSession with the Kafka source and Delta Lake on the classpath.
 
     ``testing=True`` is the baseline every Spark test uses: few shuffle partitions, no UI,
     small memory, so a test session starts in seconds on two cores.
+
+    ``console_progress``: Spark's own stage bar on stderr. By default only on a terminal: a
+    service's log file and an Airflow task's log get none (the bar redraws itself with carriage
+    returns, a few lines of them per job). A command that draws its own bar
+    (:mod:`pipelines.progress`) passes False.
     """
     from pyspark.sql import SparkSession
 
@@ -66,6 +72,7 @@ def build_spark(
     if chosen:  # the JDK the gateway launches (Spark's launcher reads JAVA_HOME)
         os.environ["JAVA_HOME"] = str(chosen)
     archive = class_archive(jar_paths, settings)
+    show_progress = sys.stderr.isatty() if console_progress is None else console_progress
     if settings.spark_class_archive and archive.exists() and not _names_an_archive(java_options):
         java_options = f"{java_options} {archive_option(archive)}"
     builder = (
@@ -75,6 +82,7 @@ def build_spark(
         .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
         .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
         .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.ui.showConsoleProgress", str(show_progress).lower())
         .config("spark.sql.shuffle.partitions", str(settings.spark_shuffle_partitions))
         .config("spark.sql.adaptive.enabled", "true")
         # The fold joins small per-batch frames with state; broadcasting them avoids shuffles.

@@ -425,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     settings = get_settings()
-    spark = build_spark("verify", settings)
+    spark = build_spark("verify", settings, console_progress=False)  # its own bar below
     spark_tasks(spark, "verify")  # a progress bar on a terminal (pipelines/progress.py)
     if args.keyed_only:
         namespace = args.namespace or namespaces.active(settings)

@@ -130,3 +130,8 @@ def test_crash_safety_kill9_and_restart(kafka_stack, topic_factory, speed_layer_
     # key with two rows, is a row in excess. The ``batches`` rows are summed by the accounting
     # (events read == the records below P), which a repeated row would break, and the Delta
     # changelog, which nothing recomputes, is checked for a record twice (verify's changelog_once).
+    # The services write to files, not to a terminal: no Spark console progress bar in their logs
+    # (pipelines/spark.py, ``console_progress``), whose carriage-return redraws came to a few lines
+    # per job (the archivers' log of this test held 19 such lines, 2026-11-28).
+    for log_file in (sl.log_path, sl.archiver_log):
+        assert b"[Stage " not in log_file.read_bytes(), log_file
