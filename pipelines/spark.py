@@ -72,9 +72,9 @@ def build_spark(
     if chosen:  # the JDK the gateway launches (Spark's launcher reads JAVA_HOME)
         os.environ["JAVA_HOME"] = str(chosen)
     archive = class_archive(jar_paths, settings)
-    show_progress = sys.stderr.isatty() if console_progress is None else console_progress
     if settings.spark_class_archive and archive.exists() and not _names_an_archive(java_options):
         java_options = f"{java_options} {archive_option(archive)}"
+    show_progress = sys.stderr.isatty() if console_progress is None else console_progress
     builder = (
         SparkSession.builder.appName(app_name)
         .master(settings.spark_master)
