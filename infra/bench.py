@@ -233,7 +233,7 @@ def _populate_serving_store(settings: Settings, namespace: str, users: int, seed
     import orjson
 
     from app_sim import graph
-    from pipelines.serving import ServingStore, _pid, connect
+    from pipelines.serving import ServingStore, _pid, connect, timeline_member_of
 
     rng = np.random.default_rng(seed)
     edges = graph.follower_graph(users, 20.0, rng)
@@ -257,12 +257,12 @@ def _populate_serving_store(settings: Settings, namespace: str, users: int, seed
         pipe.hset(k("status"), u, orjson.dumps({"text": f"status of {u}", "event_time": 1}))
         for i, pid in enumerate(post_ids[u]):
             body = {"post_id": pid, "author_id": u, "text": "x" * int(rng.integers(20, 200)), "event_time": i}
-            pipe.set(k("p", pid), orjson.dumps(body))
+            pipe.set(k("p", u, pid), orjson.dumps(body))
             pipe.zadd(k("posts", u), {_pid(pid): i * users + u})
         authors = [u, *(a for a in following[u] if a not in celebs)]
-        candidates = [(i * users + a, post_ids[a][i]) for a in authors for i in range(posts_per_user)]
+        candidates = [(i * users + a, post_ids[a][i], a) for a in authors for i in range(posts_per_user)]
         top = sorted(candidates, reverse=True)[:50]
-        pipe.zadd(k("tl", u), {_pid(pid): score for score, pid in top})
+        pipe.zadd(k("tl", u), {timeline_member_of(pid, a): score for score, pid, a in top})
         for f in following[u]:
             pipe.sadd(k("following", u), f)
         for j in range(3):

@@ -31,6 +31,8 @@ from infra.settings import Settings
 from pipelines.lake import BatchOutput, Lake, committed_position
 from pipelines.tables import TABLES
 
+TIMELINE_KEY = TABLES["home_timeline"].keys  # (user, author, post): a post is (author, post)
+
 log = logging.getLogger("compaction")
 
 
@@ -125,9 +127,9 @@ class Changes:
         return self._last_upserts("N", ["user_id"], _g(1).alias("user_id"), _g(2).alias("unread"))
 
     def timelines(self) -> tuple[DataFrame, DataFrame]:
-        last = _last(self.tl, ["user_id", "post_id"], ["seq", "idx"])
+        last = _last(self.tl, list(TIMELINE_KEY), ["seq", "idx"])
         upserts = last.where("sign = '+'").select("user_id", "post_id", "author_id", "event_time")
-        return upserts, last.where("sign = '-'").select("user_id", "post_id")
+        return upserts, last.where("sign = '-'").select(*TIMELINE_KEY)
 
     def timeline_users(self) -> DataFrame:
         return self.tl.select("user_id").distinct()
@@ -144,8 +146,11 @@ _REMOVALS = {
 
 
 def first_n(timelines: DataFrame, users: DataFrame, n: int) -> DataFrame:
-    """``home_timeline`` rows of ``users``: the first N entries of their timelines."""
-    w = Window.partitionBy("user_id").orderBy(F.col("event_time").desc(), F.col("post_id").desc())
+    """``home_timeline`` rows of ``users``: the first N entries of their timelines (newest first by
+    event time, then post id, then author id: docs/views.md)."""
+    w = Window.partitionBy("user_id").orderBy(
+        F.col("event_time").desc(), F.col("post_id").desc(), F.col("author_id").desc()
+    )
     return (
         timelines.join(F.broadcast(users), "user_id", "left_semi")
         .withColumn("_rn", F.row_number().over(w))
@@ -186,8 +191,8 @@ def compact_once(spark, lake: Lake, settings: Settings) -> int | None:
     gone = (
         lake.read("home_timeline")
         .join(F.broadcast(touched), "user_id", "left_semi")
-        .select("user_id", "post_id")
-        .join(home.select("user_id", "post_id"), ["user_id", "post_id"], "left_anti")
+        .select(*TIMELINE_KEY)
+        .join(home.select(*TIMELINE_KEY), list(TIMELINE_KEY), "left_anti")
         .localCheckpoint()
     )
     follows_upserts, follows_deletes = changes.follows()

@@ -205,7 +205,7 @@ def restore(spark, settings: Settings, namespace: str, *, force: bool = False) -
     celebs = follows.groupBy("followee_id").count().where(F.col("count") > settings.fanout_threshold)
     load("C", celebs, "followee_id")
     load("P", at("posts"), "author_id", "post_id", "event_time", "text", F.col("deleted").cast("int"))
-    load("T", at("timelines"), "user_id", "post_id", "event_time")
+    load("T", at("timelines"), "user_id", "post_id", "event_time", "author_id")
     load(
         "I",
         at("inbox"),

@@ -24,6 +24,17 @@ def _pid(post_id: int) -> str:
     return str(post_id).zfill(PAD)
 
 
+def timeline_member(m: str | bytes) -> tuple[int, int]:
+    """(post_id, author_id) of a ``tl:<u>`` member: both ids zero-padded, post first."""
+    return int(m[:PAD]), int(m[PAD:])
+
+
+def timeline_member_of(post_id: int, author_id: int) -> str:
+    """The ``tl:<u>`` member of a post: its id then its author's, zero-padded (docs/views.md,
+    "Identity": a post is (author, post); ties in a timeline are broken by post, then author)."""
+    return _pid(post_id) + _pid(author_id)
+
+
 def _as_of(pairs) -> dict[str, int]:
     """The fence's (partition, next offset) pairs as a read's ``as_of`` (bytes or str replies)."""
     return {str(int(p)): int(o) for p, o in pairs}
@@ -51,13 +62,14 @@ class ServingStore:
         return {int(p): int(o) for p, o in self.r.hgetall(self.k("fence")).items()}
 
     # -- dumping (verify compares these with the Delta views) ------------------------------------
-    def dump_timelines(self, n: int) -> Iterator[tuple[int, int]]:
-        """(user, post) of every home timeline's view: its first ``n`` (the rest is slack)."""
+    def dump_timelines(self, n: int) -> Iterator[tuple[int, int, int]]:
+        """(user, author, post) of every stored home timeline's first ``n`` (the rest is slack)."""
         prefix = self.k("tl", "")
         for tl_key in self.r.scan_iter(match=prefix + "*", count=1000):
             u = int(tl_key[len(prefix) :])
             for m in self.r.zrevrange(tl_key, 0, n - 1):
-                yield u, int(m)
+                post, author = timeline_member(m)
+                yield u, author, post
 
     def dump_hash(self, name: str) -> dict[str, str]:
         return self.r.hgetall(self.k(name))

@@ -21,6 +21,7 @@ import time
 from infra.settings import Settings, get_settings
 from pipelines import namespaces
 from pipelines.spark import build_spark
+from pipelines.speed import functions
 from pipelines.speed import stream as keyed
 from pipelines.stopping import stop_requested
 
@@ -37,6 +38,8 @@ def run(
     """Start the speed layer; returns when its queries stop (``available_now``: when caught up)."""
     namespace = namespace or namespaces.active(settings)
     topic = topic or settings.events_topic
+    # state an older key layout wrote is refused before anything starts (docs/architecture.md)
+    functions.check_layout(functions.connect(settings.redis_url), namespace)
     spark = build_spark(f"speed-layer-{namespace}", settings)
     publisher = None
     if settings.compacted_topics:
@@ -94,12 +97,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--available-now", action="store_true", help="process what is in the log, then stop")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    run(
-        get_settings(),
-        namespace=args.namespace,
-        topic=args.topic,
-        available_now=args.available_now,
-    )
+    try:
+        run(
+            get_settings(),
+            namespace=args.namespace,
+            topic=args.topic,
+            available_now=args.available_now,
+        )
+    except functions.LayoutError as exc:
+        print(f"speed layer: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

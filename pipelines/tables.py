@@ -78,11 +78,11 @@ TABLES: dict[str, Table] = {
         Table(
             "home_timeline",
             "user_id BIGINT, post_id BIGINT, author_id BIGINT, event_time BIGINT",
-            ("user_id", "post_id"),
+            ("user_id", "author_id", "post_id"),
             "Fanned-out part of home timeline(u): the latest N non-deleted posts by u or by the "
             "people u follows whose follower count is at most the fan-out threshold, newest first by "
-            "corrected event time (ties: post_id desc). Posts of authors above the threshold are "
-            "merged at read time.",
+            "corrected event time (ties: post_id desc, then author_id desc). A post is "
+            "(author_id, post_id). Posts of authors above the threshold are merged at read time.",
         ),
         Table(
             "inbox",
@@ -120,7 +120,7 @@ TABLES: dict[str, Table] = {
         Table(
             "timelines",
             "user_id BIGINT, post_id BIGINT, author_id BIGINT, event_time BIGINT",
-            ("user_id", "post_id"),
+            ("user_id", "author_id", "post_id"),
             "Every entry of the keyed timelines (the latest N and the slack kept beyond it), "
             "compacted from the changelog: `home_timeline` is its first N per user, and a restore "
             "of Redis loads it back.",
@@ -155,6 +155,31 @@ TABLES: dict[str, Table] = {
 
 VIEWS = ("users", "follows", "posts", "home_timeline", "inbox", "unread_counts", "user_status")
 ARCHIVES = ("events_bronze", "quarantine")
+
+
+IDENTITY_DOC = """## Identity, order and duplicates
+
+Every rule below is decided from one Kafka partition alone, because the log orders records only
+within a partition: a rule that asked "which author used this id first?" across partitions would
+have no single answer, and the live state, a replay and the batch layer could disagree.
+
+- **A post is `(author_id, post_id)`; a message is `(recipient_id, message_id)`.** Any int64 >= 1
+  is a contract-valid id, so two authors may use one `post_id` (and two inboxes one
+  `message_id`): they are different posts (messages), each in every view under its own key. The
+  writers allocate ids that never collide in normal operation (snowflakes whose worker ids come
+  from a registry in the log: `app_sim/writers.py`), but no view depends on it.
+- A second `post_created` by the same author with a `post_id` that author already used (live or
+  deleted) is rejected with reason `reused_id`, as is a `message_sent` whose `message_id` is
+  already in the recipient's inbox. A `post_deleted` acts only on the actor's own
+  `(user_id, post_id)` (otherwise `not_own_post`, or `post_already_deleted`); a `message_read`
+  only on `(user_id, message_id)` of the reader's own inbox (otherwise `not_in_inbox`).
+- **Timeline order:** newest first by corrected event time, ties by `post_id`, then `author_id`,
+  all descending.
+- **Duplicates:** the same `event_id` within the dedup window is a duplicate only within one
+  partition. The same `event_id` in two partitions is two events, each decided by its own
+  partition (a writer that retries sends the same record with the same key, so to the same
+  partition).
+"""
 
 
 ERASURE_DOC = """## Erasure
@@ -202,7 +227,7 @@ erasure deletes, so they stay but cannot be read ([erasure.md](erasure.md)).
 
 def views_doc() -> str:
     """Markdown documentation of every table (docs/views.md)."""
-    lines = ["# Derived tables", "", "Generated from `pipelines/tables.py`.", "", ERASURE_DOC]
+    lines = ["# Derived tables", "", "Generated from `pipelines/tables.py`.", "", IDENTITY_DOC, ERASURE_DOC]
     for t in TABLES.values():
         lines += [
             f"## `{t.name}`",

@@ -191,9 +191,9 @@ def compare_serving(
         return {"ok": None, "skipped": f"Redis covers {covered}, the Delta views {wanted}"}
     out = {}
     tl = list(store.dump_timelines(settings.timeline_length))
-    redis_tl = spark.createDataFrame(tl, "user_id BIGINT, post_id BIGINT")
+    redis_tl = spark.createDataFrame(tl, "user_id BIGINT, author_id BIGINT, post_id BIGINT")
     out["home_timeline"] = compare(
-        redis_tl, lake.read("home_timeline", versions["home_timeline"]), ["user_id", "post_id"]
+        redis_tl, lake.read("home_timeline", versions["home_timeline"]), ["user_id", "author_id", "post_id"]
     )
     unread = [(int(u), int(n)) for u, n in store.dump_hash("unread").items()]
     out["unread_counts"] = compare(

@@ -21,11 +21,13 @@ Status codes (every error body is JSON ``{"error": <code>, "detail": <text>}``):
        (``undecodable_body``)
 401    missing, malformed or forged bearer token, or the token of an erased user
        (``WWW-Authenticate: Bearer``)
-403    deleting a post someone else wrote (``not_your_post``); erasing another user
-       (``not_yourself``: ``DELETE /v1/users/{id}`` erases only the caller, as ``/v1/users/me``)
+403    erasing another user (``not_yourself``: ``DELETE /v1/users/{id}`` erases only the caller,
+       as ``/v1/users/me``)
 404    the thing named does not exist *as far as the API can tell*: unknown user (followee,
-       recipient, status, erasure), unknown or deleted post, a message not in the caller's inbox (404,
-       not 403: whether someone else's message exists is not the caller's business)
+       recipient, status, erasure), a post id the caller has no live post under, a message not in
+       the caller's inbox (404, not 403: a post is (author, post) and a message (recipient,
+       message), docs/views.md "Identity", so whether someone else has one with that id is not the
+       caller's business)
 409    ``Idempotency-Key``: a request with it is still in progress (``request_in_progress``,
        ``Retry-After: 1``), or a registration repeated with it (``already_registered``, no token)
 422    an ``Idempotency-Key`` the caller already used on this endpoint for another request
@@ -36,7 +38,7 @@ Status codes (every error body is JSON ``{"error": <code>, "detail": <text>}``):
        nothing is promised; retry with the same ``Idempotency-Key``
 =====  ========================================================================================
 
-"Exists" means: in the serving store (users hash, ``p:<id>``, the caller's ``msgs`` hash), or
+"Exists" means: in the serving store (users hash, the caller's ``pids`` and ``msgs`` hashes), or
 written through this API recently. The store lags the log, so every API process also records
 what it appended (users, posts with their author, messages with their recipient) under
 ``api:recent:*`` keys in Redis for a day; these are hints for validation only, never read by

@@ -211,10 +211,10 @@ class FaultyWrites:
             p.srem(k("followers", e["followee_id"]), u)
         elif kind == "post_created":
             post = {"post_id": e["post_id"], "author_id": u, "text": e["text"], "event_time": t}
-            p.set(k("p", e["post_id"]), orjson.dumps(post))
+            p.set(k("p", u, e["post_id"]), orjson.dumps(post))
             p.zadd(k("posts", u), {_pid(e["post_id"]): t})
         elif kind == "post_deleted":
-            p.delete(k("p", e["post_id"]))
+            p.delete(k("p", u, e["post_id"]))
             p.zrem(k("posts", u), _pid(e["post_id"]))
         elif kind == "message_sent":
             r, mid = e["recipient_id"], e["message_id"]
@@ -232,7 +232,7 @@ class FaultyWrites:
         elif kind == "message_read" and state:
             await self._bump_unread(u, -1, e)
         elif kind in ("post_created", "post_deleted"):
-            member = _pid(e["post_id"])
+            member = _pid(e["post_id"]) + _pid(u)  # a timeline member: post, then author
             readers = {u, *map(int, await self.r.smembers(k("followers", u)))}
             p = self.r.pipeline(transaction=False)
             for reader in readers:
@@ -243,14 +243,16 @@ class FaultyWrites:
                     p.zrem(k("tl", reader), member)
             await p.execute()
         elif kind == "followed":
-            posts = await self.r.zrange(k("posts", e["followee_id"]), 0, -1, withscores=True)
+            a = e["followee_id"]
+            posts = await self.r.zrange(k("posts", a), 0, -1, withscores=True)
             if posts:
-                await self.r.zadd(k("tl", u), dict(posts))
+                await self.r.zadd(k("tl", u), {m + _pid(a): s for m, s in posts})
                 await self.r.zremrangebyrank(k("tl", u), 0, -(n + 1))
         elif kind == "unfollowed":
-            posts = await self.r.zrange(k("posts", e["followee_id"]), 0, -1)
+            a = e["followee_id"]
+            posts = await self.r.zrange(k("posts", a), 0, -1)
             if posts:
-                await self.r.zrem(k("tl", u), *posts)
+                await self.r.zrem(k("tl", u), *(m + _pid(a) for m in posts))
 
     async def _bump_unread(self, user_id: int, delta: int, event: dict) -> None:
         """The counter as a typical app keeps it: read it, add, write it back (no INCR, no WATCH)."""

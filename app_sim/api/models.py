@@ -142,6 +142,6 @@ class Health(BaseModel):
 
 
 class Error(BaseModel):
-    error: str = Field(description="a stable code, e.g. invalid_request, unknown_user, not_your_post")
+    error: str = Field(description="a stable code, e.g. invalid_request, unknown_user, unknown_post")
     detail: str = Field(description="what is wrong, for people")
     errors: list[dict] | None = Field(default=None, description="per-field problems (422)")

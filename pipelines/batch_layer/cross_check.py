@@ -24,6 +24,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pipelines.batch_layer.definition import BatchViews
+from pipelines.serving import timeline_member
 from pipelines.speed import functions
 
 EXAMPLES = 5
@@ -41,9 +42,9 @@ class View:
 VIEWS = [
     View(
         "home_timeline",
-        ("user_id", "post_id"),
+        ("user_id", "author_id", "post_id"),
         ("event_time",),
-        "user_id BIGINT, post_id BIGINT, event_time BIGINT",
+        "user_id BIGINT, author_id BIGINT, post_id BIGINT, event_time BIGINT",
     ),
     View("follows", ("user_id", "followee_id"), (), "user_id BIGINT, followee_id BIGINT"),
     View(
@@ -107,7 +108,9 @@ def redis_rows(r: redis.Redis, ns: str, n: int, partitions: list[int]) -> dict[s
     tl_keys = _scan(r, k("tl", "*"))
     tls = _batched(r, tl_keys, lambda p, key: p.zrevrange(key, 0, n - 1, withscores=True))
     rows["home_timeline"] = [
-        (_suffix(key), int(m), int(s)) for key, tl in zip(tl_keys, tls, strict=True) for m, s in tl
+        (_suffix(key), author, post, int(s))
+        for key, tl in zip(tl_keys, tls, strict=True)
+        for (post, author), s in ((timeline_member(m), s) for m, s in tl)
     ]
     f_keys = _scan(r, k("following", "*"))
     fs = _batched(r, f_keys, lambda p, key: p.smembers(key))
@@ -119,13 +122,13 @@ def redis_rows(r: redis.Redis, ns: str, n: int, partitions: list[int]) -> dict[s
         for key, h in zip(pid_keys, pids, strict=True)
         for pid, live in h.items()
     ]
-    live_ids = [pid for _a, pid, deleted in posts if not deleted]
+    live = [(a, pid) for a, pid, deleted in posts if not deleted]
     bodies = dict(
-        zip(live_ids, _batched(r, [k("p", pid) for pid in live_ids], lambda p, key: p.get(key)), strict=True)
+        zip(live, _batched(r, [k("p", a, pid) for a, pid in live], lambda p, key: p.get(key)), strict=True)
     )
     rows["posts"] = []
     for a, pid, deleted in posts:
-        body = json.loads(bodies[pid]) if not deleted and bodies.get(pid) else {}
+        body = json.loads(bodies[a, pid]) if not deleted and bodies.get((a, pid)) else {}
         rows["posts"].append((a, pid, deleted, body.get("event_time"), body.get("text")))
     m_keys = _scan(r, k("msgs", "*"))
     msgs = _batched(r, m_keys, lambda p, key: p.hgetall(key))

@@ -283,8 +283,11 @@ def celebrities_view(follows: DataFrame, cfg: BatchConfig) -> DataFrame:
 
 
 def _latest(rows: DataFrame, by: str, n: int) -> DataFrame:
-    """The ``n`` newest rows per ``by``: by corrected event time, ties by post_id, descending."""
-    w = Window.partitionBy(by).orderBy(F.col("event_time").desc(), F.col("post_id").desc())
+    """The ``n`` newest rows per ``by``: by corrected event time, ties by post_id, then author_id,
+    descending (a post is (author_id, post_id): two authors may use one post id)."""
+    w = Window.partitionBy(by).orderBy(
+        F.col("event_time").desc(), F.col("post_id").desc(), F.col("author_id").desc()
+    )
     return rows.withColumn("_rank", F.row_number().over(w)).where(F.col("_rank") <= n).drop("_rank")
 
 

@@ -8,10 +8,12 @@ Keys, all under ``<namespace>:`` (one namespace per views version, for blue/gree
 The serving reads (:mod:`pipelines.serving`) use the first group; the rest is the processor's.
 
 ==================  ======  =====================================================================
-``tl:<u>``          zset    fanned-out home timeline of u (latest N): member = post_id
-                            (zero-padded), score = corrected event time
-``posts:<a>``       zset    author a's live posts (read-time merge of high-fan-out authors)
-``p:<post_id>``     string  JSON of a live post
+``tl:<u>``          zset    fanned-out home timeline of u (latest N): member = post_id then
+                            author_id, each zero-padded to 19 digits (a post is (author, post):
+                            docs/views.md, "Identity"), score = corrected event time
+``posts:<a>``       zset    author a's live posts, member = post_id zero-padded (read-time merge
+                            of high-fan-out authors)
+``p:<a>:<post>``    string  JSON of a live post of author a
 ``following:<u>``   set     follows(u)
 ``celebs``          set     authors over the fan-out threshold
 ``inbox:<u>``       zset    message ids of inbox(u) by event time; ``msgs:<u>`` hash id -> JSON
@@ -21,6 +23,7 @@ The serving reads (:mod:`pipelines.serving`) use the first group; the rest is th
 ``erased``          set     erased user ids (tombstones, kept forever: docs/views.md, "Erasure")
 ``fence``           hash    partition -> next offset to apply (the log position the state covers;
                             reads return it as ``as_of``)
+``layout``          string  the key format the state was written in (:func:`check_layout`)
 ------------------  ------  ---------------------------------------------------------------------
 ``followers:<a>``   set     who follows a (the fan-out targets)
 ``pids:<a>``        hash    post_id -> 1 live / 0 deleted (a deleted post never comes back)
@@ -84,6 +87,35 @@ def ensure_loaded(client: redis.Redis) -> str:
     if have != want:
         client.function_load(source(), replace=True)
     return want
+
+
+class LayoutError(RuntimeError):
+    """A namespace written in another key format than this library's: rebuild it from the log."""
+
+
+def layout() -> str:
+    m = re.search(r"^local LAYOUT = '([^']+)'", source(), re.MULTILINE)
+    if m is None:
+        raise RuntimeError(f"{LIBRARY}: no LAYOUT line")
+    return m.group(1)
+
+
+def check_layout(client: redis.Redis, namespace: str) -> None:
+    """Refuse (one line, :class:`LayoutError`) a namespace whose state an older library wrote.
+
+    State from before ``layout`` existed (layout 1: a post keyed by its id alone) has a fence and
+    no ``layout`` key. An empty namespace is fine: the first ``social_apply`` stamps it.
+    """
+    have = client.get(key(namespace, "layout"))
+    have = have.decode() if isinstance(have, bytes) else have
+    if have is None and not client.exists(key(namespace, "fence")):
+        return
+    if have != layout():
+        raise LayoutError(
+            f"Redis namespace {namespace!r} holds state of key layout {have or '1'}, this code writes "
+            f"layout {layout()}: rebuild it from the log with `python -m pipelines.rebuild run` "
+            f'(docs/architecture.md, "Upgrading")'
+        )
 
 
 def fences(client: redis.Redis, namespace: str) -> dict[int, int]:

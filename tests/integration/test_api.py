@@ -268,8 +268,8 @@ def _seed_views(api: RunningApi, alice: int, bob: int) -> None:
     r = redis.Redis.from_url(api.settings.redis_url, decode_responses=True)
     ns = api.settings.views_namespace
     post = {"post_id": 42, "author_id": bob, "text": "from bob", "event_time": 1000}
-    r.set(f"{ns}:p:42", orjson.dumps(post))
-    r.zadd(f"{ns}:tl:{alice}", {str(42).zfill(19): 1000})
+    r.set(f"{ns}:p:{bob}:42", orjson.dumps(post))
+    r.zadd(f"{ns}:tl:{alice}", {str(42).zfill(19) + str(bob).zfill(19): 1000})  # post, then author
     msg = {"message_id": 7, "sender_id": bob, "text": "hey", "event_time": 900, "read": False}
     r.zadd(f"{ns}:inbox:{alice}", {str(7).zfill(19): 900})
     r.hset(f"{ns}:msgs:{alice}", 7, orjson.dumps(msg))
@@ -537,7 +537,8 @@ BAD = {
         404,
         "unknown_user",
     ),
-    "delete-someone-elses-post": ("alice", "DELETE", "/v1/posts/{post}", None, {}, 403, "not_your_post"),
+    # a post is (author, post): bob's post id names no post of alice's
+    "delete-someone-elses-post": ("alice", "DELETE", "/v1/posts/{post}", None, {}, 404, "unknown_post"),
     "erase-someone-else": ("alice", "DELETE", "/v1/users/{bob}", None, {}, 403, "not_yourself"),
     "erase-unknown-user": ("alice", "DELETE", "/v1/users/987654321", None, {}, 404, "unknown_user"),
     "erase-without-token": ("anyone", "DELETE", "/v1/users/me", None, {}, 401, "unauthorized"),

@@ -96,7 +96,7 @@ def test_timelines_follow_the_sequence_not_the_offsets(changes):
         (1, 11, 1, t(4)),
         (2, 11, 1, t(4)),
     ]
-    assert rows(deletes, "user_id", "post_id") == [(1, 10), (2, 10), (3, 11)]
+    assert rows(deletes, "user_id", "post_id", "author_id") == [(1, 10, 1), (2, 10, 1), (3, 11, 1)]
     assert rows(first_n(upserts, changes.timeline_users(), 1), "user_id", "post_id") == [(1, 11), (2, 11)]
 
 
@@ -145,3 +145,35 @@ def test_an_erasure_compacts_into_deletes(erased):
     tl_upserts, tl_deletes = erased.timelines()
     assert rows(tl_upserts, "user_id", "post_id") == [(2, 20)]
     assert rows(tl_deletes, "user_id", "post_id") == [(1, 10), (2, 10)]
+
+
+def test_one_post_id_of_two_authors_compacts_into_two_entries(spark, redis_url, ns):  # noqa: F811
+    """docs/views.md, "Identity": 1 and 3 (partition 1) and 2 (partition 0) each write post 10;
+    4 (partition 0) follows all three; 3 deletes its own. Worked by hand: tl:4 keeps (10, by 2)
+    and (10, by 1), newest first, then by author; (10, by 3) was added and removed again."""
+    r = apply(
+        redis_url,
+        ns,
+        [
+            [ev("followed", 4, 0, followee_id=a) for a in (1, 2, 3)],
+            [ev("post_created", a, a, post_id=10, text=f"by {a}") for a in (1, 2, 3)],
+            [ev("post_deleted", 3, 4, post_id=10)],
+        ],
+    )
+    entries = [e for p in range(PARTITIONS) for e in changelog.read(r, ns, p, 0, 100)]
+    changes = Changes(spark.createDataFrame(entries, CHANGELOG_DDL))
+    upserts, deletes = changes.timelines()
+    assert rows(upserts, "user_id", "author_id", "post_id") == [
+        (1, 1, 10),
+        (2, 2, 10),
+        (4, 1, 10),
+        (4, 2, 10),
+    ]
+    assert rows(deletes, "user_id", "author_id", "post_id") == [(3, 3, 10), (4, 3, 10)]
+    assert rows(changes.posts(), "author_id", "post_id", "deleted") == [
+        (1, 10, False),
+        (2, 10, False),
+        (3, 10, True),
+    ]
+    top = first_n(upserts, changes.timeline_users(), 1)
+    assert rows(top, "user_id", "author_id", "post_id") == [(1, 1, 10), (2, 2, 10), (4, 2, 10)]

@@ -108,8 +108,13 @@ def apply(url, ns, batches, **cfg):
 
 
 def timeline(r, ns, u, n=800):
-    """The view: the first N of the kept timeline (which may hold up to N + slack)."""
-    return [int(m) for m in r.zrevrange(functions.key(ns, "tl", u), 0, n - 1)]
+    """The view's post ids: the first N of the kept timeline (which may hold up to N + slack)."""
+    return [post for post, _author in timeline_posts(r, ns, u, n)]
+
+
+def timeline_posts(r, ns, u, n=800):
+    """The view as (post, author): a member is the post id then the author id, 19 digits each."""
+    return [(int(m[:19]), int(m[19:])) for m in r.zrevrange(functions.key(ns, "tl", u), 0, n - 1)]
 
 
 def changelog(r, ns, p):
@@ -161,14 +166,60 @@ def test_post_then_delete_and_delete_by_someone_else(redis_url, ns):
         ],
     )
     assert timeline(r, ns, 1) == [21] and timeline(r, ns, 2) == [21]
-    assert r.get(functions.key(ns, "p", 20)) is None
-    assert json.loads(r.get(functions.key(ns, "p", 21))) == {
+    assert r.get(functions.key(ns, "p", 2, 20)) is None
+    assert json.loads(r.get(functions.key(ns, "p", 2, 21))) == {
         "post_id": 21,
         "author_id": 2,
         "text": "b",
         "event_time": T0 + 2000,
     }
     assert reasons(r, ns) == ["not_own_post", "not_own_post", "post_already_deleted"]
+
+
+def test_one_post_id_used_by_two_authors_is_two_posts(redis_url, ns):
+    """docs/views.md, "Identity": a post is (author, post). Worked by hand: 2 and 3 both write post
+    20 (3 later); 1 follows both. Each author's own timeline holds only its own post 20; 1 sees
+    both, 3's first (newer); 3's delete removes 3's post alone; 2's second create of 20 is reused."""
+    batches = [
+        [
+            ev("followed", 1, 0, followee_id=2),
+            ev("followed", 1, 0, followee_id=3),
+            ev("post_created", 2, 1, post_id=20, text="by two"),
+            ev("post_created", 3, 2, post_id=20, text="by three"),
+        ],
+        [ev("post_created", 2, 3, post_id=20, text="again")],
+        [ev("post_deleted", 3, 4, post_id=20)],
+    ]
+    r = apply(redis_url, ns, batches[:2])
+    assert timeline_posts(r, ns, 1) == [(20, 3), (20, 2)]
+    assert timeline_posts(r, ns, 2) == [(20, 2)] and timeline_posts(r, ns, 3) == [(20, 3)]
+    assert json.loads(r.get(functions.key(ns, "p", 2, 20)))["text"] == "by two"
+    assert json.loads(r.get(functions.key(ns, "p", 3, 20)))["text"] == "by three"
+    assert reasons(r, ns) == ["reused_id"]
+    after = ns + "d"
+    r = apply(redis_url, after, batches)
+    assert timeline_posts(r, after, 1) == [(20, 2)]
+    assert timeline_posts(r, after, 2) == [(20, 2)] and timeline_posts(r, after, 3) == []
+    assert json.loads(r.get(functions.key(after, "p", 2, 20)))["text"] == "by two"
+    assert reasons(r, after) == ["reused_id"]
+
+
+def test_equal_times_and_post_ids_order_by_author(redis_url, ns):
+    """Ties in a timeline: event time, then post id, then author id, all descending."""
+    r = apply(
+        redis_url,
+        ns,
+        [
+            [
+                ev("followed", 1, 0, followee_id=2),
+                ev("followed", 1, 0, followee_id=3),
+                ev("post_created", 3, 1, post_id=20, text="x"),
+                ev("post_created", 2, 1, post_id=20, text="y"),
+                ev("post_created", 2, 1, post_id=21, text="z"),
+            ]
+        ],
+    )
+    assert timeline_posts(r, ns, 1) == [(21, 2), (20, 3), (20, 2)]
 
 
 def test_message_read_before_and_after_arrival(redis_url, ns):
@@ -426,12 +477,12 @@ def definition(records, n, threshold, window):
             follows[u].add(e["followee_id"])
         elif t == "unfollowed":
             follows[u].discard(e["followee_id"])
-        elif t == "post_created" and e["post_id"] not in pids[u]:
+        elif t == "post_created" and e["post_id"] not in pids[u]:  # a post is (author, post)
             pids[u][e["post_id"]] = True
-            posts[e["post_id"]] = (u, et)
+            posts[u, e["post_id"]] = et
         elif t == "post_deleted" and pids[u].get(e["post_id"]):
             pids[u][e["post_id"]] = False
-            del posts[e["post_id"]]
+            del posts[u, e["post_id"]]
         elif t == "message_sent" and e["message_id"] not in inbox[e["recipient_id"]]:
             inbox[e["recipient_id"]][e["message_id"]] = False
             sender[e["message_id"]] = (u, e["text"])
@@ -442,7 +493,7 @@ def definition(records, n, threshold, window):
     # erasure: the erased users' rows, their posts and the edges to them leave every view
     follows = {u: {a for a in fs if a not in erased} for u, fs in follows.items() if u not in erased}
     follows = defaultdict(set, follows)
-    posts = {pid: (a, et) for pid, (a, et) in posts.items() if a not in erased}
+    posts = {(a, pid): et for (a, pid), et in posts.items() if a not in erased}
     inbox = {r: box for r, box in inbox.items() if r not in erased}
     status = {u: text for u, text in status.items() if u not in erased}
     messages = {
@@ -452,12 +503,12 @@ def definition(records, n, threshold, window):
     for fs in follows.values():
         for a in fs:
             followers[a] += 1
-    users = set(follows) | {a for a, _ in posts.values()}
+    users = set(follows) | {a for a, _ in posts}
     tls = {}
     for u in users:
         sources = {u} | {a for a in follows[u] if followers[a] <= threshold}
-        mine = sorted(((et, pid) for pid, (a, et) in posts.items() if a in sources), reverse=True)[:n]
-        tls[u] = [pid for _, pid in mine]
+        mine = sorted(((et, pid, a) for (a, pid), et in posts.items() if a in sources), reverse=True)[:n]
+        tls[u] = [pid for _, pid, _a in mine]
     unread = {u: sum(not read for read in box.values()) for u, box in inbox.items()}
     return tls, unread, status, follows, messages
 
@@ -493,7 +544,7 @@ def state_of(url, ns, n):
     tls = {}
     for k in r.scan_iter(f"{ns}:tl:*"):
         u = int(k.rsplit(":", 1)[1])
-        tls[u] = [int(m) for m in r.zrevrange(k, 0, n - 1)]
+        tls[u] = [int(m[:19]) for m in r.zrevrange(k, 0, n - 1)]  # member: post, then author
     unread = {int(u): int(n) for u, n in r.hgetall(f"{ns}:unread").items()}
     status = {int(u): json.loads(v)["text"] for u, v in r.hgetall(f"{ns}:status").items()}
     follows = {

@@ -40,12 +40,22 @@ u sent, to anonymise them when u is erased.
 consistent cut. The events below those offsets are exactly the changelog entries with s <= seq, and
 the state at that moment is the views at that log position (the archiver archives only such cuts).
 
-Scores are corrected event times (ms, exact as doubles below 2^53); timeline and inbox members
-are ids zero-padded to 19 digits, so ZREVRANGE order = (event_time desc, id desc). Ids stay
-strings here: Lua numbers are doubles and would round 64-bit ids.
+Identity (docs/views.md, "Identity"): a post is (author_id, post_id) and a message is
+(recipient_id, message_id), both decided in the owner's partition. Two authors may use one post_id:
+they are two posts. So every post key names its author (`p:<author>:<post>`, `pids:<author>`,
+`posts:<author>`), and a timeline member is the post id and its author id, each zero-padded to 19
+digits (38 characters): ZREVRANGE order = (event_time, post_id, author_id) descending, the view's
+order. Inbox members are message ids zero-padded to 19 digits (an inbox has one owner). Scores are
+corrected event times (ms, exact as doubles below 2^53). Ids stay strings here: Lua numbers are
+doubles and would round 64-bit ids.
+
+Layout: `<ns>:layout` holds LAYOUT, written by the first `social_apply` of a namespace. A namespace
+whose state was written by an older layout (a fence and no or another layout) is refused with one
+line naming the rebuild command, never read with the wrong key format.
 ]]
 
-local VERSION = '11'
+local VERSION = '12'
+local LAYOUT = '2' -- the key format of the state (1: posts keyed by post_id alone)
 local EVENT_ARGS = 10
 
 local function cmp_gt(s1, m1, s2, m2) -- (score, member) ordering of the timelines
@@ -54,6 +64,11 @@ local function cmp_gt(s1, m1, s2, m2) -- (score, member) ordering of the timelin
 end
 
 local function pad(id) return string.rep('0', 19 - #id) .. id end
+local function unpad(s) return (s:gsub('^0+(%d)', '%1')) end
+-- A timeline member: post id then author id, both padded (the view's tie order, descending).
+local function tl_member(pid_padded, author) return pid_padded .. pad(author) end
+-- The post body key of a timeline member.
+local function body_key(ns, m) return ns .. ':p:' .. unpad(m:sub(20)) .. ':' .. unpad(m:sub(1, 19)) end
 
 local Ctx = {}
 Ctx.__index = Ctx
@@ -73,12 +88,14 @@ function Ctx:change(...)
   self.changes[#self.changes + 1] = row
 end
 
-function Ctx:tl_change(sign, u, m, author, score)
+-- A timeline change for the changelog: '+user:post:author:event_time' or '-user:post:author'
+-- (post zero-padded to 19 digits, as the posts lists hold it).
+function Ctx:tl_change(sign, u, m, score)
   local t = self.tl
   if sign == '+' then
-    t[#t + 1] = '+' .. u .. ':' .. m .. ':' .. author .. ':' .. string.format('%d', score)
+    t[#t + 1] = '+' .. u .. ':' .. m:sub(1, 19) .. ':' .. unpad(m:sub(20)) .. ':' .. string.format('%d', score)
   else
-    t[#t + 1] = '-' .. u .. ':' .. m
+    t[#t + 1] = '-' .. u .. ':' .. m:sub(1, 19) .. ':' .. unpad(m:sub(20))
   end
 end
 
@@ -127,7 +144,7 @@ function Ctx:tl_add_one(u, p)
     redis.call('ZREM', key, p[1])
     return
   end
-  self:tl_change('+', u, p[1], p[3], p[2])
+  self:tl_change('+', u, p[1], p[2])
 end
 
 -- Add posts (list of {member, score, author}) to tl:u (a backfill: many at once); logs the net change.
@@ -168,7 +185,7 @@ function Ctx:tl_add(u, posts)
     for i = 1, #out, 2 do popped[out[i]] = true end
   end
   for m, p in pairs(added) do
-    if not popped[m] then self:tl_change('+', u, m, p[3], p[2]) end
+    if not popped[m] then self:tl_change('+', u, m, p[2]) end
   end
   for m, _ in pairs(popped) do
     if not added[m] then self:tl_change('-', u, m) end
@@ -199,7 +216,7 @@ function Ctx:refill(u, want)
         rows = redis.call('ZREVRANGEBYSCORE', pkey, bound_s, '-inf', 'WITHSCORES', 'LIMIT', offset, page)
       end
       for i = 1, #rows, 2 do
-        local m, s = rows[i], tonumber(rows[i + 1])
+        local m, s = tl_member(rows[i], a), tonumber(rows[i + 1])
         if bound_s == nil or cmp_gt(bound_s, bound_m, s, m) then
           cands[#cands + 1] = {m, s, a}
           got = got + 1
@@ -219,7 +236,7 @@ function Ctx:refill(u, want)
   for _, p in ipairs(top) do
     args[#args + 1] = p[2]
     args[#args + 1] = p[1]
-    self:tl_change('+', u, p[1], p[3], p[2])
+    self:tl_change('+', u, p[1], p[2])
   end
   redis.call('ZADD', key, unpack(args))
 end
@@ -247,7 +264,7 @@ end
 function Ctx:latest_posts(a)
   local rows = redis.call('ZREVRANGE', self:k('posts', a), 0, self.N + self.S - 1, 'WITHSCORES')
   local out = {}
-  for i = 1, #rows, 2 do out[#out + 1] = {rows[i], tonumber(rows[i + 1]), a} end
+  for i = 1, #rows, 2 do out[#out + 1] = {tl_member(rows[i], a), tonumber(rows[i + 1]), a} end
   return out
 end
 
@@ -322,9 +339,9 @@ function apply.post_created(c, e)
   local m = pad(pid)
   redis.call('HSET', c:k('pids', a), pid, 1)
   redis.call('ZADD', c:k('posts', a), e.et, m)
-  redis.call('SET', c:k('p', pid), post_json(pid, a, e.s1, e.et))
+  redis.call('SET', c:k('p', a .. ':' .. pid), post_json(pid, a, e.s1, e.et))
   c:change('P', a, pid, e.et, e.s1, 0, nil)
-  local post = {{m, e.et, a}}
+  local post = {{tl_member(m, a), e.et, a}}
   c:tl_add(a, post)
   if not c:is_celeb(a) then
     for _, f in ipairs(redis.call('SMEMBERS', c:k('followers', a))) do c:tl_add(f, post) end
@@ -338,14 +355,15 @@ function apply.post_deleted(c, e)
   if live == '0' then return 'post_already_deleted' end
   local m = pad(pid)
   local created = tonumber(redis.call('ZSCORE', c:k('posts', a), m))
-  local body = cjson.decode(redis.call('GET', c:k('p', pid)))
+  local body = cjson.decode(redis.call('GET', c:k('p', a .. ':' .. pid)))
   redis.call('HSET', c:k('pids', a), pid, 0)
   redis.call('ZREM', c:k('posts', a), m)
-  redis.call('DEL', c:k('p', pid))
+  redis.call('DEL', c:k('p', a .. ':' .. pid))
   c:change('P', a, pid, created, body.text, 1, e.et)
-  c:tl_remove(a, {m})
+  local tm = tl_member(m, a)
+  c:tl_remove(a, {tm})
   if not c:is_celeb(a) then
-    for _, f in ipairs(redis.call('SMEMBERS', c:k('followers', a))) do c:tl_remove(f, {m}) end
+    for _, f in ipairs(redis.call('SMEMBERS', c:k('followers', a))) do c:tl_remove(f, {tm}) end
   end
 end
 
@@ -392,7 +410,7 @@ function apply.user_erased(c, e)
   local pids = redis.call('HKEYS', c:k('pids', u))
   table.sort(pids, function(x, y) return pad(x) < pad(y) end)
   for _, pid in ipairs(pids) do
-    redis.call('DEL', c:k('p', pid))
+    redis.call('DEL', c:k('p', u .. ':' .. pid))
     c:change('P-', u, pid)
   end
   redis.call('DEL', c:k('pids', u), c:k('posts', u))
@@ -516,6 +534,15 @@ local function social_apply(keys, args)
   local c = setmetatable({ns = ns, window = tonumber(args[3]), grace = tonumber(args[4]),
     N = tonumber(args[5]), T = tonumber(args[6]), S = tonumber(args[7])}, Ctx)
   c.seenq, c.changelog = c:k('seenq', p), c:k('changelog', p)
+  local layout = redis.call('GET', c:k('layout'))
+  if layout ~= LAYOUT then
+    if layout ~= false or redis.call('EXISTS', c:k('fence')) == 1 then
+      return redis.error_reply('LAYOUT namespace ' .. ns .. ' holds state of key layout ' ..
+        (layout or '1') .. ', this library writes ' .. LAYOUT .. ': rebuild it from the log ' ..
+        '(python -m pipelines.rebuild run), docs/architecture.md "Upgrading"')
+    end
+    redis.call('SET', c:k('layout'), LAYOUT)
+  end
   c.any_erased = redis.call('EXISTS', c:k('erased')) == 1
   -- the per-partition bookkeeping is read once here and written once below, whatever happens
   -- in between: a function's writes are not rolled back by an error, so the fence must always
@@ -550,11 +577,12 @@ local function social_apply(keys, args)
 end
 
 local function social_version() return VERSION end
+local function social_layout() return LAYOUT end
 
 -- Restore (pipelines/restore.py): state rows from the Delta archive written as the events write
 -- them. `FCALL social_restore 0 <ns> <kind> <n fields> <row>...`; kinds and fields:
 --   U user handle display_name | S user text event_time | F user followee | C author |
---   P author post event_time text deleted(0/1) | T user post event_time |
+--   P author post event_time text deleted(0/1) | T user post event_time author |
 --   I recipient message sender text event_time read(0/1) (sender 0: erased, text null) | N user unread |
 --   E user (erased) |
 --   D partition event_id received_time | H partition hwm | X partition field count |
@@ -574,10 +602,10 @@ local RESTORE = {
     else
       redis.call('HSET', ns .. ':pids:' .. a, pid, 1)
       redis.call('ZADD', ns .. ':posts:' .. a, r[3], pad(pid))
-      redis.call('SET', ns .. ':p:' .. pid, post_json(pid, a, r[4], tonumber(r[3])))
+      redis.call('SET', ns .. ':p:' .. a .. ':' .. pid, post_json(pid, a, r[4], tonumber(r[3])))
     end
   end,
-  T = function(ns, r) redis.call('ZADD', ns .. ':tl:' .. r[1], r[3], pad(r[2])) end,
+  T = function(ns, r) redis.call('ZADD', ns .. ':tl:' .. r[1], r[3], tl_member(pad(r[2]), r[4])) end,
   I = function(ns, r)
     redis.call('ZADD', ns .. ':inbox:' .. r[1], r[5], pad(r[2]))
     local text = r[4]
@@ -595,6 +623,7 @@ local RESTORE = {
 
 local function social_restore(keys, args)
   local ns, write, width = args[1], RESTORE[args[2]], tonumber(args[3])
+  redis.call('SET', ns .. ':layout', LAYOUT)
   local n = 0
   for i = 4, #args, width do
     write(ns, {unpack(args, i, i + width - 1)})
@@ -620,13 +649,16 @@ end
 local function social_timeline(keys, args)
   local ns, u, limit = args[1], args[2], tonumber(args[3])
   local fence = redis.call('HGETALL', ns .. ':fence')
-  local srcs = {ns .. ':tl:' .. u}
+  -- each source with the suffix that makes its members timeline members (post id, author id):
+  -- tl:u holds them whole; an author's posts list holds post ids, its author is the source
+  local srcs, suffix = {ns .. ':tl:' .. u}, {''}
   for _, c in ipairs(redis.call('SINTER', ns .. ':following:' .. u, ns .. ':celebs')) do
     srcs[#srcs + 1] = ns .. ':posts:' .. c
+    suffix[#suffix + 1] = pad(c)
   end
   local bodies = {}
   if limit < 1 then return {fence, bodies} end -- (ZREVRANGE 0 -1 would be the whole timeline)
-  local function body(m) bodies[#bodies + 1] = ns .. ':p:' .. (m:gsub('^0+(%d)', '%1')) end
+  local function body(m) bodies[#bodies + 1] = body_key(ns, m) end
   if #srcs == 1 then -- no celebrity followed: the fanned-out timeline is the answer
     for _, m in ipairs(redis.call('ZREVRANGE', srcs[1], 0, limit - 1)) do body(m) end
     if #bodies > 0 then bodies = redis.call('MGET', unpack(bodies)) end
@@ -649,8 +681,8 @@ local function social_timeline(keys, args)
     local best, bs, m
     for i = 1, n do
       local s = hs[i]
-      if s and (best == nil or s > bs or (s == bs and rows[i][at[i]] > m)) then
-        best, bs, m = i, s, rows[i][at[i]]
+      if s and (best == nil or s > bs or (s == bs and rows[i][at[i]] .. suffix[i] > m)) then
+        best, bs, m = i, s, rows[i][at[i]] .. suffix[i]
       end
     end
     if best == nil then break end
@@ -674,5 +706,7 @@ redis.register_function('social_restore', social_restore)
 redis.register_function{function_name = 'social_version', callback = social_version,
   flags = {'no-writes'}}
 redis.register_function{function_name = 'social_cut', callback = social_cut, flags = {'no-writes'}}
+redis.register_function{function_name = 'social_layout', callback = social_layout,
+  flags = {'no-writes'}}
 redis.register_function{function_name = 'social_timeline', callback = social_timeline,
   flags = {'no-writes'}}
