@@ -21,9 +21,13 @@ messages to mark them read), while dual mode's reads see its own writes.
 
 Then, per mode, the derived state in Redis is compared with **the log's truth**: an independent
 fold of the mode's span in Python (:func:`fold`, the view semantics of docs/views.md: dedup by ``event_id``,
-follows, live posts, home timelines of the latest N, inbox with read flags, last status in log
-order; not the speed layer's code, so the log design's zero is a check, not a tautology), for
-the span's users only. The log design's state is ``replay``; dual mode's is ``dual``. Counted
+follows, live posts (a post is its author and its id), home timelines of the latest N, inbox with
+read flags, last status in log order; not the speed layer's code, so the log design's zero is a
+check, not a tautology), for the span's users only. The store is read as users read it: a home
+timeline through the API's read (:class:`pipelines.serving.ServingReader`, ``FCALL_RO
+social_timeline``: the stored part merged with the posts of followed authors above the fan-out
+threshold), never the raw ``tl:`` keys, so where the threshold sits cannot make a correct store
+look wrong. The log design's state is ``replay``; dual mode's is ``dual``. Counted
 (:func:`divergences`): users whose unread counter differs from the unread messages in their
 inbox; inbox and timeline entries missing or extra; statuses that are not the last one. Each
 divergence is attributed to the journaled faults that touched it (:func:`attribute`), named by
@@ -100,7 +104,7 @@ ENV = {f: f"SOCIAL_FAULT_{f.upper()}_PERMILLE" for f in FAULTS}
 class Truth:
     users: set[int] = field(default_factory=set)
     inbox: dict[int, dict[int, bool]] = field(default_factory=dict)  # user -> message id -> read
-    timeline: dict[int, set[int]] = field(default_factory=dict)  # user -> post ids
+    timeline: dict[int, set[tuple[int, int]]] = field(default_factory=dict)  # user -> (author, post)
     status: dict[int, str] = field(default_factory=dict)  # user -> text of the last status
     events: int = 0
     duplicates: int = 0
@@ -116,7 +120,7 @@ def fold(events: Iterable[dict], timeline_length: int = 800) -> Truth:
     t = Truth()
     seen: set[str] = set()
     follows: dict[int, set[int]] = defaultdict(set)
-    posts: dict[int, tuple[int, int]] = {}  # post id -> (author, corrected time), live only
+    posts: dict[tuple[int, int], int] = {}  # (author, post id) -> corrected time, live only
     inbox: dict[int, dict[int, bool]] = defaultdict(dict)
     for e in events:
         t.events += 1
@@ -134,10 +138,10 @@ def fold(events: Iterable[dict], timeline_length: int = 800) -> Truth:
         elif kind == "unfollowed":
             follows[u].discard(e["followee_id"])
         elif kind == "post_created":
-            posts[e["post_id"]] = (u, corrected_time(e))
+            posts[(u, e["post_id"])] = corrected_time(e)
         elif kind == "post_deleted":
-            if posts.get(e["post_id"], (None,))[0] == u:
-                del posts[e["post_id"]]
+            if (u, e["post_id"]) in posts:  # only the author deletes, their own post
+                del posts[(u, e["post_id"])]
             else:
                 t.no_effect += 1
         elif kind == "message_sent":
@@ -147,13 +151,14 @@ def fold(events: Iterable[dict], timeline_length: int = 800) -> Truth:
                 inbox[u][e["message_id"]] = True
             else:
                 t.no_effect += 1
-    by_author: dict[int, list[tuple[int, int]]] = defaultdict(list)
-    for pid, (author, when) in posts.items():
-        by_author[author].append((when, pid))
+    by_author: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
+    for (author, pid), when in posts.items():
+        by_author[author].append((when, pid, author))
     for u in t.users | set(follows) | set(by_author):
         candidates = [p for a in {u, *follows[u]} for p in by_author.get(a, ())]
-        newest = sorted(candidates, reverse=True)[:timeline_length]  # ties: post id descending
-        t.timeline[u] = {pid for _, pid in newest}
+        # newest first; ties: post id, then author, descending (docs/views.md, "Identity")
+        newest = sorted(candidates, reverse=True)[:timeline_length]
+        t.timeline[u] = {(author, pid) for _, pid, author in newest}
     t.inbox = {u: dict(m) for u, m in inbox.items()}
     return t
 
@@ -205,31 +210,59 @@ def read_log(
 class StoreState:
     unread: dict[int, int]
     inbox: dict[int, dict[int, bool]]
-    timeline: dict[int, set[int]]
+    timeline: dict[int, set[tuple[int, int]]]  # user -> (author, post), as the API reads it
     status: dict[int, str]
 
 
-def read_store(r, namespace: str, timeline_length: int = 800) -> StoreState:
-    """The parts of a namespace the comparison needs (key layout: ``pipelines/speed/functions.py``).
+def read_timelines(r, namespace: str, users: Iterable[int], timeline_length: int = 800) -> dict:
+    """Each user's home timeline as users read it: the API's read (``ServingReader.timeline``,
+    ``FCALL_RO social_timeline``: the stored entries merged with the posts of followed authors
+    above the fan-out threshold), its first N, as (author, post) pairs."""
+    import asyncio
 
-    A timeline is its first N entries: the speed layer keeps a slack of older ones beyond N.
-    """
+    import redis.asyncio
+
+    from pipelines.serving import ServingReader
+
+    async def read_all() -> dict[int, set[tuple[int, int]]]:
+        kw = r.connection_pool.connection_kwargs
+        client = redis.asyncio.Redis(
+            host=kw.get("host", "127.0.0.1"),
+            port=kw.get("port", 6379),
+            db=kw.get("db", 0),
+            password=kw.get("password"),
+            decode_responses=True,
+        )
+        reader = ServingReader(client, namespace)
+        try:
+            out = {}
+            for u in users:
+                bodies, _as_of = await reader.timeline(u, timeline_length)
+                out[u] = {(int(b["author_id"]), int(b["post_id"])) for b in bodies}
+            return out
+        finally:
+            await client.aclose()
+
+    return asyncio.run(read_all())
+
+
+def read_store(r, namespace: str, users: Iterable[int], timeline_length: int = 800) -> StoreState:
+    """The parts of a namespace the comparison needs, for ``users`` (key layout:
+    ``pipelines/speed/functions.py``); the timelines read as the API reads them
+    (:func:`read_timelines`), never from the raw ``tl:`` keys."""
 
     def user_of(key: str) -> int:
         return int(key.rsplit(":", 1)[1])
 
+    users = sorted(set(users))
     inbox = {
         user_of(key): {int(mid): bool(json.loads(body)["read"]) for mid, body in r.hgetall(key).items()}
         for key in r.scan_iter(f"{namespace}:msgs:*", count=1000)
     }
-    timeline = {
-        user_of(key): {int(m) for m in r.zrevrange(key, 0, timeline_length - 1)}
-        for key in r.scan_iter(f"{namespace}:tl:*", count=1000)
-    }
     return StoreState(
         unread={int(u): int(n) for u, n in r.hgetall(f"{namespace}:unread").items()},
         inbox=inbox,
-        timeline=timeline,
+        timeline={u: tl for u, tl in read_timelines(r, namespace, users, timeline_length).items() if tl},
         status={int(u): json.loads(v)["text"] for u, v in r.hgetall(f"{namespace}:status").items()},
     )
 
@@ -287,8 +320,8 @@ def attribute(found: dict[str, list], journal: list[dict]) -> dict[str, dict[str
     """Per fault (and ``unattributed``): how many divergences of each metric it touched.
 
     A fault touches an inbox (messages sent to, or read by, its owner), the timelines a post of
-    it reaches (by post id) or a follower's timeline (its follow), a user's status. A divergence
-    touched by two faults counts for both.
+    it reaches (by author and post id) or a follower's timeline (its follow), a user's status. A
+    divergence touched by two faults counts for both.
     """
     inbox_of, post_of, follow_of, status_of = (defaultdict(set) for _ in range(4))
     for j in journal:
@@ -298,7 +331,7 @@ def attribute(found: dict[str, list], journal: list[dict]) -> dict[str, dict[str
         elif kind == "message_read":
             inbox_of[j["user_id"]].add(fault)
         elif kind in ("post_created", "post_deleted"):
-            post_of[j["post_id"]].add(fault)
+            post_of[(j["user_id"], j["post_id"])].add(fault)
         elif kind in ("followed", "unfollowed"):
             follow_of[j["user_id"]].add(fault)
         elif kind == "status_updated":
@@ -310,8 +343,8 @@ def attribute(found: dict[str, list], journal: list[dict]) -> dict[str, dict[str
                 u = item if isinstance(item, int) else item[0]
                 faults = inbox_of[u]
             elif metric.startswith("timeline"):
-                u, pid = item
-                faults = post_of[pid] | follow_of[u]
+                u, post = item  # post: (author, post id)
+                faults = post_of[tuple(post)] | follow_of[u]
             else:
                 faults = status_of[item]
             for f in faults or {"unattributed"}:
@@ -325,7 +358,8 @@ def summarize(found: dict[str, list], journal: list[dict], examples: int = 5) ->
         "total": sum(len(v) for v in found.values()),
         "by_fault": attribute(found, journal),
         "examples": {
-            m: [list(x) if isinstance(x, tuple) else x for x in v[:examples]] for m, v in found.items()
+            m: [json.loads(json.dumps(x)) if isinstance(x, tuple) else x for x in v[:examples]]
+            for m, v in found.items()
         },
     }
 
@@ -417,9 +451,10 @@ def run_workload(
         api.stop()
 
 
-def measure(r, truth: Truth, namespace: str, journal: list[dict]) -> dict:
+def measure(r, truth: Truth, namespace: str, journal: list[dict], timeline_length: int = 800) -> dict:
     """A namespace against the truth of one mode's span of the log, for that span's users only."""
-    return summarize(divergences(read_store(r, namespace), truth, only=truth.users), journal)
+    store = read_store(r, namespace, truth.users, timeline_length)
+    return summarize(divergences(store, truth, only=truth.users), journal)
 
 
 def run(
@@ -510,7 +545,7 @@ def run(
             truth = fold(read_log(base, TOPIC, *spans[spec.label]), base.timeline_length)
             journal = read_journal(r, TOPIC, spec.mode, windows[spec.label])
             namespace = REPLAY if spec.mode == "log" else "dual"
-            before = measure(r, truth, namespace, journal)
+            before = measure(r, truth, namespace, journal, base.timeline_length)
             injected = {f: sum(1 for j in journal if j["fault"] == f) for f in FAULTS}
             if spec.scale is not None:
                 writes = summaries[spec.label]["writes"]["requests"]
@@ -544,7 +579,10 @@ def run(
                 "before_repair": before,
                 # the repair: the namespace rebuilt from the log, i.e. the replay's; for the log
                 # design that is its own namespace already
-                "after_repair": {**measure(r, truth, REPLAY, journal), "namespace": REPLAY},
+                "after_repair": {
+                    **measure(r, truth, REPLAY, journal, base.timeline_length),
+                    "namespace": REPLAY,
+                },
             }
         if sweep:
             report["sweep"] = {

@@ -16,7 +16,9 @@ API, then one API per fault (only that fault on) serves a scenario that fault ca
   recipient's timeline should get.
 
 Dual mode is compared with an independent fold of its topic (``infra.dual_write.fold``); log mode
-is the real speed layer's namespace over its topic, compared with the same fold.
+is the real speed layer's namespace over its topic, compared with the same fold. Both stores are
+read as the API reads them (timelines through ``social_timeline``); that the log design's store
+shows no divergence at any fan-out threshold is tests/unit/test_dual_write_counting.py's.
 """
 
 from __future__ import annotations
@@ -185,7 +187,9 @@ def runs(kafka_stack, tmp_path_factory):
         speed_layer.stop()
     out = {}
     for mode, topic in topics.items():
-        found = divergences(read_store(r, f"{mode}{tag}"), fold(read_log(base, topic)))
+        truth = fold(read_log(base, topic), base.timeline_length)
+        # the store as users read it: timelines through the API's read (social_timeline)
+        found = divergences(read_store(r, f"{mode}{tag}", truth.users, base.timeline_length), truth)
         journal = read_journal(r, topic)
         out[mode] = (found, attribute(found, journal), journal)
     yield out

@@ -1,8 +1,10 @@
 """The dual-write experiment's truth and divergence counting, on hand-made logs and stores.
 
 The stores live in a real redis-server (started here, on a free port, in a temporary folder),
-written with the serving store's key layout (pipelines/serving.py); every expected figure below
-is worked out by hand from docs/views.md.
+written with the serving store's key layout (pipelines/serving.py) and read as the API reads them
+(timelines through ``social_timeline``); every expected figure below is worked out by hand from
+docs/views.md. The last test folds generated logs through the speed layer's own Redis functions
+at several fan-out thresholds: the log design's store shows no divergence at any of them.
 """
 
 from __future__ import annotations
@@ -14,7 +16,16 @@ import pytest
 import redis
 
 from app_sim.api.dual_write import FAULTS
-from infra.dual_write import attribute, divergences, fold, read_journal, read_store, scaled, sweep_by_fault
+from infra.dual_write import (
+    METRICS,
+    attribute,
+    divergences,
+    fold,
+    read_journal,
+    read_store,
+    scaled,
+    sweep_by_fault,
+)
 
 PAD = 19
 
@@ -77,7 +88,7 @@ def test_fold_follows_the_spec():
     assert (t.events, t.duplicates, t.no_effect) == (16, 1, 2)
     assert t.users == {1, 2, 3}
     # u1: own post 101 and 100 of followee 2; u2: own 100; u3: 102 deleted
-    assert t.timeline == {1: {100, 101}, 2: {100}, 3: set()}
+    assert t.timeline == {1: {(2, 100), (1, 101)}, 2: {(2, 100)}, 3: set()}  # (author, post)
     assert t.inbox == {1: {500: True, 501: False}}
     assert t.status == {1: "b"}
 
@@ -90,7 +101,7 @@ def test_fold_keeps_the_latest_n_by_corrected_time():
         ev(4, "post_created", 1, post_id=6, text="new, higher id", t=30),
     ]
     # newest first: (30, 6), (30, 5), (10, 7); N = 2 keeps the two at t=30
-    assert fold(log, timeline_length=2).timeline[1] == {5, 6}
+    assert fold(log, timeline_length=2).timeline[1] == {(1, 5), (1, 6)}
 
 
 def write(r, ns: str, unread: dict, msgs: dict, tl: dict, status: dict) -> None:
@@ -103,8 +114,11 @@ def write(r, ns: str, unread: dict, msgs: dict, tl: dict, status: dict) -> None:
             body = {"message_id": mid, "sender_id": 9, "text": "t", "event_time": 1, "read": read}
             r.hset(f"{ns}:msgs:{u}", mid, json.dumps(body))
             r.zadd(f"{ns}:inbox:{u}", {str(mid).zfill(PAD): 1})
-    for u, posts in tl.items():
-        r.zadd(f"{ns}:tl:{u}", {str(p).zfill(PAD): 1 for p in posts})
+    for u, posts in tl.items():  # (author, post): a member is the post id then the author's
+        r.zadd(f"{ns}:tl:{u}", {str(p).zfill(PAD) + str(a).zfill(PAD): p for a, p in posts})
+        for a, p in posts:
+            body = {"post_id": p, "author_id": a, "text": "t", "event_time": p}
+            r.set(f"{ns}:p:{a}:{p}", json.dumps(body))
     for u, text in status.items():
         r.hset(f"{ns}:status", u, json.dumps({"text": text, "event_time": 1}))
 
@@ -115,10 +129,10 @@ def test_a_store_equal_to_the_log_has_no_divergence(r):
         "same",
         unread={1: 1, 2: 0},
         msgs={1: {500: True, 501: False}},
-        tl={1: [100, 101], 2: [100]},
+        tl={1: [(2, 100), (1, 101)], 2: [(2, 100)]},
         status={1: "b"},
     )
-    found = divergences(read_store(r, "same"), fold(LOG))
+    found = divergences(read_store(r, "same", {1, 2, 3}), fold(LOG))
     assert {m: len(v) for m, v in found.items()} == dict.fromkeys(found, 0)
 
 
@@ -128,18 +142,18 @@ def test_each_kind_of_divergence_is_counted(r):
         "t",
         unread={1: 2, 3: 1},  # u1 has 1 unread message in the store's inbox, u3 none
         msgs={1: {500: True, 502: False}},  # 501 missing, 502 extra
-        tl={1: [101, 102], 2: [100]},  # u1: 100 missing, 102 (deleted) extra
+        tl={1: [(1, 101), (3, 102)], 2: [(2, 100)]},  # u1: 100 missing, 102 (deleted) extra
         status={1: "a", 2: "x"},  # u1's last is "b"; u2 never set one
     )
     # another namespace whose name starts the same must not be read
-    write(r, "t-replayed", unread={1: 5}, msgs={1: {777: False}}, tl={1: [777]}, status={1: "zz"})
-    found = divergences(read_store(r, "t"), fold(LOG))
+    write(r, "t-replayed", unread={1: 5}, msgs={1: {777: False}}, tl={1: [(1, 777)]}, status={1: "zz"})
+    found = divergences(read_store(r, "t", {1, 2, 3}), fold(LOG))
     assert found == {
         "counter_mismatch_users": [1, 3],
         "inbox_missing": [(1, 501)],
         "inbox_extra": [(1, 502)],
-        "timeline_missing": [(1, 100)],
-        "timeline_extra": [(1, 102)],
+        "timeline_missing": [(1, (2, 100))],
+        "timeline_extra": [(1, (3, 102))],
         "status_not_last": [1, 2],
     }
 
@@ -214,3 +228,48 @@ def test_the_sweep_scales_every_rate_but_crash_beyond_its_own():
     assert scaled(rates, 3) == {"crash": 5, "race": 450, "timeout": 45, "store_fail": 60}
     assert scaled(rates, 0.5) == {"crash": 2, "race": 75, "timeout": 8, "store_fail": 10}  # half-even
     assert scaled({"race": 400}, 3) == {"race": 1000}  # a per-mille rate
+
+
+@pytest.mark.parametrize("threshold", [0, 1, 3, 10, 10_000])
+def test_the_log_designs_store_shows_no_divergence_at_any_fan_out_threshold(r, threshold):
+    """The speed layer's own Redis functions fold a generated log (posts, deletes, follows and
+    unfollows, messages and reads, duplicates, offline devices); the store, read as the API reads
+    it (stored timelines merged with followed authors above the threshold at read time), equals
+    the independent fold at every threshold: from everyone fanned out (10,000) to no one (0)."""
+    from collections import defaultdict
+
+    from app_sim import contract
+    from app_sim.generator import GeneratorConfig, generate
+    from pipelines.speed.processor import Processor, ProcessorConfig
+
+    n = 6  # a short timeline, so truncation and the refill from the slack are exercised too
+    users = 25
+    records = [
+        ev
+        for _key, ev, injected in generate(
+            3_000, GeneratorConfig(users=users, seed=11, mean_followers=8, duplicate_share=0.02)
+        )
+        if injected in (None, "duplicate")
+    ]
+    ns = f"fanout{threshold}"
+    for key in r.scan_iter(f"{ns}:*"):
+        r.delete(key)
+    url = f"redis://127.0.0.1:{r.connection_pool.connection_kwargs['port']}/0"
+    proc = Processor(
+        ProcessorConfig(
+            redis_url=url, namespace=ns, timeline_length=n, timeline_slack=3, fanout_threshold=threshold
+        )
+    )
+    per_partition: dict[int, list[tuple[int, bytes]]] = defaultdict(list)
+    for e in records:
+        p = int(contract.record_key(e)) % 4
+        per_partition[p].append((len(per_partition[p]), json.dumps(e).encode()))
+    for p, recs in per_partition.items():
+        for i in range(0, len(recs), 500):  # batches, as micro-batches would cut them
+            proc.process(p, recs[i : i + 500])
+    truth = fold(records, timeline_length=n)
+    assert truth.duplicates > 0 and any(truth.timeline.values())
+    celebs = r.scard(f"{ns}:celebs")
+    assert (celebs > 0) == (threshold < 10_000), celebs  # the merge at read time is exercised
+    found = divergences(read_store(r, ns, truth.users, n), truth, only=truth.users)
+    assert {m: found[m] for m in METRICS if found[m]} == {}
