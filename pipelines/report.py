@@ -1,10 +1,12 @@
 """The verify report as one readable HTML page (``var/reports/verify/latest.html``).
 
 ``verify`` writes its result as JSON (the report contract in the README) and calls
-:func:`write_html` with the same dict: a verdict, the log position P, one row per view (rows live,
-rows recomputed, mismatches, examples), the serving-store check, the accounting identity
-(events read = applied + duplicates + quarantined) and a freshness plot (matplotlib, embedded as
-a base64 PNG so the page is a single file that can be mailed or attached to an Airflow run).
+:func:`write_html` with the same dict. The page leads with the verdict and every comparison with
+its outcome, the failed ones first with their examples (:func:`checks`); then the log position
+P, one row per view (rows live, rows recomputed, mismatches, examples), the serving-store check,
+the keyed state against its replay and against the batch layer, the accounting identity (events
+read = applied + duplicates + quarantined) and the freshness of both paths (matplotlib, embedded
+as a base64 PNG so the page is a single file that can be mailed or attached to an Airflow run).
 
 Pure presentation: nothing here reads storage or imports Spark.
 """
@@ -79,43 +81,180 @@ def _views_table(views: dict) -> str:
     return "<table>" + head + "".join(rows) + "</table>"
 
 
-def freshness_plot(freshness: dict) -> str | None:
-    """A PNG (base64) of the freshness over the verified micro-batches, or None when there is nothing to plot.
+def _count(part: Any) -> int | None:
+    """Disagreements of one comparison (None when it has no count)."""
+    if not isinstance(part, dict):
+        return None
+    if isinstance(part.get("mismatches"), int):
+        return part["mismatches"]
+    counts = [v.get("mismatches") for v in part.values() if isinstance(v, dict)]
+    counts = [c for c in counts if isinstance(c, int)]
+    return sum(counts) if counts else None
 
-    Verify's Delta freshness carries ``series`` (per micro-batch: when it became visible and its
-    slowest event's delay); the keyed freshness only p50/p99, drawn as two bars.
+
+def checks(report: dict) -> list[dict]:
+    """Every comparison of the report: name, ok (None: skipped), disagreements, what it means,
+    the section below with the details; the failed ones first, then the skipped, then the rest."""
+    views = report.get("views") or {}
+    acct = report.get("accounting") or {}
+    changelog = report.get("changelog") or {}
+    rows = [
+        {
+            "name": "Delta views vs. recomputed from the log",
+            "ok": all(v.get("ok") for v in views.values()) if views else None,
+            "count": sum(v.get("mismatches") or 0 for v in views.values()) if views else None,
+            "anchor": "views",
+            "unit": "rows",
+        },
+        {
+            "name": "Redis (serving store) vs. Delta views",
+            "ok": (report.get("serving") or {}).get("ok"),
+            "count": _count(report.get("serving")),
+            "anchor": "serving",
+            "unit": "rows",
+        },
+        {
+            "name": "keyed state vs. its replay",
+            "ok": (report.get("keyed") or {}).get("ok"),
+            "count": _count(report.get("keyed")),
+            "anchor": "keyed",
+            "unit": "keys",
+        },
+        {
+            "name": "keyed state vs. the batch layer",
+            "ok": (report.get("batch_layer") or {}).get("ok"),
+            "count": _count(report.get("batch_layer")),
+            "anchor": "batch_layer",
+            "unit": "rows",
+        },
+        {
+            "name": "accounting: read = applied + duplicates + quarantined",
+            "ok": acct.get("ok"),
+            "count": None,
+            "anchor": "accounting",
+            "unit": "",
+        },
+        {
+            "name": "Delta changelog: one entry per record below P",
+            "ok": changelog.get("ok"),
+            "count": changelog.get("duplicates"),
+            "anchor": "more",
+            "unit": "duplicates",
+        },
+    ]
+    for row, part in zip(
+        rows,
+        (None, report.get("serving"), report.get("keyed"), report.get("batch_layer"), None, None),
+        strict=True,
+    ):
+        row["skipped"] = (part or {}).get("skipped") if isinstance(part, dict) else None
+    order = {False: 0, None: 1, True: 2}
+    return sorted(rows, key=lambda r: order[None if r["ok"] is None else bool(r["ok"])])
+
+
+def _failed_examples(report: dict, anchor: str) -> list:
+    """A few examples of what disagreed in one comparison."""
+    if anchor == "views":
+        return [
+            {"view": n, **e}
+            for n, v in (report.get("views") or {}).items()
+            for e in (v.get("examples") or [])[:3]
+        ][:8]
+    part = report.get(anchor) or {}
+    groups = (
+        part.get("families") or part.get("views") or {k: v for k, v in part.items() if isinstance(v, dict)}
+    )
+    return [
+        {"in": n, **e} if isinstance(e, dict) else {"in": n, "example": e}
+        for n, v in groups.items()
+        if isinstance(v, dict)
+        for e in (v.get("examples") or [])[:3]
+    ][:8]
+
+
+def _checks_section(report: dict) -> str:
+    rows = []
+    failed = []
+    for c in checks(report):
+        if c["ok"] is None:
+            outcome = f"<span class='muted'>skipped: {_e(c['skipped'] or 'not run')}</span>"
+        else:
+            outcome = _ok(c["ok"])
+        count = "" if c["count"] is None else f"{_num(c['count'])} {_e(c['unit'])}"
+        rows.append(
+            f"<tr><td><a href='#{c['anchor']}'>{_e(c['name'])}</a></td><td>{outcome}</td>"
+            f"<td class='num'>{count}</td></tr>"
+        )
+        if c["ok"] is False:
+            ex = _failed_examples(report, c["anchor"])
+            failed.append(
+                f"<h3 class='bad'>{_e(c['name'])}: {count or 'failed'}</h3>"
+                + (f"<pre>{_e(json.dumps(ex, indent=1, default=str)[:4000])}</pre>" if ex else "")
+                + f"<p class='muted'>details: <a href='#{c['anchor']}'>below</a></p>"
+            )
+    head = "<tr><th>comparison</th><th>outcome</th><th>disagreements</th></tr>"
+    return (
+        "<h2>What was checked</h2><table>"
+        + head
+        + "".join(rows)
+        + "</table>"
+        + ("<h2 class='bad'>What failed</h2>" + "".join(failed) if failed else "")
+    )
+
+
+def freshness_plot(freshness: dict, keyed: dict | None = None) -> str | None:
+    """A PNG (base64) of the freshness of both paths, or None when there is nothing to plot.
+
+    ``freshness`` is the Delta views' (verify's ``series``: per compaction, when it became visible
+    and its slowest event's delay, plus p50/p99 over every event); ``keyed`` the serving path's
+    (received -> applied in Redis: p50/p99/max from the speed layer's histogram). The percentiles
+    of both are bars on one log axis (a few compactions make no curve); with three or more
+    compactions, their slowest events over time beside them.
     """
     import matplotlib
 
     matplotlib.use("Agg")  # no display; safe inside Airflow workers
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 3), dpi=100)
+    bars = []
+    for label, src, keys in (
+        ("Redis", keyed or {}, ("p50_ms", "p99_ms", "max_ms")),
+        ("Delta", freshness or {}, ("p50_ms", "p99_ms")),
+    ):
+        bars += [(f"{label} {k[:-3]}", src[k]) for k in keys if src.get(k) is not None]
+    series = sorted(
+        (b for b in (freshness or {}).get("series") or [] if b.get("visible_at") is not None),
+        key=lambda b: b["visible_at"],
+    )
+    if not bars and len(series) < 3:
+        return None
+    panels = 1 + (len(series) >= 3)
+    fig, axes = plt.subplots(1, panels, figsize=(10, 3.2), dpi=100, squeeze=False)
     try:
-        if freshness.get("series"):
-            pts = sorted(freshness["series"], key=lambda b: b.get("visible_at") or b.get("batch_id", 0))
-            t0 = pts[0].get("visible_at") or 0
-            xs = [((b.get("visible_at") or t0) - t0) / 1000 for b in pts]
-            ys = [(b.get("max_delay_ms") or 0) / 1000 for b in pts]
-            ax.plot(xs, ys, marker="o", color="#e45756", label="slowest event of the micro-batch")
-            for key, style in (("p50_ms", "--"), ("p99_ms", ":")):
-                if freshness.get(key) is not None:
-                    ax.axhline(freshness[key] / 1000, color="#333", linestyle=style, label=key[:3])
-            ax.set_xlabel("time since the first micro-batch became visible (s)")
-            ax.set_ylabel("receive -> visible (s)")
-            ax.set_ylim(bottom=0)
-            ax.legend()
-        elif freshness.get("p50_ms") is not None or freshness.get("p99_ms") is not None:
-            labels = [k for k in ("p50_ms", "p99_ms") if freshness.get(k) is not None]
-            ax.bar(
-                [k[:3] for k in labels],
-                [freshness[k] / 1000 for k in labels],
-                color=["#4c78a8", "#e45756"][: len(labels)],
+        ax = axes[0][0]
+        if bars:
+            colors = ["#4c78a8" if name.startswith("Redis") else "#e45756" for name, _ in bars]
+            values = [max(v, 1) / 1000 for _, v in bars]
+            ax.barh([name for name, _ in bars], values, color=colors)
+            ax.set_xscale("log")
+            ax.invert_yaxis()
+            for i, (_, v) in enumerate(bars):
+                ax.text(max(v, 1) / 1000, i, f" {v:,} ms", va="center", fontsize=8)
+            ax.set_xlabel("server receive -> visible (s, log scale)")
+            ax.set_title("freshness: Redis (serving path) and Delta views (archive)", fontsize=10)
+        if len(series) >= 3:
+            ax2 = axes[0][panels - 1]
+            t0 = series[0]["visible_at"]
+            ax2.plot(
+                [(b["visible_at"] - t0) / 1000 for b in series],
+                [(b.get("max_delay_ms") or 0) / 1000 for b in series],
+                marker="o",
+                color="#e45756",
             )
-            ax.set_ylabel("freshness (s)")
-        else:
-            return None
-        ax.set_title("freshness: server receive time -> visible in the serving store")
+            ax2.set_xlabel("s since the first compaction verified")
+            ax2.set_ylabel("slowest event (s)")
+            ax2.set_ylim(bottom=0)
+            ax2.set_title("Delta: slowest event per compaction", fontsize=10)
         return base64.b64encode(png_bytes(fig)).decode()
     finally:
         plt.close(fig)
@@ -139,21 +278,23 @@ def render(report: dict) -> str:
         f"<title>verify {_e(report.get('namespace', ''))}: {'ok' if ok else 'MISMATCH'}</title>",
         f"<style>{_CSS}</style></head><body>",
         "<h1>Live views vs. a replay of the log</h1>",
-        f"<p><span class='verdict {'ok' if ok else 'bad'}'>{'OK: live state equals the recompute' if ok else 'MISMATCH'}</span></p>",
+        f"<p><span class='verdict {'ok' if ok else 'bad'}'>{'OK: live state equals the recompute' if ok else 'MISMATCH: ' + _e(', '.join(c['name'] for c in checks(report) if c['ok'] is False) or 'see below')}</span></p>",
+        _checks_section(report),
+        "<h2>Position</h2>",
         "<table>",
         f"<tr><th>namespace</th><td>{_e(report.get('namespace', '-'))}</td></tr>",
         f"<tr><th>log position P (batch)</th><td>{_e(position.get('batch_id', '-'))}</td></tr>",
         f"<tr><th>end offsets (partition: next offset)</th><td><pre>{_e(json.dumps(position.get('end_offsets', {})))}</pre></td></tr>",
         f"<tr><th>generated at</th><td>{_e(report.get('generated_at', '-'))}</td></tr>",
         "</table>",
-        "<h2>Views (row for row at P)</h2>",
+        "<h2 id='views'>Views (row for row at P)</h2>",
         _views_table(report.get("views") or {}),
     ]
     serving = report.get("serving") or {}
     if serving:
         per_view = {k: v for k, v in serving.items() if isinstance(v, dict) and "live_rows" in v}
         rest = {k: v for k, v in serving.items() if k not in per_view}
-        parts.append("<h2>Serving store (Redis) vs. Delta</h2>")
+        parts.append("<h2 id='serving'>Serving store (Redis) vs. Delta</h2>")
         if per_view:
             parts.append(
                 _views_table(per_view)
@@ -162,27 +303,66 @@ def render(report: dict) -> str:
             )
         if rest:
             parts.append(_kv_table(rest))
+    keyed = report.get("keyed") or {}
+    if keyed:
+        parts.append("<h2 id='keyed'>Keyed state (Redis) vs. its replay at the same position</h2>")
+        families = keyed.get("families")
+        if isinstance(families, dict) and families:
+            parts.append(
+                _views_table(
+                    {
+                        n: {"live_rows": v.get("keys"), "recomputed_rows": None, **v}
+                        for n, v in families.items()
+                    }
+                )
+                .replace("rows recomputed", "")
+                .replace("rows live", "keys")
+                .replace("<th>view</th>", "<th>key family</th>")
+            )
+        parts.append(_kv_table({k: v for k, v in keyed.items() if k not in ("families", "freshness")}))
+    batch_layer = report.get("batch_layer") or {}
+    if batch_layer:
+        parts.append("<h2 id='batch_layer'>Keyed state (Redis) vs. the batch layer</h2>")
+        parts.append(_kv_table(batch_layer))
     if report.get("accounting"):
         parts += [
-            "<h2>Accounting: events read = applied + duplicates + quarantined</h2>",
+            "<h2 id='accounting'>Accounting: events read = applied + duplicates + quarantined</h2>",
             _kv_table(report["accounting"]),
         ]
-    parts.append("<h2>Freshness</h2>")
+    keyed_fresh = keyed.get("freshness") or {}
+    parts.append("<h2 id='freshness'>Freshness</h2>")
     parts.append(
-        f"<p>p50 {_num(freshness.get('p50_ms'))} ms, p99 {_num(freshness.get('p99_ms'))} ms "
-        "<span class='muted'>(server receive time to visible in the serving store)</span></p>"
+        f"<p>serving path (received -> applied in Redis): p50 {_num(keyed_fresh.get('p50_ms'))} ms, "
+        f"p99 {_num(keyed_fresh.get('p99_ms'))} ms over {_num(keyed_fresh.get('events'))} events; "
+        f"archive (received -> visible in the Delta views): p50 {_num(freshness.get('p50_ms'))} ms, "
+        f"p99 {_num(freshness.get('p99_ms'))} ms over {_num(freshness.get('events'))} events "
+        "<span class='muted'>(events written on a simulated clock count from their simulated receive "
+        "time; the speed layer caps a delay at 120 s)</span></p>"
     )
-    png = freshness_plot(freshness) if freshness else None
+    png = freshness_plot(freshness, keyed_fresh)
     if png:
         parts.append(f"<img alt='freshness' src='data:image/png;base64,{png}'>")
+    else:
+        parts.append("<p class='muted'>No freshness to plot: no event has been applied yet.</p>")
     extra = {
         k: v
         for k, v in report.items()
         if k
-        not in {"ok", "namespace", "position", "views", "serving", "accounting", "freshness", "generated_at"}
+        not in {
+            "ok",
+            "namespace",
+            "position",
+            "views",
+            "serving",
+            "keyed",
+            "batch_layer",
+            "accounting",
+            "freshness",
+            "generated_at",
+        }
     }
     if extra:
-        parts += ["<h2>More</h2>", _kv_table(extra)]
+        parts += ["<h2 id='more'>More</h2>", _kv_table(extra)]
     parts.append("</body></html>")
     return "\n".join(parts)
 

@@ -70,3 +70,29 @@ def test_series_and_nested_serving_render():
 def test_no_freshness_no_plot():
     page = render({**REPORT, "freshness": {}})
     assert "data:image/png" not in page
+
+
+def test_the_page_leads_with_what_failed():
+    """Tables that all say ok must not hide the comparison that failed further down: the verdict
+    names it and the first section lists it, with its examples, before any table of views."""
+    report = {
+        **REPORT,
+        "views": {"unread_counts": REPORT["views"]["unread_counts"]},  # every view ok
+        "keyed": {
+            "ok": False,
+            "keys": 40,
+            "mismatches": 2,
+            "families": {
+                "tl": {"keys": 10, "mismatches": 2, "ok": False, "examples": [{"key": "tl:7", "live": "a"}]},
+                "fence": {"keys": 1, "mismatches": 0, "ok": True, "examples": []},
+            },
+            "freshness": {"events": 50, "p50_ms": 120, "p99_ms": 480, "max_ms": 600},
+        },
+        "batch_layer": {"ok": None, "skipped": "the archive is behind the live state"},
+    }
+    page = render(report)
+    verdict = page.index("MISMATCH: keyed state vs. its replay")
+    failed = page.index("What failed")
+    assert verdict < failed < page.index("tl:7") < page.index("id='views'")
+    assert "skipped: the archive is behind the live state" in page
+    assert "data:image/png;base64," in page  # the serving path's freshness, even with one compaction
