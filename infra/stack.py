@@ -542,6 +542,7 @@ class RedisServer(Service):
             raise StackError(
                 "`redis-server` not found on PATH: run `make setup` (python -m infra.stack ensure-redis)"
             )
+        require_redis_version(server)
         return [server, str(self.home / "redis.conf")]
 
     def wait_ready(self, deadline: float) -> None:
@@ -1164,10 +1165,34 @@ def format_table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
     return "\n".join(lines)
 
 
+REDIS_MIN_VERSION = (7, 0)  # the serving store's Redis functions (FUNCTION LOAD) came with 7.0
+
+
+def require_redis_version(server: str) -> tuple[int, ...]:
+    """The version `server --version` reports; a StackError below :data:`REDIS_MIN_VERSION`.
+    docker-compose.yml's redis service makes the same check before it starts."""
+    import re
+
+    try:
+        said = subprocess.run([server, "--version"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise StackError(f"`{server} --version` failed: {exc}") from exc
+    found = re.search(r"\bv=(\d+)\.(\d+)(?:\.(\d+))?", said)  # "Redis server v=7.0.15 sha=..."
+    version = tuple(int(n) for n in found.groups() if n is not None) if found else ()
+    if version < REDIS_MIN_VERSION:
+        shown = ".".join(map(str, version)) or f"of unknown version ({said.strip()[:60]!r})"
+        raise StackError(
+            f"{server} {shown} is too old: the serving store needs Redis "
+            f"{'.'.join(map(str, REDIS_MIN_VERSION))} or later (Redis functions); install Redis 7"
+        )
+    return version
+
+
 def ensure_redis() -> str:
-    """Path of redis-server, installing it with apt-get when missing (needs root)."""
+    """Path of redis-server (7.0 or later), installing it with apt-get when missing (needs root)."""
     found = shutil.which("redis-server")
     if found:
+        require_redis_version(found)
         return found
     if not shutil.which("apt-get"):
         raise StackError(
@@ -1198,6 +1223,7 @@ def ensure_redis() -> str:
     found = shutil.which("redis-server")
     if not found:
         raise StackError("apt-get installed redis-server but it is not on PATH")
+    require_redis_version(found)
     return found
 
 
