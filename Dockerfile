@@ -1,8 +1,11 @@
 # One image for the Python side (speed layer, API, analytics, archiver, Airflow), built like a fresh
 # checkout: the project with its locked dependencies (`uv sync --locked`, uv.lock) and the
-# checksum-verified jars (infra/jvm). docker-compose.yml runs it; tests/unit/test_compose.py
-# resolves every command against it.
-FROM python:3.11-slim
+# checksum-verified jars (infra/jvm). docker-compose.yml builds and runs it; tests/unit/test_compose.py
+# resolves every command against it and checks with apt-cache that each package installed below
+# exists in the base's Debian release. No image is built in CI (no Docker engine there).
+# The base is pinned to a Debian release, the one the project's machines run: `python:3.11-slim`
+# alone follows Debian's newest (trixie since August 2025, which ships no openjdk-17).
+FROM python:3.11-slim-bookworm
 
 COPY --from=ghcr.io/astral-sh/uv:0.13.8 /uv /uvx /bin/
 RUN apt-get update \

@@ -1,107 +1,320 @@
-"""docker-compose.yml is a valid Compose file, starts services only after what they need is healthy,
-resolves every command against the image, and is the same stack as `make up` (infra/stack.py).
+"""docker-compose.yml, checked the way Docker Compose v2 reads it, for every command documented.
 
-No Docker engine runs in CI, so the file is checked against the Compose Specification JSON schema,
-and each container command is resolved here: `-m module` imports, `module:attr` exists, files are
-in the build context.
-infra/compose-spec.json is compose/config/compose_spec.json from the PyPI package
-docker-compose==1.29.2 (`pip download --no-deps docker-compose==1.29.2`, unpacked; the schema of
-the Compose Specification that release implements, sha256 0dc04bd3...2bac).
+No Docker engine runs here or in CI, so nothing is started: the file is loaded by compose-go (the
+library `docker compose` itself loads files with: parsed, validated against the Compose
+Specification schema, interpolated, normalized), pinned in tests/compose/compose_check/go.sum and
+built from the Go module proxy once per session (tests/compose/compose_check/main.go). For each
+`docker compose ... up` the README and the file's header document, the services that command
+starts are checked: every image is built by the project's one `build:` section or is a public
+image, no two services bind one host port, and they are the services `make up` starts for the
+same profile (infra/stack.py), with the same commands and health checks on the same endpoints.
+Then the image's side: every container command resolves against the project, the Dockerfile's
+base is pinned to the Debian release this machine runs and apt-cache here finds each package it
+installs, and Redis refuses to start below 7.0 in both stacks.
+
+COMPOSE_CHECK_FILE=path runs the same checks on another Compose file (the project directory stays
+this repository), e.g. on an older docker-compose.yml to see them fail.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import glob
 import importlib
 import json
+import os
 import re
+import shlex
+import shutil
+import subprocess
+import time
+from functools import cache
+from pathlib import Path
+from urllib.parse import urlsplit
 
-import jsonschema
 import pytest
-import yaml
 
+from infra import stack
 from infra.settings import REPO_ROOT, get_settings, settings_table
 
-COMPOSE_FILE = REPO_ROOT / "docker-compose.yml"
-SCHEMA_FILE = REPO_ROOT / "infra" / "compose-spec.json"
+COMPOSE_FILE = Path(os.environ.get("COMPOSE_CHECK_FILE") or REPO_ROOT / "docker-compose.yml").resolve()
+CHECKER = REPO_ROOT / "tests" / "compose" / "compose_check"
+GO_CACHE = REPO_ROOT / ".tools" / "go"  # module and build caches: a second session builds in ~1 s
+PROJECT = "kappa-social"
+PROJECT_IMAGE = "kappa-social:local"
+
+# What the README and the file's header document, one `up` per profile, and the `make up` each is.
+UP_COMMANDS = {
+    "docker compose --profile local up --build": {"profile": "local", "airflow": False},
+    "docker compose --profile local --profile airflow up --build": {"profile": "local", "airflow": True},
+    "docker compose --profile cluster up --build": {"profile": "cluster", "airflow": False},
+}
+# Documented as what not to do: every service has a profile, so it starts nothing.
+BARE_UP = "docker compose up"
+# A public image: a Docker Hub repository with a version tag (not `latest`, not a local tag).
+PUBLIC_IMAGE = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)?:\d[\w.-]*$")
 
 
-@pytest.fixture(scope="module")
-def compose() -> dict:
-    return yaml.safe_load(COMPOSE_FILE.read_text())
+# --- compose-go -------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def validator() -> jsonschema.Validator:
-    schema = json.loads(SCHEMA_FILE.read_text())
-    # the schema names its draft with a non-canonical URL ("http://.../draft/2019-09/schema#"), so say it here
-    jsonschema.Draft201909Validator.check_schema(schema)
-    return jsonschema.Draft201909Validator(schema)
+@pytest.fixture(scope="session")
+def compose_check(tmp_path_factory) -> Path:
+    """tests/compose/compose_check built with the Go toolchain on PATH (modules from go.sum)."""
+    go = shutil.which("go")
+    if go is None:
+        pytest.fail(
+            "`go` is not on PATH: tests/unit/test_compose.py loads docker-compose.yml with compose-go "
+            "(tests/compose/compose_check), built with Go 1.24 or later; install Go",
+            pytrace=False,
+        )
+    binary = tmp_path_factory.mktemp("compose_check") / "compose_check"
+    env = {
+        **os.environ,
+        "GOMODCACHE": str(GO_CACHE / "mod"),
+        "GOCACHE": str(GO_CACHE / "cache"),
+        # the versions go.sum pins, the toolchain on PATH, no cgo; a module cache `rm -rf` can remove
+        "GOFLAGS": "-mod=readonly -modcacherw",
+        "GOTOOLCHAIN": "local",
+        "GOWORK": "off",
+        "CGO_ENABLED": "0",
+    }
+    started = time.monotonic()
+    done = subprocess.run(
+        [go, "build", "-trimpath", "-o", str(binary), "."],
+        cwd=CHECKER,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, f"building {CHECKER} failed:\n{done.stdout}{done.stderr}"
+    print(f"compose_check built in {time.monotonic() - started:.1f} s")
+    return binary
 
 
-def _errors(validator, document) -> list[str]:
-    return [
-        f"{'/'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}"
-        for e in validator.iter_errors(document)
-    ]
+def load(binary: Path, profiles=(), services=(), compose_file: Path = COMPOSE_FILE) -> dict:
+    """What compose-go makes of the file for `docker compose [--profile P]... up [SERVICE]...`."""
+    argv = [str(binary), "-f", str(compose_file), "-project-directory", str(REPO_ROOT), "-p", PROJECT]
+    for profile in profiles:
+        argv += ["-profile", profile]
+    done = subprocess.run([*argv, *services], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, f"compose-go refuses {compose_file.name}: {done.stderr.strip()}"
+    return json.loads(done.stdout)
 
 
-def test_compose_file_matches_the_compose_specification(compose, validator):
-    assert _errors(validator, compose) == []
+def parse_command(command: str) -> tuple[list[str], str, list[str]]:
+    """`docker compose [--profile P]... SUBCOMMAND [-flags] [SERVICE]...` -> profiles, subcommand, services."""
+    words = shlex.split(command)
+    assert words[:2] == ["docker", "compose"], command
+    profiles, rest = [], words[2:]
+    while rest and rest[0].startswith("-"):
+        flag = rest.pop(0)
+        assert flag == "--profile", f"{command}: the check knows only --profile before the subcommand"
+        profiles.append(rest.pop(0))
+    subcommand, *args = rest
+    return profiles, subcommand, [a for a in args if not a.startswith("-")]
 
 
-def test_the_schema_really_rejects_a_broken_file(compose, validator):
-    broken = json.loads(json.dumps(compose))
-    broken["services"]["redis"]["depends_on"] = {"kafka": {"condition": "when_it_feels_like_it"}}
-    broken["services"]["redis"]["healthcheck"]["interval"] = {"seconds": 2}
-    assert len(_errors(validator, broken)) >= 2
+@cache
+def documented() -> dict[str, set[str]]:
+    """Every `docker compose ...` command the README and the compose file's header comments show."""
+    readme = (REPO_ROOT / "README.md").read_text()
+    header = []
+    for line in COMPOSE_FILE.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        header.append(line.lstrip("# "))
+    found = {"README.md": set(), COMPOSE_FILE.name: set()}
+    for where, text in (("README.md", readme), (COMPOSE_FILE.name, "\n".join(header))):
+        for match in re.finditer(r"docker compose [^`#\n]+", text):
+            found[where].add(re.sub(r"\s+", " ", match.group(0)).strip().rstrip(".,;:)"))
+    return found
 
 
-def test_services_others_depend_on_have_a_healthcheck(compose):
-    services = compose["services"]
+@pytest.fixture(scope="session", params=list(UP_COMMANDS), ids=lambda c: c.removeprefix("docker compose "))
+def up(request, compose_check) -> tuple[str, dict]:
+    """One documented `up` command and the services it starts, as compose-go resolves them."""
+    profiles, subcommand, services = parse_command(request.param)
+    assert subcommand == "up"
+    return request.param, load(compose_check, profiles, services)["services"]
+
+
+def _is_project_service(service: dict) -> bool:
+    return service.get("image") == PROJECT_IMAGE or service.get("build") is not None
+
+
+def _key(name: str, service: dict) -> str:
+    """A container as `make up` names it: the module a Python service runs, else the service's name."""
+    argv = service.get("command") or []
+    return argv[argv.index("-m") + 1] if "-m" in argv else name
+
+
+def _make_up(profile: str, airflow: bool) -> dict[str, stack.Service]:
+    """What `make up` starts for a profile (SOCIAL_AIRFLOW_STANDALONE=1 with airflow), keyed as _key."""
+    settings = get_settings(profile=profile, airflow_standalone=int(airflow), analytics=1)
+    started = {}
+    for service in stack.Stack(settings).services:
+        if isinstance(service, stack.AirflowService) and not settings.airflow_standalone:
+            continue
+        if isinstance(service, stack.BACKBONE):
+            started[service.name] = service
+        else:
+            argv = service.command()
+            started[argv[argv.index("-m") + 1]] = service
+    return started
+
+
+def _long_running(services: dict) -> dict:
+    return {n: s for n, s in services.items() if s.get("restart") != "no"}  # not the one-shot topics
+
+
+# --- what each documented command starts ---------------------------------------------------------------
+
+
+def test_every_image_is_built_here_or_public(up):
+    command, services = up
+    problems = []
+    for name, service in services.items():
+        build, image = service.get("build"), service.get("image", "")
+        if build is not None:
+            if (build.get("context"), build.get("dockerfile")) != (str(REPO_ROOT), "Dockerfile"):
+                problems.append(f"{name}: builds {build}, not this repository's Dockerfile")
+            if image != PROJECT_IMAGE:
+                problems.append(f"{name}: builds {image!r}, not the project's one image {PROJECT_IMAGE}")
+        elif image == PROJECT_IMAGE or not PUBLIC_IMAGE.match(image):
+            problems.append(
+                f"{name}: runs {image!r}, which no `build:` section builds and is no public image"
+            )
+    assert problems == [], f"`{command}`"
+
+
+def test_no_two_services_bind_one_host_port(up):
+    command, services = up
+    bound: dict[tuple[str, str], list[str]] = {}
+    for name, service in services.items():
+        for port in service.get("ports") or []:
+            published = port.get("published")
+            if published:  # 127.0.0.1 and 0.0.0.0 overlap: the port alone decides
+                bound.setdefault((published, port.get("protocol", "tcp")), []).append(name)
+    clashes = {f"{port}/{proto}": sorted(names) for (port, proto), names in bound.items() if len(names) > 1}
+    assert clashes == {}, f"`{command}` starts services that bind the same host port"
+
+
+def test_the_same_services_as_make_up(up):
+    """The containers are the processes `make up` starts for the same profile, with the same commands."""
+    command, services = up
+    local = _make_up(**UP_COMMANDS[command])
+    containers = {_key(name, s): s for name, s in _long_running(services).items()}
+    assert sorted(containers) == sorted(local), f"`{command}` and its `make up` start different services"
+    for key, service in containers.items():
+        if key != local[key].name:  # a Python module: the same argv after the interpreter
+            assert service["command"][1:] == local[key].command()[1:], key
+
+
+def test_health_checks_on_the_endpoints_make_up_waits_for(up):
+    command, services = up
+    local = _make_up(**UP_COMMANDS[command])
+    problems = []
+    for name, service in _long_running(services).items():
+        check = service.get("healthcheck") or {}
+        test = " ".join(check.get("test") or [])
+        if not test or check.get("disable"):
+            problems.append(f"{name}: no healthcheck")
+            continue
+        process = local[_key(name, service)]
+        if isinstance(process, stack.SparkDriverService):
+            wanted = ["/api/v1/applications", f"'{process.APP_PREFIX}'"]
+        elif isinstance(process, stack.HttpService):
+            wanted = [urlsplit(process.health_url).path]
+        elif isinstance(process, stack.RedisServer):
+            wanted = ["redis-cli", "ping"]
+        elif isinstance(process, stack.SparkMaster):
+            wanted = ["/json/", "ALIVE"]
+        elif isinstance(process, stack.SparkWorker):
+            wanted = ["/json/"]
+        else:
+            wanted = ["kafka-broker-api-versions"]
+        problems += [f"{name}: its healthcheck does not ask {w}" for w in wanted if w not in test]
+        if test.startswith("CMD ") and "curl" in test.split():
+            problems.append(f"{name}: the slim image has no curl")
+    assert problems == [], f"`{command}`"
+
+
+def test_dependencies_are_started_and_healthy_first(up):
+    command, services = up
     for name, service in services.items():
         for dependency, rule in (service.get("depends_on") or {}).items():
-            assert dependency in services, f"{name} depends on unknown service {dependency}"
-            condition = rule["condition"]
-            assert condition in {"service_healthy", "service_completed_successfully"}, (name, dependency)
-            if condition == "service_healthy":
-                check = services[dependency].get("healthcheck")
-                assert check and check.get("test") and not check.get("disable"), (
-                    f"{dependency} has no healthcheck"
+            assert dependency in services, f"`{command}`: {name} needs {dependency}, which it does not start"
+            assert rule["condition"] in {"service_healthy", "service_completed_successfully"}, (
+                name,
+                dependency,
+            )
+            if rule["condition"] == "service_healthy":
+                assert (services[dependency].get("healthcheck") or {}).get("test"), (
+                    f"{dependency}: no healthcheck"
                 )
 
 
-def test_the_whole_stack_is_there(compose):
-    services = compose["services"]
-    assert {"kafka", "redis", "speed-layer", "api", "airflow"} <= services.keys()
-    assert "127.0.0.1:8000:8000" in services["api"]["ports"]
-    assert (
-        services["kafka"]["environment"]["KAFKA_PROCESS_ROLES"] == "broker,controller"
-    )  # KRaft, no ZooKeeper
-    # the Python services are built from this repository's Dockerfile
-    assert any("build" in s for s in services.values())
-    assert (REPO_ROOT / "Dockerfile").exists()
+# --- the commands documented are the commands checked ------------------------------------------------
 
 
-def test_kafka_image_matches_the_broker_jars(compose):
-    pom = (REPO_ROOT / "infra" / "jvm" / "kafka-pom.xml").read_text()
-    version = pom.split("<kafka.version>", 1)[1].split("<", 1)[0]
-    images = {
-        s["image"] for s in compose["services"].values() if s.get("image", "").startswith("apache/kafka")
+def test_the_documented_commands_are_the_checked_ones():
+    for where, commands in documented().items():
+        ups = {c for c in commands if parse_command(c)[1] == "up"} - {BARE_UP}
+        assert ups == set(UP_COMMANDS), (
+            f"{where} documents other `docker compose up` commands than the checked ones"
+        )
+
+
+def test_every_documented_command_loads(compose_check):
+    """The other commands (restart after a rebuild switch, ...) name services the file has."""
+    for command in set().union(*documented().values()):
+        profiles, _subcommand, names = parse_command(command)
+        services = load(compose_check, profiles, names)["services"]
+        assert set(names) <= services.keys(), command
+
+
+def test_every_service_has_a_profile(compose_check):
+    """A service without one starts under every `--profile` (the local broker beside the cluster's)."""
+    everything = load(compose_check, ["local", "airflow", "cluster"])["services"]
+    assert [n for n, s in everything.items() if not s.get("profiles")] == []
+    assert load(compose_check)["services"] == {}  # BARE_UP starts nothing, as documented
+    assert {p for s in everything.values() for p in s["profiles"]} == {"local", "airflow", "cluster"}
+
+
+def test_the_project_image_is_one_build(compose_check):
+    everything = load(compose_check, ["local", "airflow", "cluster"])["services"]
+    builds = {
+        json.dumps(s.get("build"), sort_keys=True) for s in everything.values() if _is_project_service(s)
     }
-    assert images == {f"apache/kafka:{version}"}
+    assert len(builds) == 1 and "null" not in builds, (
+        "each service of the project image builds it the same way"
+    )
 
 
-# --- every command resolves against the image; the containers are the local stack ---------------------
+def test_the_checker_really_rejects(compose_check, tmp_path):
+    """compose-go refuses what Compose refuses: a schema error, an unset required variable."""
+    broken = tmp_path / "compose.yml"
+    broken.write_text(
+        "services:\n  a:\n    image: redis:7.4\n    healthcheck:\n      interval: {seconds: 2}\n"
+    )
+    with pytest.raises(AssertionError, match="refuses"):
+        load(compose_check, compose_file=broken)
+    broken.write_text("services:\n  a:\n    image: redis:${TAG:?set TAG}\n")
+    with pytest.raises(AssertionError, match="set TAG"):
+        load(compose_check, compose_file=broken)
+
+
+# --- every command resolves against the image --------------------------------------------------------
 
 IMAGE_ROOT = "/app"  # WORKDIR of the Dockerfile: the repository, as COPY . . puts it
 MODULE_ATTR = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
-def _built_services(compose: dict) -> dict[str, dict]:
-    """The services that run this repository's image (built from the Dockerfile)."""
-    images = {s["image"] for s in compose["services"].values() if "build" in s}
-    return {n: s for n, s in compose["services"].items() if s.get("image") in images}
+@pytest.fixture(scope="module")
+def everything(compose_check) -> dict:
+    return load(compose_check, ["local", "airflow", "cluster"])["services"]
 
 
 def _dockerignored() -> list[str]:
@@ -110,23 +323,21 @@ def _dockerignored() -> list[str]:
 
 
 def _in_image(relative: str) -> bool:
-    """Whether a repository path is in the image: tracked in git, not excluded from the build context."""
-    path = REPO_ROOT / relative
+    """Whether a repository path is in the image: present, not excluded from the build context."""
     ignored = any(
         relative == pat or relative.startswith(pat + "/") or fnmatch.fnmatch(relative, pat)
         for pat in _dockerignored()
     )
-    return path.exists() and not ignored
+    return (REPO_ROOT / relative).exists() and not ignored
 
 
 def _resolve(argv: list[str]) -> list[str]:
     """What does not resolve in one container command: modules, module:attr, files, executables."""
     problems = []
     exe = argv[0]
-    if exe.startswith(".venv/bin/"):
+    if exe.startswith(".venv/bin/") and not (REPO_ROOT / exe).exists():
         # the image's venv is built by the Dockerfile like the local one: the same entry points
-        if not (REPO_ROOT / exe).exists():
-            problems.append(f"{exe}: no such executable in the project's venv")
+        problems.append(f"{exe}: no such executable in the project's venv")
     args = argv[1:]
     for i, arg in enumerate(args):
         if arg == "-m":
@@ -138,8 +349,6 @@ def _resolve(argv: list[str]) -> list[str]:
         elif MODULE_ATTR.match(arg):
             module, attr = arg.split(":")
             try:
-                # an app server (uvicorn, gunicorn) wants a callable: a submodule of the same name
-                # (app_sim.api.app) is an attribute of its package too, but not an application
                 target = getattr(importlib.import_module(module), attr, None)
                 if not callable(target):
                     problems.append(f"{arg}: {module}.{attr} is {type(target).__name__}, not callable")
@@ -152,26 +361,23 @@ def _resolve(argv: list[str]) -> list[str]:
     return problems
 
 
-def test_every_command_of_the_image_resolves(compose):
+def test_every_command_of_the_image_resolves(everything):
     """Each `-m module` imports, each `module:attr` exists, each referenced file is in the image."""
     problems = {}
-    for name, service in _built_services(compose).items():
-        argv = service["command"]
-        assert isinstance(argv, list), f"{name}: exec form, no shell"
-        checks = [argv]
+    for name, service in everything.items():
+        if not _is_project_service(service):
+            continue
         test = (service.get("healthcheck") or {}).get("test") or []
-        if test[:1] == ["CMD"]:
-            checks.append(test[1:])
+        checks = [service["command"], *([test[1:]] if test[:1] == ["CMD"] else [])]
         for check in checks:
             if found := _resolve(check):
                 problems[name] = found
-        for check in checks:
             if "-c" in check:  # inline Python must at least compile
                 compile(check[check.index("-c") + 1], f"<{name} healthcheck>", "exec")
     assert problems == {}
 
 
-def test_the_resolver_really_rejects_what_the_old_file_had():
+def test_the_resolver_really_rejects_what_an_old_file_had():
     assert _resolve([".venv/bin/python", "-m", "pipelines.stream"])  # no such module
     assert _resolve([".venv/bin/python", "-m", "uvicorn", "app_sim.api:app"])  # no such attribute
     assert _resolve([".venv/bin/python", "-m", "uvicorn", "app_sim.api:create_app"]) == []
@@ -180,60 +386,43 @@ def test_the_resolver_really_rejects_what_the_old_file_had():
     assert _resolve([".venv/bin/nothing"])
 
 
-def test_dockerfile_copies_only_what_exists():
-    lines = (REPO_ROOT / "Dockerfile").read_text().splitlines()
-    for line in lines:
-        if line.startswith("COPY ") and "--from" not in line:
-            *sources, _dest = line.split()[1:]
-            for src in sources:
-                assert src == "." or (REPO_ROOT / src).exists(), line
-
-
-def test_environment_names_real_settings(compose):
+def test_environment_names_real_settings(everything):
     known = {env for env, _, _ in settings_table()}
-    for name, service in _built_services(compose).items():
+    for name, service in everything.items():
         for var in service.get("environment") or {}:
             if var.startswith("SOCIAL_"):
                 assert var in known, f"{name}: {var} is no setting (infra/settings.py)"
-    for var in compose["x-app-env"]:
-        assert var in known, var
 
 
-def test_the_containers_are_the_local_stack(compose):
-    """Every process `make up` starts runs as a container with the same command, ports and topic."""
-    from infra import stack
-
+def test_ports_and_topics_are_the_local_stacks(everything):
     settings = get_settings()
-    modules = {}
-    for name, service in _built_services(compose).items():
-        argv = service["command"]
-        if "-m" in argv:
-            modules[argv[argv.index("-m") + 1]] = name
-    for cls in stack.SERVICES:
-        local = cls(settings)
-        if cls in stack.BACKBONE:
-            continue
-        argv = local.command()
-        module = argv[argv.index("-m") + 1]
-        assert module in modules, f"`make up` runs {module}; docker-compose.yml does not"
-        assert compose["services"][modules[module]]["command"][1:] == argv[1:], module
-    services = compose["services"]
-    # the same published ports as the local defaults
-    assert f"127.0.0.1:{settings.api_port}:{settings.api_port}" in services["api"]["ports"]
-    assert f"127.0.0.1:{settings.redis_port}:6379" in services["redis"]["ports"]
-    assert f"127.0.0.1:{settings.kafka_port}:9092" in services["kafka"]["ports"]
-    assert f"127.0.0.1:{settings.airflow_port}:{settings.airflow_port}" in services["airflow"]["ports"]
-    assert "127.0.0.1:4040:4040" in services["speed-layer"]["ports"]  # the Spark UI
-    assert "spark.ui.port=4040" in services["speed-layer"]["environment"]["PYSPARK_SUBMIT_ARGS"]
+    published = {
+        n: {f"{p['host_ip']}:{p['published']}:{p['target']}" for p in s.get("ports") or []}
+        for n, s in everything.items()
+    }
+    assert f"127.0.0.1:{settings.api_port}:{settings.api_port}" in published["api"]
+    assert f"127.0.0.1:{settings.redis_port}:6379" in published["redis"]
+    assert f"127.0.0.1:{settings.kafka_port}:9092" in published["kafka"]
+    assert f"127.0.0.1:{settings.airflow_port}:{settings.airflow_port}" in published["airflow"]
+    assert "127.0.0.1:4040:4040" in published["speed-layer"]  # the Spark UI
+    assert "spark.ui.port=4040" in everything["speed-layer"]["environment"]["PYSPARK_SUBMIT_ARGS"]
     # API workers: the setting's default in both (nothing overrides it in a container)
-    assert "SOCIAL_API_WORKERS" not in services["api"].get("environment", {})
+    assert "SOCIAL_API_WORKERS" not in (everything["api"].get("environment") or {})
     # the event topic: same name, partitions and every explicit config as infra/stack.py
-    argv = services["topics"]["command"]
+    argv = everything["topics"]["command"]
     flags = dict(a.removeprefix("--").split("=", 1) for a in argv if "=" in a)
     configs = dict(a.removeprefix("--config=").split("=", 1) for a in argv if a.startswith("--config="))
     assert flags["topic"] == settings.events_topic
     assert int(flags["partitions"]) == settings.events_partitions
     assert configs == stack.EVENTS_TOPIC_CONFIGS
+    assert everything["kafka"]["environment"]["KAFKA_PROCESS_ROLES"] == "broker,controller"  # KRaft
+
+
+def test_kafka_image_matches_the_broker_jars(everything):
+    pom = (REPO_ROOT / "infra" / "jvm" / "kafka-pom.xml").read_text()
+    version = pom.split("<kafka.version>", 1)[1].split("<", 1)[0]
+    images = {s["image"] for s in everything.values() if s.get("image", "").startswith("apache/kafka")}
+    assert images == {f"apache/kafka:{version}"}
 
 
 def test_a_rebuild_switch_in_containers_is_documented():
@@ -241,21 +430,19 @@ def test_a_rebuild_switch_in_containers_is_documented():
     assert "docker compose restart speed-layer" in COMPOSE_FILE.read_text()
 
 
-def test_the_cluster_profile_is_the_local_cluster(compose):
-    """`docker compose --profile cluster`: what `SOCIAL_PROFILE=cluster make up` starts (infra/stack.py)."""
-    from infra import stack
-
+def test_the_cluster_profile_is_the_local_cluster(everything):
+    """`docker compose --profile cluster`: the nodes, topic and drivers of `SOCIAL_PROFILE=cluster make up`."""
     settings = get_settings(profile="cluster")
-    services = compose["services"]
-    nodes = {n: s for n, s in services.items() if n.startswith("kafka-")}
+    nodes = {n: s for n, s in everything.items() if re.fullmatch(r"kafka-\d+", n)}
     assert len(nodes) == settings.cluster_brokers == 3
     voters = {s["environment"]["KAFKA_CONTROLLER_QUORUM_VOTERS"] for s in nodes.values()}
     assert voters == {"1@kafka-1:9093,2@kafka-2:9093,3@kafka-3:9093"}  # one quorum of three controllers
     assert sorted(s["environment"]["KAFKA_NODE_ID"] for s in nodes.values()) == ["1", "2", "3"]
     assert len({s["environment"]["CLUSTER_ID"] for s in nodes.values()}) == 1
     # the same host ports as the local nodes: SOCIAL_KAFKA_PORT + 2i
-    published = sorted(int(s["ports"][0].split(":")[1]) for s in nodes.values())
-    assert published == [b for b, _ in settings.broker_ports()]
+    assert sorted(int(s["ports"][0]["published"]) for s in nodes.values()) == [
+        b for b, _ in settings.broker_ports()
+    ]
     local_node = stack.KafkaBroker(settings, 0).server_properties()
     for key in (
         "min.insync.replicas",
@@ -265,39 +452,129 @@ def test_the_cluster_profile_is_the_local_cluster(compose):
     ):
         env = "KAFKA_" + key.upper().replace(".", "_")
         assert {s["environment"][env] for s in nodes.values()} == {local_node[key]}, key
-    argv = services["topics-cluster"]["command"]
+    argv = everything["topics-cluster"]["command"]
     flags = dict(a.removeprefix("--").split("=", 1) for a in argv if "=" in a)
     configs = dict(a.removeprefix("--config=").split("=", 1) for a in argv if a.startswith("--config="))
     assert int(flags["replication-factor"]) == settings.replication_factor == 3
     assert configs == stack.events_topic_configs(settings) and configs["min.insync.replicas"] == "2"
-    workers = [n for n in services if n.startswith("spark-worker-")]
-    assert len(workers) == settings.spark_workers
-    for name in ("speed-layer-cluster", "archiver-cluster"):
-        env = services[name]["environment"]
-        assert (
-            env["SOCIAL_SPARK_MASTER"] == "spark://spark-master:7077" and env["SOCIAL_PROFILE"] == "cluster"
-        )
-    cluster_only = [
-        *nodes,
-        "topics-cluster",
-        "spark-master",
-        *workers,
-        "speed-layer-cluster",
-        "archiver-cluster",
-    ]
-    assert all(services[n].get("profiles") == ["cluster"] for n in cluster_only)
-    # the default `docker compose up` starts none of them
-    assert not any(s.get("profiles") for n, s in services.items() if n not in cluster_only)
+    for name, service in everything.items():
+        if (
+            "cluster" in (service.get("profiles") or [])
+            and _is_project_service(service)
+            and "-m" in service["command"]
+        ):
+            env = service["environment"]
+            assert env["SOCIAL_SPARK_MASTER"] == "spark://spark-master:7077", name
+            assert env["SOCIAL_PROFILE"] == "cluster", name
+
+
+# --- the image: the Dockerfile ---------------------------------------------------------------------------
+
+DOCKERFILE = (REPO_ROOT / "Dockerfile").read_text()
+
+
+def _apt_packages() -> list[str]:
+    packages = []
+    for match in re.finditer(r"apt-get install ([^&\n\\]+(?:\\\n[^&\n\\]+)*)", DOCKERFILE):
+        packages += [w for w in match.group(1).replace("\\\n", " ").split() if not w.startswith("-")]
+    return packages
+
+
+def test_the_base_is_pinned_to_a_debian_release_and_this_projects_python():
+    base = re.search(r"^FROM (\S+)", DOCKERFILE, re.M).group(1)
+    found = re.fullmatch(r"python:(\d+\.\d+)-slim-([a-z]+)", base)
+    assert found, f"FROM {base}: pin the Debian release (python:X.Y-slim-RELEASE), or apt's packages drift"
+    assert found.group(1) == (REPO_ROOT / ".python-version").read_text().strip()
+    uv = re.search(r"ghcr\.io/astral-sh/uv:(\S+) ", DOCKERFILE).group(1)
+    assert f"UV_VERSION := {uv}" in (REPO_ROOT / "Makefile").read_text(), "the image's uv is the Makefile's"
+
+
+def test_every_package_the_dockerfile_installs_is_in_its_debian_release():
+    """apt-cache on this machine, which runs the release the base is pinned to."""
+    pinned = re.search(r"^FROM python:\S+-slim-([a-z]+)$", DOCKERFILE, re.M)
+    assert pinned, "the Dockerfile's base names no Debian release: apt-cache cannot check its packages"
+    release = pinned.group(1)
+    os_release = dict(
+        line.split("=", 1) for line in Path("/etc/os-release").read_text().splitlines() if "=" in line
+    )
+    here = os_release.get("VERSION_CODENAME", "").strip('"')
+    assert here == release, (
+        f"this machine runs Debian {here or '(unknown)'}, the Dockerfile's base {release}: apt-cache here "
+        "cannot vouch for the base's packages; pin the base to this machine's release"
+    )
+    assert shutil.which("apt-cache"), "no apt-cache on this Debian machine"
+    if not glob.glob("/var/lib/apt/lists/*_Packages*") and os.geteuid() == 0:
+        subprocess.run(["apt-get", "update", "-q"], capture_output=True, timeout=300)  # no lists yet
+    packages = _apt_packages()
+    assert {"openjdk-17-jre-headless", "redis-tools"} <= set(packages), packages
+    policy = subprocess.run(["apt-cache", "policy", *packages], capture_output=True, text=True).stdout
+    candidates = dict(re.findall(r"^(\S+):\n(?:  .*\n)*?  Candidate: (.+)$", policy, re.M))
+    missing = [p for p in packages if candidates.get(p, "(none)") == "(none)"]
+    assert missing == [], (
+        f"Debian {release} has no {missing} (apt-cache policy; run `apt-get update` if it never ran)"
+    )
+
+
+def test_dockerfile_copies_only_what_exists():
+    for line in DOCKERFILE.splitlines():
+        if line.startswith("COPY ") and "--from" not in line:
+            *sources, _dest = line.split()[1:]
+            for src in sources:
+                assert src == "." or (REPO_ROOT / src).exists(), line
 
 
 def test_the_dockerfiles_own_python_steps_resolve():
-    """`RUN .venv/bin/python -m ...` at build time (the jars, the Spark class archive): modules
-    that exist, as the image's commands are checked above."""
+    """`RUN .venv/bin/python -m ...` at build time (the jars, the Spark class archive)."""
     steps = [
         line.removeprefix("RUN ").split("&&")[0].split()
-        for line in (REPO_ROOT / "Dockerfile").read_text().splitlines()
+        for line in DOCKERFILE.splitlines()
         if line.startswith("RUN .venv/bin/python")
     ]
     assert [s[2] for s in steps] == ["infra.jars", "pipelines.spark"]
     for argv in steps:
         assert _resolve(argv) == [], argv
+
+
+# --- Redis 7.0 or later, in both stacks ------------------------------------------------------------------
+
+
+def _fake_redis(bin_dir: Path, version: str) -> Path:
+    bin_dir.mkdir(exist_ok=True)
+    server = bin_dir / "redis-server"
+    server.write_text(
+        f'#!/bin/sh\necho "Redis server v={version} sha=00000000:0 malloc=libc bits=64 build=0"\n'
+    )
+    entrypoint = bin_dir / "docker-entrypoint.sh"  # the redis image's own entrypoint
+    entrypoint.write_text("#!/bin/sh\necho started\nprintf '%s\\n' \"$@\"\n")
+    for path in (server, entrypoint):
+        path.chmod(0o755)
+    return server
+
+
+@pytest.mark.parametrize(
+    ("version", "starts"), [("6.2.14", False), ("7.0.15", True), ("7.4.1", True), ("10.0.0", True)]
+)
+def test_the_compose_redis_refuses_below_7(everything, tmp_path, version, starts):
+    """The redis container's entrypoint, as compose-go interpolated it, run with a fake redis-server."""
+    redis = everything["redis"]
+    assert int(redis["image"].split(":")[1].split(".")[0]) >= 7
+    assert redis.get("entrypoint"), "the redis service starts without a version check"
+    _fake_redis(tmp_path / "bin", version)
+    done = subprocess.run(
+        [*redis["entrypoint"], *redis["command"]],
+        capture_output=True,
+        text=True,
+        env={"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin"},
+        timeout=30,
+    )
+    if starts:
+        assert done.returncode == 0 and done.stdout.split("\n")[:-1] == ["started", *redis["command"]]
+    else:
+        assert done.returncode != 0 and done.stdout == ""
+        assert f"redis-server {version} is too old" in done.stderr and "7.0 or later" in done.stderr
+
+
+def test_make_up_refuses_a_redis_below_7(tmp_path):
+    with pytest.raises(stack.StackError, match=r"6\.2\.14 is too old: .*7\.0 or later"):
+        stack.require_redis_version(str(_fake_redis(tmp_path / "old", "6.2.14")))
+    assert stack.require_redis_version(str(_fake_redis(tmp_path / "new", "7.0.15"))) == (7, 0, 15)
