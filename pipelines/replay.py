@@ -25,8 +25,12 @@ from infra.settings import Settings, get_settings
 def read_log(
     spark: SparkSession, settings: Settings, topic: str, end_offsets: dict[int, int] | None
 ) -> DataFrame:
-    """The log from the earliest offset up to ``end_offsets`` (exclusive; None = the head)."""
-    from pipelines.speed.stream import kafka_options
+    """The log from the earliest offset up to ``end_offsets`` (exclusive; None = the head).
+
+    A partition ``end_offsets`` does not name (no records yet, or none archived yet) is read up
+    to 0, i.e. not at all: Kafka's source wants every partition of a subscribed topic named.
+    """
+    from pipelines.speed.stream import kafka_options, topic_partitions
 
     reader = (
         spark.read.format("kafka")
@@ -35,7 +39,8 @@ def read_log(
         .option("startingOffsets", "earliest")
     )
     if end_offsets is not None:
-        ends = {str(p): int(o) for p, o in end_offsets.items()}
+        given = {int(p): int(o) for p, o in end_offsets.items()}
+        ends = {str(p): given.get(p, 0) for p in topic_partitions(settings, topic)}
         reader = reader.option("endingOffsets", json.dumps({topic: ends}))
     return reader.load()
 

@@ -331,6 +331,10 @@ def verify(
 
     versions = consistent_versions(spark, lake, record)
     position = {int(p): int(o) for p, o in record.end_offsets.items()}
+    from pipelines.speed.stream import topic_partitions
+
+    # a partition with no records, or none archived yet, is at position 0: nothing to compare there
+    unarchived = [p for p in topic_partitions(settings, topic) if position.get(p, 0) == 0]
     batch = views_at(spark, Archive(spark, lake.root), position, batch_config(settings))
     # each view is compared twice (with the Delta views here, with Redis in the batch layer's
     # check): computed once, so neither comparison plans and runs the batch layer's lineage again
@@ -345,6 +349,7 @@ def verify(
         "position": {
             "batch_id": record.batch_id,
             "end_offsets": {str(k): v for k, v in record.end_offsets.items()},
+            "at_zero": unarchived,
         },
         "table_versions": {
             name: record.versions.get(name) if v is None else v for name, v in versions.items()
@@ -410,9 +415,6 @@ def write_report(report: dict, directory: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pipelines.progress import spark_tasks
-    from pipelines.spark import build_spark
-
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--namespace", help="views version to verify (default: the active one)")
     p.add_argument("--topic", help="event topic (default: SOCIAL_EVENTS_TOPIC)")
@@ -424,6 +426,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        return _run(args)
+    except Exception as exc:  # noqa: BLE001 - a failure is one line to the user; the trace is logged
+        log.debug("verify failed", exc_info=True)
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        print(f"verify: failed: {type(exc).__name__}: {first}", file=sys.stderr)
+        return 2
+
+
+def _run(args) -> int:
+    from pipelines.progress import spark_tasks
+    from pipelines.spark import build_spark
+
     settings = get_settings()
     spark = build_spark("verify", settings, console_progress=False)  # its own bar below
     spark_tasks(spark, "verify")  # a progress bar on a terminal (pipelines/progress.py)
@@ -442,6 +457,11 @@ def summary(report: dict) -> str:
         f"verify {report['namespace']} at batch {report['position']['batch_id']} "
         f"(offsets {report['position']['end_offsets']}): {'OK' if report['ok'] else 'MISMATCH'}"
     ]
+    if report["position"].get("at_zero"):
+        lines.append(
+            f"  partitions {report['position']['at_zero']} have nothing archived yet: position 0, "
+            "nothing to compare there"
+        )
     lines.append(f"  {'view':<15} {'live':>10} {'recomputed':>11} {'mismatches':>11}")
     for name, v in report["views"].items():
         lines.append(f"  {name:<15} {v['live_rows']:>10} {v['recomputed_rows']:>11} {v['mismatches']:>11}")

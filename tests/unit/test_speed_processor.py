@@ -861,3 +861,23 @@ def test_each_task_of_a_worker_reuses_its_processor(redis_url, ns, monkeypatch):
         (out,) = list(task(iter([batch])))
         assert out.column("applied").to_pylist() == [1]
     assert len(made) == 1
+
+
+def test_state_of_an_older_key_layout_is_refused_with_the_rebuild_command(redis_url, ns):
+    """Upgrading (docs/architecture.md): a namespace an older library wrote (a fence, no layout
+    stamp: posts keyed by post id alone) is never read with the new key format; the processor's
+    start and every apply refuse it with one line naming the command that rebuilds it."""
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    functions.check_layout(r, ns)  # an empty namespace is fine: the first apply stamps it
+    r.hset(functions.key(ns, "fence"), "0", 5)  # as layout 1 left it
+    with pytest.raises(
+        functions.LayoutError, match=r"layout 1, this code writes layout 2.*pipelines\.rebuild run"
+    ):
+        functions.check_layout(r, ns)
+    with pytest.raises(redis.ResponseError, match="LAYOUT.*pipelines.rebuild run"):
+        apply(redis_url, ns, [[ev("status_updated", 1, 0, text="x")]])
+    assert r.hget(functions.key(ns, "fence"), "0") == "5" and not r.exists(functions.key(ns, "status"))
+    fresh = ns + "new"
+    apply(redis_url, fresh, [[ev("status_updated", 1, 0, text="x")]])
+    assert r.get(functions.key(fresh, "layout")) == functions.layout()
+    functions.check_layout(r, fresh)
