@@ -47,6 +47,13 @@ class Settings:
     )
     events_topic: str = _setting("SOCIAL_EVENTS_TOPIC", "social.events", "the retained event log topic")
     events_partitions: int = _setting("SOCIAL_EVENTS_PARTITIONS", 8, "partitions of the event topic")
+    writers_topic: str = _setting(
+        "SOCIAL_WRITERS_TOPIC",
+        "",
+        "the registry of snowflake worker ids, one claim per writer (API process, generator run) for the "
+        "life of the log (app_sim/writers.py; compacted, 1 partition, kept forever); empty = "
+        "`<events topic>.writers`",
+    )
     redis_url: str = _setting("SOCIAL_REDIS_URL", "redis://127.0.0.1:6379/0", "Redis serving store")
     redis_port: int = _setting("SOCIAL_REDIS_PORT", 6379, "port of the local Redis started by `make up`")
     api_host: str = _setting("SOCIAL_API_HOST", "127.0.0.1", "app API bind address")

@@ -503,6 +503,10 @@ class KafkaBroker(Service):
                 events_topic_configs(s),
                 replication_factor=s.replication_factor,
             )
+            # the log's registry of snowflake worker ids (app_sim/writers.py): each writer claims one
+            from app_sim import writers
+
+            writers.ensure_topic(s)
 
 
 class RedisServer(Service):
