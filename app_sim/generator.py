@@ -49,10 +49,14 @@ import numpy as np
 import orjson
 
 from app_sim import contract, graph
-from app_sim.ids import GENERATOR_WORKER_ID, Snowflake, event_ids
+from app_sim.ids import MAX_WORKER_ID, Snowflake, event_ids
 from app_sim.keys import KeyStore, Sealer
+from app_sim.writers import WriterIdUnavailable
 
 SIM_EPOCH_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z: start of the simulated server clock
+# Worker bits of records that no one writes to a log as they are (``generate``, ``pattern_events``):
+# ``produce`` and ``inject`` write with a worker id allocated from the log's registry (app_sim.writers).
+BROKER_FREE_WORKER_ID = 0
 
 # Activity shares (the bootstrap registrations and follow graph come first, outside the mix).
 DEFAULT_MIX: dict[str, float] = {
@@ -111,7 +115,9 @@ class GeneratorConfig:
     # and no registrations or follows written again; the activity still comes from ``seed``.
     graph_seed: int | None = None
     emit_bootstrap: bool = True
-    worker_id: int = GENERATOR_WORKER_ID
+    # snowflake worker id; None: ``produce`` allocates one from the log's registry (app_sim.writers),
+    # a broker-free run uses BROKER_FREE_WORKER_ID. Only the worker bits of the ids depend on it.
+    worker_id: int | None = None
     chunk: int = 8192
     erasure_share: float = 0.0  # share of activity slots that erase their actor (item 5 above)
     erased_users: tuple[int, ...] = ()  # continuing a world: users an earlier run erased
@@ -229,7 +235,7 @@ class EventGenerator:
         per_type = counts.per_type
         for t in contract.EVENT_TYPES:
             per_type[t] = 0
-        flake = Snowflake(cfg.worker_id)
+        flake = Snowflake(BROKER_FREE_WORKER_ID if cfg.worker_id is None else cfg.worker_id)
         realtime = cfg.realtime
         step_ms = 1000.0 / max(cfg.sim_events_per_user_s * U, 1e-9)
         sim_now = float(cfg.start_ms)
@@ -593,6 +599,7 @@ class Summary:
     offline_buffered: int
     follow_edges: int
     delivery_failures: int
+    worker_id: int  # the snowflake worker id of the run's ids (allocated, or the config's)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -600,7 +607,8 @@ class Summary:
     def render(self) -> str:
         lines = [
             f"{self.events:,} events to {self.topic} in {self.seconds:.1f} s = {self.events_per_s:,.0f} events/s "
-            f"(mean record {self.mean_record_bytes:.0f} B, {self.delivery_failures} delivery failures)",
+            f"(mean record {self.mean_record_bytes:.0f} B, {self.delivery_failures} delivery failures, "
+            f"snowflake worker {self.worker_id})",
             "  valid per type: " + ", ".join(f"{t}={n:,}" for t, n in self.per_type.items()),
             f"  injected: duplicates={self.duplicates:,}, invalid="
             + (", ".join(f"{r}={n}" for r, n in sorted(self.invalid.items())) or "0"),
@@ -652,6 +660,11 @@ def produce(
     """
     from confluent_kafka import Producer
 
+    config = config or GeneratorConfig()
+    if config.worker_id is None:  # a worker id of its own for the life of the log, before any write
+        from app_sim import writers
+
+        config = replace(config, worker_id=writers.allocate_for(bootstrap, topic, "generator").worker_id)
     gen = EventGenerator(n_events, config)
     if sealer is not None:
         # records of an erased user: sealed with a throwaway key (the caller's sealer left as it is)
@@ -743,6 +756,7 @@ def produce(
         offline_buffered=c.offline_buffered,
         follow_edges=c.follow_edges,
         delivery_failures=failures,
+        worker_id=config.worker_id,
     )
     if first_error:
         print(f"first delivery error: {first_error[0]}", file=sys.stderr)
@@ -763,7 +777,7 @@ def pattern_events(
     churn_repeats: int,
     churn_within_s: int,
     flood_recipients: int,
-    worker_id: int = GENERATOR_WORKER_ID,
+    worker_id: int = BROKER_FREE_WORKER_ID,
 ) -> list[dict]:
     """The valid events of one alert pattern by ``user``, ending at ``now_ms`` (server clock).
 
@@ -771,6 +785,7 @@ def pattern_events(
     ``burst``: ``burst_posts + 2`` posts 200 ms apart; ``follow_churn``: ``churn_repeats + 1``
     follows each undone 1 s later (never more than ``churn_within_s``); ``message_flood``:
     messages to ``flood_recipients + 2`` distinct users 100 ms apart. Device clocks are exact.
+    Post and message ids are snowflakes of ``worker_id`` (``inject`` passes an allocated one).
     """
     flake = Snowflake(worker_id)
     others = [u for u in range(1, flood_recipients + churn_repeats + 8) if u != user]
@@ -805,13 +820,29 @@ def pattern_events(
     return out
 
 
-def inject(patterns: list[str], *, topic: str, bootstrap: str, user: int, settings=None) -> int:
-    """Append the events of each pattern (thresholds from the settings) to ``topic``; returns how many."""
+def inject(
+    patterns: list[str],
+    *,
+    topic: str,
+    bootstrap: str,
+    user: int,
+    settings=None,
+    worker_id: int | None = None,
+) -> int:
+    """Append the events of each pattern (thresholds from the settings) to ``topic``; returns how many.
+
+    The ids are snowflakes of ``worker_id``; None (the default): one allocated for this call from
+    the log's registry (app_sim.writers), so an injection never reuses a generator run's ids.
+    """
     from confluent_kafka import Producer
 
     from infra.settings import get_settings
 
     s = settings or get_settings()
+    if worker_id is None:
+        from app_sim import writers
+
+        worker_id = writers.allocate_for(bootstrap, topic, "inject", settings).worker_id
     producer = Producer(producer_config(bootstrap))
     n = 0
     window_s = {
@@ -836,6 +867,7 @@ def inject(patterns: list[str], *, topic: str, bootstrap: str, user: int, settin
             churn_repeats=s.rule_churn_repeats,
             churn_within_s=s.rule_churn_within_s,
             flood_recipients=s.rule_flood_recipients,
+            worker_id=worker_id,
         ):
             producer.produce(topic, orjson.dumps(ev), contract.record_key(ev))
             n += 1
@@ -866,7 +898,14 @@ def main(argv: list[str] | None = None) -> int:
         default=d.erasure_share,
         help="share of activity slots erasing their actor",
     )
-    p.add_argument("--worker-id", type=int, default=d.worker_id, help="snowflake worker id (0-1023)")
+    p.add_argument(
+        "--worker-id",
+        type=int,
+        default=None,
+        help="snowflake worker id (0-1023) of the run and of --inject; default: allocate one of its own from "
+        "the log's registry (app_sim/writers.py). Fixed only to check reproducibility: it bypasses the "
+        "registry, so ids may collide with another writer's",
+    )
     p.add_argument(
         "--realtime", action="store_true", help="received_time = wall clock at produce (freshness runs)"
     )
@@ -886,6 +925,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--no-progress", action="store_true")
     a = p.parse_args(argv)
+    if a.worker_id is not None and not 0 <= a.worker_id <= MAX_WORKER_ID:
+        p.error(f"--worker-id must be in 0..{MAX_WORKER_ID}")
+    try:
+        return _run(a, settings)
+    except WriterIdUnavailable as exc:  # refuse to start: one line, no traceback
+        print(f"generator: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run(a: argparse.Namespace, settings) -> int:
     config = GeneratorConfig(
         users=a.users,
         seed=a.seed,
@@ -918,7 +967,14 @@ def main(argv: list[str] | None = None) -> int:
             else summary.render()
         )
     if a.inject:
-        n = inject(a.inject, topic=a.topic, bootstrap=a.bootstrap, user=a.inject_user, settings=settings)
+        n = inject(
+            a.inject,
+            topic=a.topic,
+            bootstrap=a.bootstrap,
+            user=a.inject_user,
+            settings=settings,
+            worker_id=a.worker_id,
+        )
         print(f"injected {n} events: {', '.join(a.inject)} by user {a.inject_user}")
     return 1 if failures else 0
 

@@ -1,14 +1,17 @@
-"""Ids of the social app: snowflake ``post_id``/``message_id`` and UUID ``event_id``.
+"""Ids of the social app: snowflake ``post_id``/``message_id``/``user_id`` and UUID ``event_id``.
 
 Shared by the HTTP API and the generator, so ids from both never collide in the log.
 
 Snowflake layout (int64, always positive, time-sortable)::
 
-    0 | 41 bits: ms since EPOCH_MS | 10 bits: worker (app instance) id | 12 bits: sequence
+    0 | 41 bits: ms since EPOCH_MS | 10 bits: worker id | 12 bits: sequence
 
-Unique across instances as long as every concurrently writing instance has its own worker id
-(``GENERATOR_WORKER_ID`` is reserved for the generator by default). The generator passes its
-simulated clock explicitly, so its ids are reproducible from the seed.
+Unique because every writer of a log (each API process, each generator run, ``--inject`` and
+fault runs included) gets a worker id of its own for the life of the log, allocated from the
+log's registry in Kafka (``app_sim.writers``), never a default: two writers never share one, so
+their ids differ in the worker bits whatever their clocks say. The generator passes its simulated
+clock explicitly, so its ids are reproducible from the seed apart from the worker bits
+(``--worker-id`` fixes those too, for a reproducibility check; such a run bypasses the registry).
 """
 
 from __future__ import annotations
@@ -25,7 +28,6 @@ WORKER_BITS = 10
 SEQUENCE_BITS = 12
 MAX_WORKER_ID = (1 << WORKER_BITS) - 1
 MAX_SEQUENCE = (1 << SEQUENCE_BITS) - 1
-GENERATOR_WORKER_ID = MAX_WORKER_ID
 _TIME_SHIFT = WORKER_BITS + SEQUENCE_BITS
 
 
@@ -74,6 +76,12 @@ def snowflake_time_ms(snowflake_id: int) -> int:
 
 def snowflake_worker(snowflake_id: int) -> int:
     return (snowflake_id >> SEQUENCE_BITS) & MAX_WORKER_ID
+
+
+def snowflake_without_worker(snowflake_id: int) -> int:
+    """The id with its worker bits cleared: two generator runs of one seed on different worker ids
+    mint ids equal in everything else (the simulated clock and the sequence)."""
+    return snowflake_id & ~(MAX_WORKER_ID << SEQUENCE_BITS)
 
 
 def new_event_id() -> str:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import threading
 import time
 import zlib
@@ -29,11 +30,10 @@ from pathlib import Path
 
 import orjson
 
+from app_sim import writers
 from app_sim.generator import EventGenerator, GeneratorConfig
 from infra.settings import Settings
 from infra.stack import KafkaBroker, admin_client, end_offsets
-
-FAULTS_WORKER_ID = 1022  # snowflake worker id of the fault runs' generator (the generator's is 1023)
 
 
 @dataclass
@@ -149,6 +149,8 @@ def run(
     """Write at ``rate`` events/s for ``seconds``, call ``inject`` at ``fault_at_s``, then count."""
     from confluent_kafka import Producer
 
+    # before the clock starts: a worker id of the run's own (see the GeneratorConfig below)
+    worker_id = writers.allocate(settings, "faults", events_topic=topic).worker_id
     result = FaultRun(name=name, acks=acks, idempotence=idempotence, fault=fault, seconds=seconds)
     acked: Counter = Counter()
     start = time.monotonic()
@@ -164,15 +166,15 @@ def run(
     producer = Producer(
         {**producer_config(settings.kafka_bootstrap, acks, idempotence), "on_delivery": on_delivery}
     )
-    # Wall-clock ids from a worker id of its own: a fault run appended to a topic that already has
-    # a generator run (spark_worker_killed) must not reuse its post and message ids (snowflakes of
-    # the simulated clock and worker 1023), which the contract requires unique (docs/events.md).
+    # Wall-clock ids from a worker id of the run's own, allocated above from the log's registry
+    # (app_sim.writers): a fault run appended to a topic that already has other writers' events
+    # (spark_worker_killed) never reuses their post and message ids.
     config = GeneratorConfig(
         users=users,
         mean_followers=5.0,
         seed=zlib.crc32(name.encode()) & 0xFFFF,
         realtime=True,
-        worker_id=FAULTS_WORKER_ID,
+        worker_id=worker_id,
     )
     records = EventGenerator(int(rate * seconds) + users * 10, config).records()
     fault_thread: threading.Thread | None = None
@@ -269,7 +271,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=30.0)
     p.add_argument("--rate", type=float, default=1000.0)
     args = p.parse_args(argv)
-    report = spark_worker_killed(get_settings(), seconds=args.seconds, rate=args.rate)
+    try:
+        report = spark_worker_killed(get_settings(), seconds=args.seconds, rate=args.rate)
+    except writers.WriterIdUnavailable as exc:  # refuse to start: one line, no traceback
+        print(f"faults: {exc}", file=sys.stderr)
+        return 2
     print(json.dumps({k: v for k, v in report.items() if k != "first_errors"}, indent=2))
     return 0 if report["exactly_once"] and report["caught_up"] and report["accounting_ok"] else 1
 

@@ -59,11 +59,6 @@ class Settings:
     api_host: str = _setting("SOCIAL_API_HOST", "127.0.0.1", "app API bind address")
     api_port: int = _setting("SOCIAL_API_PORT", 8000, "app API port")
     api_workers: int = _setting("SOCIAL_API_WORKERS", 2, "uvicorn worker processes of the app API")
-    api_worker_id: int = _setting(
-        "SOCIAL_API_WORKER_ID",
-        1,
-        "first snowflake worker id of the API; each API process claims the next free one (never 1023)",
-    )
     api_secret: str = _setting(
         "SOCIAL_API_SECRET", "", "token signing secret; empty = generated once under var/api/ and reused"
     )

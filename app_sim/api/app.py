@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
-import os
 import re
+import sys
 import time
 import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Annotated
 
 import orjson
@@ -22,12 +20,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from uvicorn.config import STARTUP_FAILURE
 
-from app_sim import auth, contract, keys
+from app_sim import auth, contract, keys, writers
 from app_sim.api import dual_write
 from app_sim.api import models as m
 from app_sim.api.eventlog import EventLog, LogUnavailable
-from app_sim.ids import GENERATOR_WORKER_ID, MAX_WORKER_ID, Snowflake, new_event_id, wall_clock_ms
+from app_sim.ids import Snowflake, new_event_id, wall_clock_ms
 from infra.settings import Settings, get_settings
 
 RECENT_TTL_S = 24 * 3600  # how long the API remembers its own writes (the store lags by seconds)
@@ -66,27 +65,15 @@ def _error(status: int, code: str, detail: str, headers: dict | None = None, err
 # --- snowflake worker ids: one per API process ------------------------------------------------------
 
 
-def claim_worker_id(settings: Settings) -> tuple[int, object]:
-    """The first worker id >= ``api_worker_id`` no other API process on this host holds.
+def claim_worker_id(settings: Settings) -> int:
+    """This API process's snowflake worker id, one of its own for the life of the log.
 
-    Held by an flock on ``run/api-worker-<id>.lock`` for the life of the process (the kernel
-    releases it when the process dies, even by kill -9). Never the generator's id.
+    Claimed in the log's registry of writers in Kafka (``app_sim.writers``), so no other API
+    process, on this host or another, and no generator run ever mints ids with it, whatever a
+    Redis FLUSHALL, a restore or a restart does; never given back. Raises
+    :class:`~app_sim.writers.WriterIdUnavailable` (a one-line message) when none can be had.
     """
-    run_dir = Path(settings.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    for wid in range(settings.api_worker_id, MAX_WORKER_ID + 1):
-        if wid == GENERATOR_WORKER_ID:
-            continue
-        f = open(run_dir / f"api-worker-{wid}.lock", "w")  # noqa: SIM115 - held open on purpose
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.close()
-            continue
-        f.write(f"{os.getpid()}\n")
-        f.flush()
-        return wid, f
-    raise RuntimeError(f"no free snowflake worker id from {settings.api_worker_id} up (1023 is reserved)")
+    return writers.allocate(settings, "api").worker_id
 
 
 # --- state of one API process ------------------------------------------------------------------------
@@ -442,12 +429,16 @@ NOT_FOUND = {404: {"model": m.Error, "description": "unknown user, post or messa
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
-    if settings.api_worker_id == GENERATOR_WORKER_ID:
-        raise ValueError(f"api_worker_id {GENERATOR_WORKER_ID} is reserved for the generator")
+    # before serving: a process without a worker id of its own refuses to start, with one line and
+    # uvicorn's "failed to start" status (its supervisor then stops instead of restarting it)
+    try:
+        worker_id = claim_worker_id(settings)
+    except writers.WriterIdUnavailable as exc:
+        print(f"app API: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(STARTUP_FAILURE) from None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        worker_id, lock = claim_worker_id(settings)
         # asyncio all the way: a read is a pipelined round trip or two on the event loop, no
         # thread hops; a Redis that hangs fails the request after 5 s (503), not the process.
         client = redis.asyncio.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=5)
@@ -470,7 +461,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             log.close()
             await client.aclose()
             keystore.close()
-            lock.close()
 
     app = FastAPI(
         title="kappa-social app API",

@@ -233,9 +233,12 @@ def test_every_write_lands_in_the_log_as_a_valid_event_at_the_answered_position(
     assert (
         records[(answers[2][1].json()["partition"], answers[2][1].json()["offset"])][0] == str(bob).encode()
     )
-    from app_sim.ids import GENERATOR_WORKER_ID, snowflake_worker
+    from app_sim import writers
+    from app_sim.ids import snowflake_worker
 
-    assert snowflake_worker(post_id) != GENERATOR_WORKER_ID and snowflake_worker(alice) != GENERATOR_WORKER_ID
+    # the ids carry the API process's worker id, claimed by it in the log's registry (app_sim.writers)
+    owners = {c["worker_id"]: c["kind"] for c in writers.read_claims(api.settings) if c["won"]}
+    assert snowflake_worker(post_id) == snowflake_worker(alice) and owners[snowflake_worker(alice)] == "api"
     a.close()
     b.close()
 

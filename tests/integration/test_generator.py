@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter, defaultdict
+from dataclasses import replace
 
 import orjson
 import pytest
@@ -51,8 +52,9 @@ def test_generator_writes_what_it_reports(kafka_stack, topic_factory):
     records = _read_all(kafka_stack.bootstrap, topic, N)
     assert len(records) == N
 
-    # Log order per partition is what the generator wrote in that partition's order.
-    expected = list(generate(N, cfg))
+    # Log order per partition is what the generator wrote in that partition's order (the run's
+    # snowflake worker id was allocated from the log's registry: the same one, offline).
+    expected = list(generate(N, replace(cfg, worker_id=summary.worker_id)))
     expected_by_key = defaultdict(list)
     for key, value, _injected in expected:
         raw = value if isinstance(value, bytes) else orjson.dumps(value)
@@ -103,7 +105,7 @@ def test_a_paused_run_has_its_first_part_in_the_log_at_the_pause_and_is_still_on
     per partition, as the same run without a pause."""
     from infra.stack import end_offsets
 
-    cfg = GeneratorConfig(users=50, mean_followers=5, seed=3)
+    cfg = GeneratorConfig(users=50, mean_followers=5, seed=3, worker_id=5)  # byte-equal runs: one worker id
     paused, plain = topic_factory(partitions=4), topic_factory(partitions=4)
     at_pause: list[int] = []
     summary = produce(
@@ -150,7 +152,7 @@ def test_a_sealed_run_with_erasures_leaves_no_erased_users_field_readable(
 
     plain_by_key = defaultdict(list)
     erased = set()
-    for key, value, injected in generate(n, cfg):
+    for key, value, injected in generate(n, replace(cfg, worker_id=summary.worker_id)):
         plain_by_key[key].append(value)
         if type(value) is dict and injected is None and value["type"] == "user_erased":
             erased.add(value["user_id"])

@@ -133,9 +133,9 @@ def test_rebuild_from_the_batch_layer_then_flushall_and_restore_read_only_the_lo
         live = speed_layer_factory(topic=topic, namespace="live", views_namespace="live", **private)
         archived_at = live.wait_caught_up(timeout=600)  # Redis and the compacted Delta views: P
         live.stop()
-        # more events after P: both ways back read these from the log (the same users and graph,
-        # another generator worker id: post and message ids stay unique)
-        cfg2 = dataclasses.replace(cfg, seed=22, emit_bootstrap=False, worker_id=cfg.worker_id - 1)
+        # more events after P: both ways back read these from the log (the same users and graph;
+        # the run allocates another worker id from the log's registry: post and message ids stay unique)
+        cfg2 = dataclasses.replace(cfg, seed=22, emit_bootstrap=False)
         second = produce(3_000, cfg2, topic=topic, bootstrap=kafka_stack.bootstrap, progress=False)
 
         class Both:

@@ -8,11 +8,9 @@ import pytest
 from pydantic import ValidationError
 
 from app_sim.api import models as m
-from app_sim.api.app import ApiError, claim_worker_id, client_headers
+from app_sim.api.app import ApiError, client_headers
 from app_sim.api.eventlog import EventLog, InvalidEvent, LogUnavailable
 from app_sim.contract import MAX_TEXT_LENGTH
-from app_sim.ids import GENERATOR_WORKER_ID
-from infra.settings import Settings
 
 
 @pytest.mark.parametrize(
@@ -63,21 +61,6 @@ def test_bad_client_headers_are_400(headers):
 def test_client_headers_parse():
     got = asyncio.run(client_headers(idempotency_key="k-1", x_device_time="5", x_sent_time="7"))
     assert (got.idempotency_key, got.device_time, got.sent_time) == ("k-1", 5, 7)
-
-
-def test_each_api_process_claims_its_own_worker_id_never_the_generators(tmp_path):
-    settings = Settings(var_dir=tmp_path, api_worker_id=GENERATOR_WORKER_ID - 1)
-    first, lock1 = claim_worker_id(settings)
-    try:
-        # the lock is per open file description: a second claim (as another process would) moves on
-        with pytest.raises(RuntimeError):
-            claim_worker_id(settings)  # 1022 is held and 1023 is the generator's: none left
-        assert first == GENERATOR_WORKER_ID - 1
-    finally:
-        lock1.close()
-    again, lock2 = claim_worker_id(settings)
-    lock2.close()
-    assert again == first  # released with the process (here: the file)
 
 
 class _ProduceSpy:
