@@ -1,0 +1,266 @@
+"""Live metrics of the speed layer and the archiver, for Prometheus (``prometheus-client``).
+
+``python -m infra.metrics [--port 9464]`` serves ``/metrics``; every scrape reads the live
+stores, so the figures are those of that moment and the exporter keeps no state of its own:
+
+- the log's end offsets (Kafka), the speed layer's fences (Redis) and the archive's position
+  (the Delta ``batches`` log): per partition, the serving path's and the archive's lag in records;
+- the speed layer's accounting per partition (``stats:<p>``: applied, duplicates, rejected,
+  quarantined) and its freshness histogram (``freshness``: server receive -> applied in Redis);
+- Redis time per event: the server's CPU time in ``FCALL`` (``INFO commandstats``) over the
+  events the speed layer has decided;
+- the archive's age: seconds since the last ``batches`` commit, and whether it covers the fences.
+
+``python -m infra.metrics --summary`` prints the headline numbers once (``make status``).
+Every metric, its labels and its meaning: docs/metrics.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from infra.settings import Settings, get_settings
+
+# Prometheus histogram buckets (seconds) for the freshness histogram (kept in 10 ms buckets)
+FRESHNESS_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+DISPOSITIONS = ("applied", "duplicates", "rejected", "quarantined")
+
+
+def _archive(settings: Settings, namespace: str) -> tuple[dict[int, int], float | None]:
+    """The archive's position (partition -> next offset) and its last commit time (epoch s)."""
+    from pipelines.lake import committed_position
+
+    found = committed_position(settings.lake_dir, namespace)
+    position = found[1] if found else {}
+    log_dir = Path(settings.lake_dir) / namespace / "batches" / "_delta_log"
+    commits = sorted(log_dir.glob("*.json")) if log_dir.exists() else []
+    at = None
+    for line in commits[-1].read_text().splitlines() if commits else []:
+        info = json.loads(line).get("commitInfo")
+        if info and info.get("timestamp"):
+            at = info["timestamp"] / 1000
+    return position, at
+
+
+def snapshot(settings: Settings) -> dict:
+    """Everything the exporter reports, read once from Kafka, Redis and the Delta log."""
+    from infra.stack import end_offsets
+    from pipelines import namespaces
+    from pipelines.speed import functions
+    from pipelines.speed.processor import FRESHNESS_BUCKET_MS
+
+    ns = namespaces.active(settings)
+    r = functions.connect(settings.redis_url)
+    ends = end_offsets(settings, settings.events_topic)
+    fences = functions.fences(r, ns)
+    pipe = r.pipeline(transaction=False)
+    for p in sorted(ends):
+        pipe.hgetall(functions.key(ns, "stats", p))
+    stats = {
+        p: {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in raw.items()}
+        for p, raw in zip(sorted(ends), pipe.execute(), strict=True)
+    }
+    hist = {int(b): int(n) for b, n in r.hgetall(functions.key(ns, "freshness")).items()}
+    fcall = r.info("commandstats").get("cmdstat_fcall", {})
+    archive, archived_at = _archive(settings, ns)
+    decided = sum(sum(s.get(d, 0) for d in DISPOSITIONS) for s in stats.values())
+    return {
+        "namespace": ns,
+        "topic": settings.events_topic,
+        "end": ends,
+        "fence": {p: fences.get(p, 0) for p in ends},
+        "archive": {p: archive.get(p, 0) for p in ends},
+        "archived_at": archived_at,
+        "stats": stats,
+        "freshness": hist,
+        "bucket_ms": FRESHNESS_BUCKET_MS,
+        "fcall_calls": int(fcall.get("calls", 0)),
+        "fcall_usec": int(fcall.get("usec", 0)),
+        "redis_us_per_event": (int(fcall.get("usec", 0)) / decided) if decided else None,
+        "now": time.time(),
+    }
+
+
+def families(snap: dict):
+    """The snapshot as Prometheus metric families."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+    ns = snap["namespace"]
+    labels = ["namespace", "partition"]
+
+    def per_partition(name: str, doc: str, values: dict[int, float]) -> GaugeMetricFamily:
+        g = GaugeMetricFamily(name, doc, labels=labels)
+        for p, v in sorted(values.items()):
+            g.add_metric([ns, str(p)], v)
+        return g
+
+    end, fence, archive = snap["end"], snap["fence"], snap["archive"]
+    yield per_partition("social_log_end_offset", "next offset of the event log (Kafka)", end)
+    yield per_partition("social_serving_fence", "next offset the keyed state in Redis covers", fence)
+    yield per_partition(
+        "social_serving_lag_records",
+        "records in the log the speed layer has not applied (log end - fence)",
+        {p: max(0, end[p] - fence[p]) for p in end},
+    )
+    yield per_partition("social_archive_position", "next offset the Delta views cover", archive)
+    yield per_partition(
+        "social_archive_lag_records",
+        "records in the log the Delta views do not cover (log end - archive position)",
+        {p: max(0, end[p] - archive[p]) for p in end},
+    )
+    yield per_partition(
+        "social_archive_behind_serving_records",
+        "records Redis covers and the Delta views do not yet (fence - archive position)",
+        {p: max(0, fence[p] - archive[p]) for p in end},
+    )
+    events = CounterMetricFamily(
+        "social_events",
+        "records the speed layer decided, by disposition (applied, duplicates, rejected, quarantined)",
+        labels=[*labels, "disposition"],
+    )
+    for p, s in sorted(snap["stats"].items()):
+        for d in DISPOSITIONS:
+            events.add_metric([ns, str(p), d], s.get(d, 0))
+    yield events
+    hist, bucket_ms = snap["freshness"], snap["bucket_ms"]
+    buckets, acc, total_s = [], 0, 0.0
+    ordered = sorted(hist.items())
+    for bound in FRESHNESS_BUCKETS_S:
+        acc = sum(n for b, n in ordered if (b + 1) * bucket_ms <= bound * 1000)
+        buckets.append((str(bound), acc))
+    buckets.append(("+Inf", sum(hist.values())))
+    total_s = sum(n * (b + 0.5) * bucket_ms / 1000 for b, n in ordered)
+    h = HistogramMetricFamily(
+        "social_freshness_seconds",
+        "server receive time -> applied in Redis, per event (the speed layer's 10 ms histogram; "
+        "delays over 120 s share the last bucket)",
+        labels=["namespace"],
+    )
+    h.add_metric([ns], buckets=buckets, sum_value=total_s)
+    yield h
+    yield CounterMetricFamily(
+        "social_redis_fcall_seconds",
+        "Redis CPU time in FCALL (every namespace)",
+        value=snap["fcall_usec"] / 1e6,
+    )
+    g = GaugeMetricFamily(
+        "social_redis_seconds_per_event",
+        "Redis CPU time in FCALL per record the speed layer decided (since Redis started)",
+        labels=["namespace"],
+    )
+    if snap["redis_us_per_event"] is not None:
+        g.add_metric([ns], snap["redis_us_per_event"] / 1e6)
+    yield g
+    g = GaugeMetricFamily(
+        "social_archive_age_seconds",
+        "seconds since the archiver's last Delta batches commit",
+        labels=["namespace"],
+    )
+    if snap["archived_at"] is not None:
+        g.add_metric([ns], max(0.0, snap["now"] - snap["archived_at"]))
+    yield g
+
+
+class Collector:
+    """A prometheus-client collector that reads the stores on every scrape."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+
+    def collect(self):
+        from prometheus_client.core import GaugeMetricFamily
+
+        up = GaugeMetricFamily("social_exporter_up", "1 when the stores answered this scrape")
+        try:
+            snap = snapshot(self.settings)
+        except Exception as exc:  # noqa: BLE001 - a scrape must answer even when a store is down
+            print(f"scrape failed: {exc}", file=sys.stderr)
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        yield from families(snap)
+
+
+def percentile(hist: dict[int, int], bucket_ms: int, q: float) -> int | None:
+    total = sum(hist.values())
+    acc = 0
+    for b in sorted(hist):
+        acc += hist[b]
+        if acc >= q * total:
+            return (b + 1) * bucket_ms
+    return None
+
+
+def summary(snap: dict) -> str:
+    """The headline numbers in a few lines (``make status``)."""
+    end, fence, archive = (sum(snap[k].values()) for k in ("end", "fence", "archive"))
+    decided = {d: sum(s.get(d, 0) for s in snap["stats"].values()) for d in DISPOSITIONS}
+    hist, bucket = snap["freshness"], snap["bucket_ms"]
+    fresh = (
+        f"p50 {percentile(hist, bucket, 0.5)} ms, p99 {percentile(hist, bucket, 0.99)} ms over "
+        f"{sum(hist.values()):,} events"
+        if hist
+        else "no event applied yet"
+    )
+    age = (
+        f"last commit {snap['now'] - snap['archived_at']:.0f}s ago"
+        if snap["archived_at"]
+        else "nothing archived yet"
+    )
+    per_event = (
+        f"{snap['redis_us_per_event']:.0f} µs of Redis per event"
+        if snap["redis_us_per_event"] is not None
+        else "no event decided yet"
+    )
+    return "\n".join(
+        [
+            f"metrics ({snap['namespace']}, {snap['topic']}):",
+            f"  log end {end:,}; serving path (Redis fences) {fence:,}, lag {end - fence:,} records; "
+            f"archive (Delta) {archive:,}, lag {end - archive:,} records ({age})",
+            "  decided: " + ", ".join(f"{d} {n:,}" for d, n in decided.items()) + f"; {per_event}",
+            f"  freshness (received -> visible in Redis): {fresh}",
+        ]
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m infra.metrics", description=__doc__.splitlines()[0])
+    p.add_argument("--port", type=int, default=9464, help="port of /metrics (9464)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--summary", action="store_true", help="print the headline numbers once and exit")
+    args = p.parse_args(argv)
+    settings = get_settings()
+    if args.summary:
+        from infra.stack import port_listening
+
+        kafka = settings.kafka_bootstrap.split(",")[0]
+        redis_port = int(settings.redis_url.rsplit(":", 1)[1].split("/")[0])
+        if not (port_listening(int(kafka.rsplit(":", 1)[1])) and port_listening(redis_port)):
+            print(f"metrics: none (Kafka {kafka} or Redis {redis_port} is not running)")
+            return 0
+        try:
+            print(summary(snapshot(settings)))
+        except Exception as exc:  # noqa: BLE001 - `make status` says why, in one line
+            print(f"metrics: not available ({type(exc).__name__}: {exc})")
+        return 0
+    from prometheus_client import start_http_server
+    from prometheus_client.core import REGISTRY
+
+    REGISTRY.register(Collector(settings))
+    start_http_server(args.port, addr=args.host)
+    print(f"serving http://{args.host}:{args.port}/metrics", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
