@@ -57,15 +57,18 @@ class Changes:
         tl = changelog.where(F.col("timeline").isNotNull()).select(
             "seq", F.posexplode(F.split("timeline", ",")).alias("idx", "e")
         )
+        # '+user:member:event_time' or '-user:member', the member being the post id then the
+        # author id, 19 digits each (pipelines/speed/changelog.py)
         parts = F.split(F.substring("e", 2, 1 << 20), ":")
+        member = F.get(parts, 1)
         self.tl = tl.select(
             "seq",
             "idx",
             F.substring("e", 1, 1).alias("sign"),
             F.get(parts, 0).cast("bigint").alias("user_id"),
-            F.get(parts, 1).cast("bigint").alias("post_id"),
-            F.get(parts, 2).cast("bigint").alias("author_id"),
-            F.get(parts, 3).cast("bigint").alias("event_time"),
+            F.substring(member, 1, 19).cast("bigint").alias("post_id"),
+            F.substring(member, 20, 19).cast("bigint").alias("author_id"),
+            F.get(parts, 2).cast("bigint").alias("event_time"),
         ).localCheckpoint()
 
     def _of(self, *kinds: str) -> DataFrame:

@@ -88,14 +88,15 @@ function Ctx:change(...)
   self.changes[#self.changes + 1] = row
 end
 
--- A timeline change for the changelog: '+user:post:author:event_time' or '-user:post:author'
--- (post zero-padded to 19 digits, as the posts lists hold it).
-function Ctx:tl_change(sign, u, m, score)
+-- A timeline change for the changelog: '+user:member:event_time' or '-user:member' (the member as
+-- the timeline holds it: post and author, 19 digits each). `score_s` is the event time already
+-- formatted: once per post, not once per follower (the fan-out's hot path).
+function Ctx:tl_change(sign, u, m, score_s)
   local t = self.tl
   if sign == '+' then
-    t[#t + 1] = '+' .. u .. ':' .. m:sub(1, 19) .. ':' .. unpad(m:sub(20)) .. ':' .. string.format('%d', score)
+    t[#t + 1] = '+' .. u .. ':' .. m .. ':' .. score_s
   else
-    t[#t + 1] = '-' .. u .. ':' .. m:sub(1, 19) .. ':' .. unpad(m:sub(20))
+    t[#t + 1] = '-' .. u .. ':' .. m
   end
 end
 
@@ -144,10 +145,11 @@ function Ctx:tl_add_one(u, p)
     redis.call('ZREM', key, p[1])
     return
   end
-  self:tl_change('+', u, p[1], p[2])
+  self:tl_change('+', u, p[1], p[4])
 end
 
--- Add posts (list of {member, score, author}) to tl:u (a backfill: many at once); logs the net change.
+-- Add posts (list of {member, score, author, score formatted}) to tl:u (a backfill: many at once);
+-- logs the net change.
 function Ctx:tl_add(u, posts)
   if #posts == 1 then return self:tl_add_one(u, posts[1]) end
   local key = self:k('tl', u)
@@ -185,7 +187,7 @@ function Ctx:tl_add(u, posts)
     for i = 1, #out, 2 do popped[out[i]] = true end
   end
   for m, p in pairs(added) do
-    if not popped[m] then self:tl_change('+', u, m, p[2]) end
+    if not popped[m] then self:tl_change('+', u, m, p[4]) end
   end
   for m, _ in pairs(popped) do
     if not added[m] then self:tl_change('-', u, m) end
@@ -218,7 +220,7 @@ function Ctx:refill(u, want)
       for i = 1, #rows, 2 do
         local m, s = tl_member(rows[i], a), tonumber(rows[i + 1])
         if bound_s == nil or cmp_gt(bound_s, bound_m, s, m) then
-          cands[#cands + 1] = {m, s, a}
+          cands[#cands + 1] = {m, s, a, string.format('%d', s)}
           got = got + 1
           if got >= want then break end
         end
@@ -236,7 +238,7 @@ function Ctx:refill(u, want)
   for _, p in ipairs(top) do
     args[#args + 1] = p[2]
     args[#args + 1] = p[1]
-    self:tl_change('+', u, p[1], p[2])
+    self:tl_change('+', u, p[1], p[4])
   end
   redis.call('ZADD', key, unpack(args))
 end
@@ -259,12 +261,15 @@ function Ctx:tl_remove(u, members)
   end
 end
 
--- An author's latest N + S live posts as {member, score, author}: the only ones that can be in
+-- An author's latest N + S live posts as {member, score, author, score formatted}: the only ones that can be in
 -- any timeline (a post kept in a timeline has its author's newer posts above it).
 function Ctx:latest_posts(a)
   local rows = redis.call('ZREVRANGE', self:k('posts', a), 0, self.N + self.S - 1, 'WITHSCORES')
   local out = {}
-  for i = 1, #rows, 2 do out[#out + 1] = {tl_member(rows[i], a), tonumber(rows[i + 1]), a} end
+  for i = 1, #rows, 2 do
+    local s = tonumber(rows[i + 1])
+    out[#out + 1] = {tl_member(rows[i], a), s, a, string.format('%d', s)}
+  end
   return out
 end
 
@@ -341,7 +346,7 @@ function apply.post_created(c, e)
   redis.call('ZADD', c:k('posts', a), e.et, m)
   redis.call('SET', c:k('p', a .. ':' .. pid), post_json(pid, a, e.s1, e.et))
   c:change('P', a, pid, e.et, e.s1, 0, nil)
-  local post = {{tl_member(m, a), e.et, a}}
+  local post = {{tl_member(m, a), e.et, a, string.format('%d', e.et)}}
   c:tl_add(a, post)
   if not c:is_celeb(a) then
     for _, f in ipairs(redis.call('SMEMBERS', c:k('followers', a))) do c:tl_add(f, post) end
