@@ -1,9 +1,11 @@
 """The analytics page: ``var/reports/analytics/index.html`` (plots) and ``summary.json``.
 
-``python -m pipelines.analytics.report [--namespace NS]`` reads the analytics' Delta tables (batch
-reads of what the streaming queries wrote) and draws what a person looks at: activity per
-minute, the session-length distribution, time to read (and unread after 24 h), alerts over time
-and late events. Plots are matplotlib PNGs embedded in the page, so it is one file.
+``python -m pipelines.analytics.report [--namespace NS] [--injected-user U ...]`` reads the
+analytics' Delta tables (batch reads of what the streaming queries wrote) and draws what a person
+looks at: activity per minute, the session-length distribution, time to read (and unread after
+24 h), alerts over time (those of the users who acted out injected patterns, ``--injected-user``,
+counted apart from everyone else's) and late events. A table without rows says why. Plots are
+matplotlib PNGs embedded in the page, so it is one file.
 """
 
 from __future__ import annotations
@@ -24,6 +26,19 @@ from pipelines import namespaces
 from pipelines.analytics.joins import time_to_read_per_hour
 from pipelines.analytics.runner import Paths
 from pipelines.report import _CSS
+
+# Why a table can have no rows yet (the page says it instead of showing an empty table).
+WINDOWED = "rows appear once the watermark (the latest event time seen minus the allowed lateness, {lateness} s) passes a window's end"
+EMPTY_BECAUSE = {
+    "activity_per_minute": WINDOWED,
+    "active_users": WINDOWED,
+    "sessions": WINDOWED + " (a session ends after 5 minutes without an event of its user)",
+    "late_events": "no event arrived after the watermark had passed its one-minute window",
+    "message_reads": "no message was sent and then read (or left unread for 24 h of event time) yet",
+    "posts_enriched": "no post has been joined with its author's profile yet",
+    "alerts": "no rule's threshold was crossed (SOCIAL_RULE_*)",
+}
+NOT_WRITTEN = "the query has not committed a micro-batch yet (see var/log/analytics.log)"
 
 TABLES = (
     "activity_per_minute",
@@ -55,9 +70,9 @@ def _figure():
     return plt.subplots(figsize=(9, 3))
 
 
-def collect(spark, paths: Paths) -> dict:
+def collect(spark, paths: Paths, injected_users: tuple[int, ...] = (), lateness_s: int = 120) -> dict:
     """Everything the page shows, as plain Python data (also written as summary.json)."""
-    out: dict = {"tables": {}}
+    out: dict = {"tables": {}, "empty_because": {}}
     frames = {}
     for name in TABLES:
         path = Path(paths.table(name))
@@ -66,6 +81,9 @@ def collect(spark, paths: Paths) -> dict:
             out["tables"][name] = frames[name].count()
         else:
             out["tables"][name] = None
+        if not out["tables"][name]:
+            why = NOT_WRITTEN if out["tables"][name] is None else EMPTY_BECAUSE[name]
+            out["empty_because"][name] = why.format(lateness=lateness_s)
     if "activity_per_minute" in frames:
         out["activity"] = [
             (r["window_start"].isoformat(), r["type"], r["events"])
@@ -92,6 +110,12 @@ def collect(spark, paths: Paths) -> dict:
     if "alerts" in frames:
         a = frames["alerts"]
         out["alerts_per_rule"] = {r["rule"]: r["count"] for r in a.groupBy("rule").count().collect()}
+        origin = F.when(F.col("user_id").isin(*injected_users), "injected").otherwise("others")
+        by_origin: dict[str, dict[str, int]] = {"injected": {}, "others": {}}
+        for r in a.groupBy(origin.alias("origin"), "rule").count().collect():
+            by_origin[r["origin"]][r["rule"]] = r["count"]
+        out["alerts_by_origin"] = {k: dict(sorted(v.items())) for k, v in by_origin.items()}
+        out["injected_users"] = list(injected_users)
         out["alerts"] = [
             (r["window_start"].isoformat(), r["rule"], r["user_id"], r["value"], r["threshold"])
             for r in a.orderBy("window_start").collect()
@@ -161,12 +185,18 @@ def _plots(data: dict) -> list[tuple[str, str]]:
 
 def render(data: dict, namespace: str) -> str:
     e = html.escape
+    why = data.get("empty_because", {})
     rows = "".join(
-        f"<tr><td>{e(k)}</td><td class=num>{'-' if v is None else f'{v:,}'}</td></tr>"
+        f"<tr><td>{e(k)}</td><td class=num>{'-' if v is None else f'{v:,}'}</td>"
+        f"<td class=muted>{e(why.get(k, '')) if not v else ''}</td></tr>"
         for k, v in data["tables"].items()
     )
+    origin = data.get("alerts_by_origin", {})
+    injected = ", ".join(str(u) for u in data.get("injected_users", [])) or "none named"
     facts = {
         "alerts per rule": data.get("alerts_per_rule", {}),
+        f"alerts of the injected users ({injected})": origin.get("injected", {}),
+        "alerts of all other users": origin.get("others", {}),
         "alert latency (event received -> raised), ms": data.get("alert_latency_ms", {}),
         "late events": data.get("late_events", 0),
         "unread after 24 h": data.get("unread_after_24h", 0),
@@ -178,13 +208,17 @@ def render(data: dict, namespace: str) -> str:
         f"<style>{_CSS}</style></head><body><h1>Stream analytics ({e(namespace)})</h1>"
         f"<p class=muted>generated {datetime.now(UTC).isoformat(timespec='seconds')}; windows appear once "
         "the watermark closes them; definitions: pipelines/analytics/</p>"
-        f"<table><tr><th>table</th><th>rows</th></tr>{rows}</table><table>{fact_rows}</table>{body}</body></html>"
+        f"<table><tr><th>table</th><th>rows</th><th>why none</th></tr>{rows}</table><table>{fact_rows}</table>{body}</body></html>"
     )
 
 
-def write(spark, settings: Settings, namespace: str | None = None) -> Path:
+def write(
+    spark, settings: Settings, namespace: str | None = None, injected_users: tuple[int, ...] = ()
+) -> Path:
     namespace = namespace or namespaces.active(settings)
-    data = collect(spark, Paths.for_namespace(settings, namespace))
+    data = collect(
+        spark, Paths.for_namespace(settings, namespace), tuple(injected_users), settings.analytics_lateness_s
+    )
     out = Path(settings.reports_dir) / "analytics"
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(
@@ -202,10 +236,17 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m pipelines.analytics.report", description=__doc__.splitlines()[0]
     )
     p.add_argument("--namespace", help="lake namespace (default: the active one)")
+    p.add_argument(
+        "--injected-user",
+        type=int,
+        action="append",
+        default=[],
+        help="a user who acted out injected alert patterns (repeatable): their alerts are counted apart",
+    )
     args = p.parse_args(argv)
     settings = get_settings()
     spark = build_spark("analytics-report", settings, extra_conf={"spark.ui.enabled": "false"})
-    print(write(spark, settings, args.namespace))
+    print(write(spark, settings, args.namespace, tuple(args.injected_user)))
     spark.stop()
     return 0
 
