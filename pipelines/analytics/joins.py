@@ -24,8 +24,9 @@ TTR_BUCKETS_S = (10, 60, 300, 1800, 3600, 6 * 3600, 24 * 3600)
 
 
 def message_reads(events: DataFrame, cfg: AnalyticsConfig) -> DataFrame:
-    # one watermark for both sides, declared before the split: any event advances it
-    events = events.withWatermark("event_ts", cfg.lateness)
+    # one watermark for both sides, declared before the split: any event advances it; a record
+    # sent twice (a client's retry: the same event_id) is one message and one read, not two rows
+    events = events.withWatermark("event_ts", cfg.lateness).dropDuplicatesWithinWatermark(["event_id"])
     sent = events.where(F.col("type") == "message_sent").select(
         "message_id",
         F.col("user_id").alias("sender_id"),

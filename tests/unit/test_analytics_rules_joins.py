@@ -117,11 +117,14 @@ def test_message_reads_within_24h_and_unread(spark, tmp_path):
         ev("message_sent", 2, 120, message_id=3, recipient_id=1),
         ev("message_sent", 1, 180, message_id=4, recipient_id=2),
     ]
+    read = ev("message_read", 2, 45, message_id=1)  # 45 s after it was sent
     log.batch(
         *sent,
-        ev("message_read", 2, 45, message_id=1),  # 45 s after it was sent
+        read,
         ev("message_read", 3, 240, message_id=4),  # not the recipient (2): no match
+        sent[0],  # a retry of the first message (the same event): still one message, one read
     )
+    log.batch(read)  # and of its read, a batch later
     log.batch(ev("message_read", 1, 120 + 25 * HOUR, message_id=3))  # read 25 h later: too late
     log.batch(ev("post_created", 9, 26 * HOUR + 200))  # W = 26 h + 140 s: every 24 h bound passed
     log.run(spark, ["message_reads"])
