@@ -82,7 +82,9 @@ def collect(spark, paths: Paths, injected_users: tuple[int, ...] = (), lateness_
         else:
             out["tables"][name] = None
         if not out["tables"][name]:
-            why = NOT_WRITTEN if out["tables"][name] is None else EMPTY_BECAUSE[name]
+            # late_events is written at the first late event (runner.LateEventsSink), not before
+            missing = out["tables"][name] is None and name != "late_events"
+            why = NOT_WRITTEN if missing else EMPTY_BECAUSE[name]
             out["empty_because"][name] = why.format(lateness=lateness_s)
     if "activity_per_minute" in frames:
         out["activity"] = [
