@@ -46,14 +46,18 @@ up: setup ## start Kafka (KRaft), Redis, the speed layer and the API on 127.0.0.
 down: ## stop exactly what `make up` started
 	@test -x $(PY) && $(PY) -m infra.stack down || true
 
-status: ## what is running
+status: ## what is running, and the headline metrics (lag, freshness, accounting: docs/metrics.md)
 	@$(PY) -m infra.stack status
+	@$(PY) -m infra.metrics --summary
 
 airflow: setup ## the Airflow UI with the DAGs (scheduler + API server) in the foreground: http://127.0.0.1:8080, no login
 	@$(PY) -m infra.airflow standalone
 
-demo: setup ## the whole story end to end on a fresh machine
-	@$(PY) -m infra.demo
+# The demo's size: DEMO_EVENTS (history, 200000), DEMO_USERS (1000), DEMO_LIVE_SECONDS (30), or
+# DEMO_ARGS="--no-airflow ..." (python -m infra.demo --help); tests/integration/test_demo.py runs
+# it small on a stack of its own.
+demo: setup ## the whole story end to end on a fresh machine (DEMO_EVENTS=N for another size)
+	@$(PY) -m infra.demo $(DEMO_ARGS)
 
 # The integration tests start many short Spark jobs, each in its own JVM: without the C2 compiler
 # each spends less CPU compiling than it would gain (flushall-restore test 214 s vs 266 s). The

@@ -1,19 +1,32 @@
 """``make demo``: the whole story end to end, on the local stack.
 
-1. start the stack (Kafka, Redis, the speed layer and the API when the stack runs them);
-2. append ~200k events to the log with the generator (small shares of invalid and duplicate
-   records, server clock = wall clock so freshness is real);
-3. wait until the speed layer has caught up with the log (the fences of the keyed state in Redis
-   and the position of the Delta views, vs the topic's end offsets); when the stack runs no speed layer, run one in catch-up
-   mode (``python -m pipelines.speed_layer --available-now``);
-4. ``airflow dags test verify_views``: the live views equal a replay of the log at their position;
-5. ``airflow dags test data_quality``: the Great Expectations suites;
-6. when the stack runs the analytics (``SOCIAL_ANALYTICS=1``, the default): the alert patterns
-   injected after step 2 fire on ``social.alerts``, and the analytics page is written;
-7. a summary, where to look, how to stop.
+1. start the stack (Kafka, Redis, the speed layer, the archiver, the analytics and the API);
+2. append the **history** with the generator: ``--events`` records (``DEMO_EVENTS``, 200k; small
+   shares of invalid and duplicate records) of ``--users`` users (``DEMO_USERS``) on the
+   generator's simulated server clock, at a social app's pace (``--events-per-user-s``, 0.02: a
+   user acts every ~50 s on average, the most active ones every few seconds), ending just before
+   now: 200k events of 1,000 users span ~2.8 h of event time, so the analytics' windows close
+   and ordinary users rarely trip an alert rule. It is written as fast as Kafka takes it; the
+   serving path's progress bar (its fences in Redis) follows it;
+3. a **live** part in real time: the same world, paced at its own rate for ``--live-seconds``
+   (``DEMO_LIVE_SECONDS``, 30), so the serving path's freshness (server receive -> visible in
+   Redis, the speed layer's own histogram) is measured on events that arrive as a live app's do;
+4. the alert patterns (burst, follow churn, message flood) injected by one user, when the stack
+   runs the analytics (``SOCIAL_ANALYTICS=1``, the default);
+5. wait until the serving path (the fences in Redis) and the archive (the Delta views' position)
+   cover the log's end, each with its own progress bar; when the stack runs no speed layer, one
+   runs in catch-up mode (``python -m pipelines.speed_layer --available-now``);
+6. ``airflow dags test verify_views``: the live views equal a replay of the log at their position;
+7. ``airflow dags test data_quality``: the Great Expectations suites;
+8. the injected alerts on ``social.alerts``, and the analytics page;
+9. a summary (every line below, :data:`SUMMARY`), where to look, how to stop. Exit 1 unless the
+   verify and the quality checks pass.
 
-``python -m infra.demo [--events N] [--no-airflow]`` (``--no-airflow`` calls the same entrypoints,
-``python -m pipelines.verify`` / ``pipelines.quality``, without Airflow).
+``python -m infra.demo [--events N] [--users N] [--live-seconds S] [--no-airflow]``
+(``--no-airflow`` calls the same entrypoints, ``python -m pipelines.verify`` /
+``pipelines.quality``, without Airflow). The stack's ports and var dir are the settings'
+(``SOCIAL_KAFKA_PORT``, ``SOCIAL_REDIS_PORT``, ``SOCIAL_API_PORT``, ``SOCIAL_VAR_DIR``, ...):
+``tests/integration/test_demo.py`` runs it on its own.
 """
 
 from __future__ import annotations
@@ -25,15 +38,49 @@ import random
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from infra.reports import write_index
 from infra.settings import REPO_ROOT, Settings, get_settings
 from pipelines.speed.functions import connect as keyed_connect
 
+# A social app's pace: events per user per second of event time (a user acts every ~50 s on
+# average; activity is heavy-tailed, so the busiest users act every few seconds). At 0.1 (the
+# generator's default) the busiest of 1,000 users posts more than 10 times in 10 s ~240 times in
+# a 200k-event history; at 0.03 ~9 times; at 0.02 about never (a replay of the generator's
+# events through the burst rule, 2026-11-28).
+EVENTS_PER_USER_S = 0.02
+
+# Every line the summary prints, in order (tests/integration/test_demo.py requires each).
+SUMMARY = (
+    "events appended",
+    "event time",
+    "serving path",
+    "archive",
+    "freshness (serving)",
+    "archive lag",
+    "rows verified",
+    "mismatches",
+    "accounting",
+    "data quality",
+    "alerts fired",
+    "analytics page",
+    "analytics rows",
+    "verify report",
+    "quality Data Docs",
+    "every report",
+    "total",
+)
+
 
 def say(msg: str) -> None:
     print(f"\n==> {msg}", flush=True)
+
+
+def env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    return int(raw) if raw else default
 
 
 def log_end_offsets(settings: Settings, topic: str) -> dict[int, int]:
@@ -42,43 +89,119 @@ def log_end_offsets(settings: Settings, topic: str) -> dict[int, int]:
     return end_offsets(settings, topic)
 
 
-def committed_position(settings: Settings) -> dict[int, int]:
-    """Per-partition end offsets both the keyed state (Redis) and the Delta views cover."""
-
-    from pipelines import namespaces
-    from pipelines.lake import committed_position as committed
+def serving_position(settings: Settings, namespace: str) -> dict[int, int]:
+    """The serving path's position: the fences of the keyed state in Redis (partition -> next offset)."""
     from pipelines.speed.functions import fences
 
-    ns = namespaces.active(settings)
-    found = committed(settings.lake_dir, ns)
-    lake = found[1] if found else {}
-    keyed = fences(keyed_connect(settings.redis_url), ns)
-    return {p: min(lake.get(p, 0), keyed.get(p, 0)) for p in set(lake) | set(keyed)}
+    return fences(keyed_connect(settings.redis_url), namespace)
+
+
+def archive_position(settings: Settings, namespace: str) -> dict[int, int]:
+    """The archive's position: the end offsets the latest Delta ``batches`` commit covers (the
+    Delta views; read from the Delta log alone, no Spark)."""
+    from pipelines.lake import committed_position
+
+    found = committed_position(settings.lake_dir, namespace)
+    return found[1] if found else {}
+
+
+def covered(position: dict[int, int], target: dict[int, int]) -> int:
+    """Records of ``target`` (partition -> end offset) that ``position`` covers."""
+    return sum(min(position.get(p, 0), end) for p, end in target.items())
+
+
+@dataclass
+class Progress:
+    """When each path reached the target (monotonic seconds), and where it stood when last asked."""
+
+    reached: dict[str, float] = field(default_factory=dict)
+    done: dict[str, int] = field(default_factory=dict)
 
 
 def wait_caught_up(
-    settings: Settings, topic: str, timeout_s: float, proc: subprocess.Popen | None = None
-) -> float:
-    """Block until the speed layer covers the log's end; returns seconds waited."""
+    settings: Settings,
+    namespace: str,
+    target: dict[int, int],
+    paths: tuple[str, ...],
+    timeout_s: float,
+    proc: subprocess.Popen | None = None,
+) -> Progress:
+    """Block until each of ``paths`` (``serving``: the fences in Redis; ``archive``: the Delta
+    views' position) covers ``target``, drawing one progress bar per path that moves as it does."""
     from tqdm import tqdm
 
-    target = log_end_offsets(settings, topic)
+    readers = {"serving": serving_position, "archive": archive_position}
+    labels = {"serving": "serving (Redis)", "archive": "archive (Delta)"}
     total = sum(target.values())
+    progress = Progress()
     started = time.monotonic()
-    with tqdm(
-        total=total, unit="ev", unit_scale=True, desc="speed layer", mininterval=1, file=sys.stderr
-    ) as bar:
+    bars = {
+        name: tqdm(
+            total=total,
+            unit="ev",
+            unit_scale=True,
+            desc=f"{labels[name]:<16}",
+            mininterval=0.5,
+            position=i,
+            file=sys.stderr,
+        )
+        for i, name in enumerate(paths)
+    }
+    try:
         while True:
-            pos = committed_position(settings)
-            done = sum(min(pos.get(p, 0), end) for p, end in target.items())
-            bar.update(done - bar.n)
-            if done >= total:
-                return time.monotonic() - started
+            for name in paths:
+                if name in progress.reached:
+                    continue
+                done = covered(readers[name](settings, namespace), target)
+                progress.done[name] = done
+                bars[name].update(done - bars[name].n)
+                if done >= total:
+                    progress.reached[name] = time.monotonic()
+                    bars[name].close()  # its time and rate stop here, not when the other path is done
+            if len(progress.reached) == len(paths):
+                return progress
             if proc is not None and proc.poll() is not None and proc.returncode != 0:
                 raise SystemExit(f"the speed layer exited with {proc.returncode}; see its output above")
             if time.monotonic() - started > timeout_s:
-                raise SystemExit(f"the speed layer did not catch up within {timeout_s:.0f}s ({done}/{total})")
-            time.sleep(1)
+                behind = {
+                    n: f"{progress.done.get(n, 0):,}/{total:,}" for n in paths if n not in progress.reached
+                }
+                raise SystemExit(f"not caught up within {timeout_s:.0f}s: {behind}")
+            time.sleep(0.5)
+    finally:
+        for bar in bars.values():
+            bar.close()
+
+
+class ArchiveWatch:
+    """When the archive (the Delta views' position) first covers ``target``: polled in a thread
+    of its own from the history's first append on, while the demo goes on with the live part."""
+
+    def __init__(self, settings: Settings, namespace: str, target: dict[int, int]):
+        import threading
+
+        self.reached: float | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, args=(settings, namespace, target), name="archive-watch", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, settings: Settings, namespace: str, target: dict[int, int]) -> None:
+        total = sum(target.values())
+        while not self._stop.is_set():
+            try:
+                if covered(archive_position(settings, namespace), target) >= total:
+                    self.reached = time.monotonic()
+                    return
+            except (OSError, ValueError):  # a commit being written: read it next time
+                pass
+            self._stop.wait(0.5)
+
+    def stop(self) -> float | None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        return self.reached
 
 
 def has_speed_layer_service() -> bool:
@@ -87,17 +210,77 @@ def has_speed_layer_service() -> bool:
     return any(cls.name == "speed_layer" for cls in stack.SERVICES)
 
 
+# --- the serving path's freshness: the speed layer's own histogram, over the live part ------------
+
+
+def freshness_histogram(settings: Settings, namespace: str) -> dict[int, int]:
+    """The speed layer's freshness histogram (10 ms bucket -> events, received -> applied in Redis)."""
+    from pipelines.speed import functions
+
+    raw = keyed_connect(settings.redis_url).hgetall(functions.key(namespace, "freshness"))
+    return {int(b): int(n) for b, n in raw.items()}
+
+
+def histogram_since(now: dict[int, int], before: dict[int, int]) -> dict[int, int]:
+    """The events a histogram counted since ``before`` was read (bucket -> events)."""
+    out = {b: n - before.get(b, 0) for b, n in now.items()}
+    return {b: n for b, n in out.items() if n > 0}
+
+
+def percentiles(hist: dict[int, int], bucket_ms: int) -> dict:
+    """p50/p99/max (ms, the upper edge of the bucket) of a bucket -> events histogram."""
+    total = sum(hist.values())
+    out: dict = {"events": total}
+    for name, q in (("p50_ms", 0.5), ("p99_ms", 0.99), ("max_ms", 1.0)):
+        acc, value = 0, None
+        for b in sorted(hist):
+            acc += hist[b]
+            if acc >= q * total:
+                value = (b + 1) * bucket_ms
+                break
+        out[name] = value
+    return out
+
+
+# --- the verify report, in the summary's terms --------------------------------------------------------
+
+
+def mismatches(report: dict) -> dict[str, int | None]:
+    """Every comparison of the verify report with its number of disagreements (None: skipped)."""
+
+    def total(part) -> int | None:
+        if not isinstance(part, dict) or part.get("ok") is None:
+            return None
+        if "mismatches" in part:
+            return int(part["mismatches"])
+        return sum(int(v.get("mismatches", 0)) for v in part.values() if isinstance(v, dict))
+
+    views = report.get("views", {})
+    return {
+        "Delta views vs recomputed": sum(int(v.get("mismatches", 0)) for v in views.values()),
+        "Redis vs Delta": total(report.get("serving")),
+        "keyed state vs replay": total(report.get("keyed")),
+        "keyed state vs batch layer": total(report.get("batch_layer")),
+    }
+
+
 def analytics_rows(reports: Path) -> str:
-    """Rows in each analytics table, from the page's summary.json (None: not written yet)."""
+    """Rows in each analytics table, from the page's summary.json, with the reason for any empty one."""
     try:
-        tables = json.loads((reports / "analytics" / "summary.json").read_text())["tables"]
+        data = json.loads((reports / "analytics" / "summary.json").read_text())
+        tables = data["tables"]
     except (OSError, ValueError, KeyError):
-        return "-"
-    return ", ".join(f"{name} {'-' if n is None else f'{n:,}'}" for name, n in tables.items())
+        return "not written (see var/log/analytics.log)"
+    why = data.get("empty_because", {})
+    return ", ".join(
+        f"{name} {'-' if n is None else f'{n:,}'}" + (f" ({why[name]})" if not n and name in why else "")
+        for name, n in tables.items()
+    )
 
 
-def analytics_alerts(settings: Settings, user: int, timeout_s: float) -> dict[str, int]:
-    """Alerts of ``user`` on the alerts topic per rule, waiting up to ``timeout_s`` for all three."""
+def analytics_alerts(settings: Settings, user: int, timeout_s: float) -> dict[str, dict[str, int]]:
+    """Alerts on the alerts topic per rule: of ``user`` (waiting up to ``timeout_s`` for all three
+    patterns) and of everyone else."""
     from confluent_kafka import Consumer
 
     from app_sim.generator import PATTERNS
@@ -110,18 +293,25 @@ def analytics_alerts(settings: Settings, user: int, timeout_s: float) -> dict[st
         }
     )
     consumer.subscribe([settings.alerts_topic])
-    seen: dict[str, set[str]] = {}
+    seen: dict[str, dict[str, set[str]]] = {"injected": {}, "others": {}}
     deadline = time.monotonic() + timeout_s
+    quiet_until = None
     try:
-        while set(seen) < set(PATTERNS) and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
             msg = consumer.poll(1.0)
             if msg is not None and msg.error() is None:
                 alert = json.loads(msg.value())
-                if alert["user_id"] == user:
-                    seen.setdefault(alert["rule"], set()).add(alert["alert_id"])
+                who = "injected" if alert["user_id"] == user else "others"
+                seen[who].setdefault(alert["rule"], set()).add(alert["alert_id"])
+            if set(seen["injected"]) >= set(PATTERNS):
+                # all three fired: read on until the topic has been quiet for a few seconds
+                if msg is not None:
+                    quiet_until = time.monotonic() + 3
+                elif quiet_until is None or time.monotonic() > quiet_until:
+                    break
     finally:
         consumer.close()
-    return {rule: len(ids) for rule, ids in sorted(seen.items())}
+    return {who: {rule: len(ids) for rule, ids in sorted(rules.items())} for who, rules in seen.items()}
 
 
 def run_job(dag_id: str, module: str, settings: Settings, use_airflow: bool) -> tuple[bool, float]:
@@ -149,10 +339,103 @@ def run_job(dag_id: str, module: str, settings: Settings, use_airflow: bool) -> 
     return ok, time.monotonic() - started
 
 
+def history_config(users: int | None, events: int, per_user_s: float, now_ms: int):
+    """The history's generator config: the simulated clock at ``per_user_s`` events per user per
+    second, starting so that the run ends just before ``now_ms`` (a margin for the clock's
+    randomness: its steps are exponential, the sum's spread ~sqrt(events) steps)."""
+    from app_sim.generator import GeneratorConfig
+
+    base = GeneratorConfig(**({"users": users} if users else {}))
+    step_ms = 1000.0 / (per_user_s * base.users)
+    span_ms = events * step_ms
+    margin_ms = 60_000 + 0.02 * span_ms
+    return GeneratorConfig(
+        users=base.users,
+        seed=random.SystemRandom().randrange(1, 2**31),  # a new run appends new ids, never replays old ones
+        invalid_share=0.005,
+        duplicate_share=0.005,
+        sim_events_per_user_s=per_user_s,
+        start_ms=int(now_ms - span_ms - margin_ms),
+    )
+
+
+@dataclass
+class Paced:
+    events: int
+    seconds: float
+    delivery_failures: int
+
+
+def produce_paced(n: int, config, rate: float, *, topic: str, bootstrap: str) -> Paced:
+    """``n`` generator records written one by one at ``rate`` per second, each made (and stamped by
+    the generator's wall clock, ``realtime``) when it is due: a live app's arrivals, not bursts
+    (``produce``'s ``rate`` paces in blocks of 64 records)."""
+    import orjson
+    from confluent_kafka import Producer
+    from tqdm import tqdm
+
+    from app_sim.generator import EventGenerator, producer_config
+
+    failures = 0
+
+    def on_delivery(err, _msg) -> None:
+        nonlocal failures
+        failures += err is not None
+
+    producer = Producer({**producer_config(bootstrap), "linger.ms": 5, "on_delivery": on_delivery})
+    records = EventGenerator(n, config).records()
+    start = time.perf_counter()
+    with tqdm(total=n, unit="ev", desc="live", mininterval=0.5, file=sys.stderr) as bar:
+        for i in range(n):
+            due = start + i / rate - time.perf_counter()
+            if due > 0:
+                producer.poll(due)
+                while (due := start + i / rate - time.perf_counter()) > 0:
+                    time.sleep(due)
+            key, value, _injected = next(records)  # made now: its received_time is now
+            producer.produce(topic, value if isinstance(value, bytes) else orjson.dumps(value), key)
+            producer.poll(0)
+            bar.update(1)
+    failures += producer.flush(60)
+    return Paced(events=n, seconds=round(time.perf_counter() - start, 1), delivery_failures=failures)
+
+
+def _ms(t: int) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(t / 1000, UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _rate(n: int, seconds: float) -> str:
+    return f"{n / max(seconds, 1e-3):,.0f} events/s"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m infra.demo", description=__doc__.splitlines()[0])
-    p.add_argument("--events", type=int, default=200_000)
-    p.add_argument("--users", type=int, default=None, help="simulated users (default: the generator's)")
+    p.add_argument(
+        "--events",
+        type=int,
+        default=env_int("DEMO_EVENTS", 200_000),
+        help="records of the history (DEMO_EVENTS, 200000)",
+    )
+    p.add_argument(
+        "--users",
+        type=int,
+        default=env_int("DEMO_USERS", 0) or None,
+        help="simulated users (DEMO_USERS; default: the generator's, 1000)",
+    )
+    p.add_argument(
+        "--live-seconds",
+        type=int,
+        default=env_int("DEMO_LIVE_SECONDS", 30),
+        help="seconds of the live, real-time part (DEMO_LIVE_SECONDS, 30; 0: none)",
+    )
+    p.add_argument(
+        "--events-per-user-s",
+        type=float,
+        default=EVENTS_PER_USER_S,
+        help=f"the world's pace, events per user per second of event time ({EVENTS_PER_USER_S})",
+    )
     p.add_argument(
         "--no-airflow", action="store_true", help="call verify/quality directly, not via `airflow dags test`"
     )
@@ -164,32 +447,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from app_sim.generator import GeneratorConfig, produce
     from infra.stack import Stack
+    from pipelines import namespaces
+    from pipelines.speed.processor import FRESHNESS_BUCKET_MS
 
     say("starting the stack (make up)")
     for name, outcome in Stack(settings).up().items():
         print(f"  {name:<12} {outcome}")
+    ns = namespaces.active(settings)
 
-    say(f"appending {args.events:,} events to {topic} (0.5% invalid, 0.5% duplicates)")
-    config = GeneratorConfig(
-        **({"users": args.users} if args.users else {}),
-        seed=random.SystemRandom().randrange(1, 2**31),  # a new run appends new ids, never replays old ones
-        invalid_share=0.005,
-        duplicate_share=0.005,
-        realtime=True,
-    )
-    gen = produce(args.events, config, topic=topic, bootstrap=settings.kafka_bootstrap, progress=True)
-    print(f"  {gen.events:,} events in {gen.seconds:.1f}s = {gen.events_per_s:,.0f} events/s")
-    if gen.delivery_failures:
-        print(f"  {gen.delivery_failures} delivery failures")
-        return 1
-
-    if settings.analytics:
-        from app_sim.generator import PATTERNS, inject
-
-        say("injecting the alert patterns (burst, follow churn, message flood) by user 1")
-        print(f"  {inject(list(PATTERNS), topic=topic, bootstrap=settings.kafka_bootstrap, user=1)} events")
-
-    say("waiting for the speed layer to catch up with the log")
     proc = None
     if not has_speed_layer_service():
         print("  (the stack runs no speed layer: running one in catch-up mode, --available-now)")
@@ -202,14 +467,76 @@ def main(argv: list[str] | None = None) -> int:
             stderr=subprocess.STDOUT,
         )
     try:
-        waited = wait_caught_up(settings, topic, args.catch_up_timeout, proc)
+        # -- the history: the simulated clock, written as fast as Kafka takes it --------------------
+        now_ms = time.time_ns() // 1_000_000
+        config = history_config(args.users, args.events, args.events_per_user_s, now_ms)
+        say(
+            f"appending the history: {args.events:,} events of {config.users:,} users to {topic} "
+            f"(0.5% invalid, 0.5% duplicates), event time {_ms(config.start_ms)} -> about now"
+        )
+        before = log_end_offsets(settings, topic)
+        t_history = time.monotonic()
+        gen = produce(args.events, config, topic=topic, bootstrap=settings.kafka_bootstrap, progress=True)
+        print(f"  {gen.events:,} events in {gen.seconds:.1f}s = {gen.events_per_s:,.0f} events/s")
+        if gen.delivery_failures:
+            print(f"  {gen.delivery_failures} delivery failures")
+            return 1
+        history_end = log_end_offsets(settings, topic)
+        history_n = covered(history_end, history_end) - covered(before, history_end)
+
+        say("the serving path folds the history into Redis (its fences)")
+        archive_watch = ArchiveWatch(settings, ns, history_end)
+        hist_wait = wait_caught_up(settings, ns, history_end, ("serving",), args.catch_up_timeout, proc)
+        serving_history_s = hist_wait.reached["serving"] - t_history
+
+        # -- the live part: the same world in real time, at its own pace -----------------------------
+        fresh_before = freshness_histogram(settings, ns)
+        live = None
+        if args.live_seconds > 0:
+            rate = max(1.0, config.users * args.events_per_user_s)
+            n_live = max(1, round(rate * args.live_seconds))
+            say(f"the live part: {n_live:,} events in real time at {rate:,.0f} events/s (the world's pace)")
+            live_config = GeneratorConfig(
+                users=config.users,
+                seed=config.seed + 1,
+                graph_seed=config.seed,  # the history's follower graph; no registrations again
+                emit_bootstrap=False,
+                invalid_share=0.005,
+                duplicate_share=0.005,
+                realtime=True,
+                # the history's writer goes on (its ids then were on the simulated clock, now on
+                # the wall clock: they cannot meet)
+                **({"worker_id": gen.worker_id} if getattr(gen, "worker_id", None) is not None else {}),
+            )
+            live = produce_paced(n_live, live_config, rate, topic=topic, bootstrap=settings.kafka_bootstrap)
+            print(f"  {live.events:,} events in {live.seconds:.1f}s")
+            if live.delivery_failures:
+                print(f"  {live.delivery_failures} delivery failures")
+                return 1
+
+        injected = 0
+        if settings.analytics:
+            from app_sim.generator import PATTERNS, inject
+
+            say("injecting the alert patterns (burst, follow churn, message flood) by user 1")
+            injected = inject(list(PATTERNS), topic=topic, bootstrap=settings.kafka_bootstrap, user=1)
+            print(f"  {injected} events")
+        t_last = time.monotonic()
+
+        say("waiting for the serving path (fences in Redis) and the archive (Delta views) to cover the log")
+        end = log_end_offsets(settings, topic)
+        final = wait_caught_up(settings, ns, end, ("serving", "archive"), args.catch_up_timeout, proc)
         if proc is not None:
             proc.wait(timeout=300)
     finally:
         if proc is not None and proc.poll() is None:
             proc.terminate()
             proc.wait(timeout=60)
-    print(f"  caught up {waited:.0f}s after the last event was acknowledged")
+    serving_s = final.reached["serving"] - t_last
+    archive_s = final.reached["archive"] - t_last
+    archive_history_s = (archive_watch.stop() or final.reached["archive"]) - t_history
+    fresh = percentiles(histogram_since(freshness_histogram(settings, ns), fresh_before), FRESHNESS_BUCKET_MS)
+    print(f"  serving path {serving_s:.0f}s, archive {archive_s:.0f}s after the last event was acknowledged")
 
     via = "airflow dags test" if not args.no_airflow else "python -m"
     say(f"verify_views ({via}): live views vs. a replay of the log")
@@ -217,33 +544,79 @@ def main(argv: list[str] | None = None) -> int:
     say(f"data_quality ({via}): Great Expectations suites")
     quality_ok, quality_s = run_job("data_quality", "pipelines.quality", settings, not args.no_airflow)
 
-    alerts, page = {}, None
+    alerts: dict[str, dict[str, int]] = {}
+    page = None
     if settings.analytics:
         say("stream analytics: the injected alerts on social.alerts, and the analytics page")
         alerts = analytics_alerts(settings, 1, timeout_s=300)
         env = {**os.environ, "SOCIAL_VAR_DIR": str(settings.var_dir)}
         done = subprocess.run(
-            [sys.executable, "-m", "pipelines.analytics.report"],
+            [sys.executable, "-m", "pipelines.analytics.report", "--injected-user", "1"],
             cwd=REPO_ROOT,
             env=env,
             capture_output=True,
             text=True,
         )
         page = done.stdout.strip().splitlines()[-1] if done.returncode == 0 and done.stdout.strip() else None
+        if page is None:
+            print(f"  the analytics page failed:\n{done.stderr[-2000:]}")
 
     reports = Path(settings.reports_dir)
     verify_json = reports / "verify" / "latest.json"
     report = json.loads(verify_json.read_text()) if verify_json.exists() else {}
     views = report.get("views", {})
-    fresh = report.get("freshness", {})
     acct = report.get("accounting", {})
+    found = mismatches(report)
+    verify_ok = bool(verified and report.get("ok"))
+    live_n = live.events if live else 0
+    all_n = history_n + live_n + injected
+
+    def alerts_line() -> str:
+        if not settings.analytics:
+            return "analytics off (SOCIAL_ANALYTICS=0)"
+        mine, others = alerts.get("injected", {}), alerts.get("others", {})
+        text = ", ".join(f"{r} {n}" for r, n in mine.items()) or "none yet (see var/log/analytics.log)"
+        rest = ", ".join(f"{r} {n}" for r, n in others.items()) or "none"
+        return f"injected user 1: {text}; all other users: {rest}"
+
     say("summary")
     rows = [
-        ("events appended", f"{gen.events:,} at {gen.events_per_s:,.0f} events/s"),
-        ("speed layer caught up", f"{waited:.0f}s after the last event"),
         (
-            "freshness p50 / p99",
-            f"{fresh.get('p50_ms', '-')} ms / {fresh.get('p99_ms', '-')} ms (receive -> visible)",
+            "events appended",
+            f"{all_n:,}: history {history_n:,} at {gen.events_per_s:,.0f} events/s, live {live_n:,} "
+            f"({args.live_seconds}s in real time), injected {injected}",
+        ),
+        (
+            "event time",
+            f"history {_ms(config.start_ms)} -> {_ms(now_ms)} on the simulated clock "
+            f"({config.users:,} users, {args.events_per_user_s:g} events per user per second), "
+            "then the live part and the injection on the wall clock",
+        ),
+        (
+            "serving path",
+            f"Redis fences at the log's end {serving_s:.1f}s after the last event; the history "
+            f"({history_n:,} events) applied {serving_history_s:.0f}s after its first append = "
+            f"{_rate(history_n, serving_history_s)}",
+        ),
+        (
+            "archive",
+            f"Delta views at the log's end {archive_s:.1f}s after the last event; "
+            f"the history archived and compacted {archive_history_s:.0f}s after its first append = "
+            f"{_rate(history_n, archive_history_s)}",
+        ),
+        (
+            "freshness (serving)",
+            (
+                f"p50 {fresh['p50_ms']} ms / p99 {fresh['p99_ms']} ms / max {fresh['max_ms']} ms, received -> "
+                f"visible in Redis, over the {fresh['events']:,} live and injected events"
+            )
+            if fresh["events"]
+            else "not measured: no event arrived in real time (--live-seconds 0 and no injection)",
+        ),
+        (
+            "archive lag",
+            f"the Delta views covered the log {archive_s - serving_s:.1f}s after Redis did "
+            "(archive every SOCIAL_ARCHIVE_INTERVAL_S while records flow, at once when idle)",
         ),
         (
             "rows verified",
@@ -251,7 +624,9 @@ def main(argv: list[str] | None = None) -> int:
         ),
         (
             "mismatches",
-            f"{sum(v.get('mismatches', 0) for v in views.values())} -> verify {'OK' if verified and report.get('ok') else 'FAILED'}",
+            f"{sum(n or 0 for n in found.values())} ("
+            + ", ".join(f"{k} {'skipped' if n is None else n}" for k, n in found.items())
+            + f") -> verify {'OK' if verify_ok else 'FAILED'}",
         ),
         (
             "accounting",
@@ -259,31 +634,41 @@ def main(argv: list[str] | None = None) -> int:
             f"{acct.get('duplicates', '-')} + quarantined {acct.get('quarantined', '-')}",
         ),
         ("data quality", f"{'OK' if quality_ok else 'FAILED'} ({quality_s:.0f}s)"),
-        (
-            "alerts fired (user 1)",
-            (", ".join(f"{r} {n}" for r, n in alerts.items()) or "none yet (see var/log/analytics.log)")
-            if settings.analytics
-            else "analytics off (SOCIAL_ANALYTICS=0)",
-        ),
-        ("analytics page", page or "-"),
-        ("analytics rows", analytics_rows(Path(settings.reports_dir)) if page else "-"),
+        ("alerts fired", alerts_line()),
+        ("analytics page", page or ("-" if not settings.analytics else "not written")),
+        ("analytics rows", analytics_rows(reports) if page else "-"),
         ("verify report", f"{verify_json} (+ latest.html)"),
         ("quality Data Docs", str(reports / "quality" / "index.html")),
         ("every report", str(write_index(settings))),
         ("total", f"{time.monotonic() - t0:.0f}s"),
     ]
+    assert tuple(k for k, _ in rows) == SUMMARY
     for k, v in rows:
         print(f"  {k:<22} {v}")
+    (reports / "demo").mkdir(parents=True, exist_ok=True)
+    (reports / "demo" / "summary.json").write_text(
+        json.dumps(
+            {
+                "summary": dict(rows),
+                "verify_ok": verify_ok,
+                "quality_ok": quality_ok,
+                "mismatches": found,
+                "serving_caught_up_s": round(serving_s, 2),
+                "archive_caught_up_s": round(archive_s, 2),
+                "freshness": fresh,
+                "alerts": alerts,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     say("look around")
-    from pipelines import namespaces
-
-    ns, redis_cli = namespaces.active(settings), f"redis-cli -p {settings.redis_port}"
+    redis_cli = f"redis-cli -p {settings.redis_port}"
     hints = [
         ("make status", "what runs, pids, ports, logs"),
         (f"{redis_cli} get active_namespace", "the live views version"),
         (f"{redis_cli} hgetall {ns}:fence", "the log position the keyed state covers (its fences)"),
-        (f"{redis_cli} --scan --pattern '{ns}:tl:*' | head", "home timelines"),
-        (f"curl -s 127.0.0.1:{settings.api_port}/v1/health", "the API"),
+        (f"curl -s '127.0.0.1:{settings.api_port}/v1/health'", "the API"),
         ("python -m pipelines.rebuild run", "blue/green rebuild of every view (undo: ... rollback)"),
         ('eval "$(python -m infra.airflow env)"; airflow dags list', "this project's Airflow"),
         (
@@ -296,7 +681,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     width = max(len(cmd) for cmd, _ in hints)
     print("\n".join(f"  {cmd.ljust(width)}  {what}" for cmd, what in hints))
-    return 0 if verified and quality_ok else 1
+    return 0 if verify_ok and quality_ok else 1
 
 
 if __name__ == "__main__":
