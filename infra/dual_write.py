@@ -606,6 +606,7 @@ def run(
         stall_ms=base.fault_stall_ms,
         locust_users=users,
         locust_run_time_s=run_time_s,
+        fanout_threshold=base.fanout_threshold,
         metrics=METRIC_TEXT,
         truth=(
             "an independent Python fold of each mode's span of the log (infra/dual_write.py: fold), "
@@ -780,7 +781,9 @@ def render(report: dict, png: bytes, sweep_png: bytes = b"") -> str:
 <p>The same Locust workload ({report["locust_users"]} users, {report["locust_run_time_s"]} s) and the same
 seeded faults (seed {report["seed"]}) against the API in both write modes. Truth: {e(report["truth"])}.
 Repair: the namespace rebuilt from the log, by the speed layer from offset 0 into a fresh namespace
-(<code>replay</code>), which also is the log design's own store. Run took {report["seconds"]} s
+(<code>replay</code>), which also is the log design's own store. Both stores are read as the API
+reads them (timelines through <code>social_timeline</code>: the stored part merged with followed
+authors above the fan-out threshold, {report.get("fanout_threshold", "-")} here). Run took {report["seconds"]} s
 ({e(", ".join(f"{k} {v} s" for k, v in report["phases_s"].items()))}),
 {e(report["generated_at"])}.</p>
 <h2>Divergences from the log</h2>
@@ -850,6 +853,14 @@ def main(argv: list[str] | None = None) -> int:
         default = int(os.environ[ENV[f]]) if os.environ.get(ENV[f]) else DEFAULT_FAULTS[f]
         p.add_argument(f"--{f.replace('_', '-')}", type=int, default=default, help=f"per mille ({default})")
     p.add_argument(
+        "--fanout-threshold",
+        type=int,
+        default=settings.fanout_threshold,
+        help="the speed layer's fan-out threshold in the log design (SOCIAL_FANOUT_THRESHOLD, "
+        f"{settings.fanout_threshold}); the stores are read as the API reads them, so any threshold "
+        "shows the log design's store as it is",
+    )
+    p.add_argument(
         "--sweep",
         default="0,3",
         help="fault-rate sweep: multiples of the rates besides 1 (the main runs), each a run of "
@@ -865,7 +876,7 @@ def main(argv: list[str] | None = None) -> int:
     rates = {f: getattr(a, f) for f in FAULTS}
     var_dir = Path(settings.var_dir) / "dual_write"
     shutil.rmtree(var_dir, ignore_errors=True)  # a fresh log and store every run
-    base = private_settings(var_dir, fault_stall_ms=a.stall_ms)
+    base = private_settings(var_dir, fault_stall_ms=a.stall_ms, fanout_threshold=a.fanout_threshold)
     report = run(
         base,
         a.users,
