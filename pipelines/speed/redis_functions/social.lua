@@ -54,7 +54,7 @@ whose state was written by an older layout (a fence and no or another layout) is
 line naming the rebuild command, never read with the wrong key format.
 ]]
 
-local VERSION = '13'
+local VERSION = '14'
 local LAYOUT = '2' -- the key format of the state (1: posts keyed by post_id alone)
 local EVENT_ARGS = 10
 
@@ -192,6 +192,31 @@ function Ctx:tl_add(u, posts)
   for m, _ in pairs(popped) do
     if not added[m] then self:tl_change('-', u, m) end
   end
+end
+
+-- The fan-out of new posts is coalesced: a post is queued for each timeline it goes to, and each
+-- timeline takes its queued posts in one tl_add (one ZADD, one trim) when the run is flushed: before
+-- an event that reads or changes timelines otherwise (a follow, an unfollow, a delete, an erasure)
+-- and at the end of the call. A function runs alone, so no reader sees a run half applied, and
+-- the result is the one post-at-a-time gives: the latest N + S of the old entries and the new
+-- posts above the old minimum (a timeline is a function of the set of posts it may hold).
+function Ctx:queue(u, post)
+  local q = self.pending[u]
+  if q == nil then
+    q = {}
+    self.pending[u] = q
+    self.pending_order[#self.pending_order + 1] = u
+  end
+  q[#q + 1] = post
+end
+
+-- Apply the queued posts; their timeline changes go to the changelog entry of the last event
+-- applied (the compaction keeps the last change per key, and no cut falls inside a call).
+function Ctx:flush()
+  if #self.pending_order == 0 then return end
+  local pending, order = self.pending, self.pending_order
+  self.pending, self.pending_order = {}, {}
+  for _, u in ipairs(order) do self:tl_add(u, pending[u]) end
 end
 
 -- The sources of u's fanned-out timeline: u itself and the non-celebrity authors u follows.
@@ -346,10 +371,10 @@ function apply.post_created(c, e)
   redis.call('ZADD', c:k('posts', a), e.et, m)
   redis.call('SET', c:k('p', a .. ':' .. pid), post_json(pid, a, e.s1, e.et))
   c:change('P', a, pid, e.et, e.s1, 0, nil)
-  local post = {{tl_member(m, a), e.et, a, string.format('%d', e.et)}}
-  c:tl_add(a, post)
+  local post = {tl_member(m, a), e.et, a, string.format('%d', e.et)}
+  c:queue(a, post)
   if not c:is_celeb(a) then
-    for _, f in ipairs(redis.call('SMEMBERS', c:k('followers', a))) do c:tl_add(f, post) end
+    for _, f in ipairs(redis.call('SMEMBERS', c:k('followers', a))) do c:queue(f, post) end
   end
 end
 
@@ -500,10 +525,16 @@ end
 
 local DISPOSITION = {a = 'applied', d = 'duplicates', r = 'rejected', q = 'quarantined'}
 
--- One event (EVENT_ARGS arguments from args[i]) at `offset`: its effects, then its changelog entry.
+-- Events that read or change timelines other than by adding a new post: the queued fan-out is
+-- applied before them (into the previous event's changelog entry: c.tl is still its list).
+local FLUSH_BEFORE = {followed = true, unfollowed = true, post_deleted = true, user_erased = true}
+
+-- One event (EVENT_ARGS arguments from args[i]) at `offset`: its effects, then its changelog entry
+-- (buffered: written by write_entries at the end of the call, after the last flush).
 local function apply_one(c, counts, args, i, offset)
   local e = {type = args[i + 1], eid = args[i + 2], user = args[i + 3], rt = tonumber(args[i + 4]),
     et = tonumber(args[i + 5]), id1 = args[i + 6], id2 = args[i + 7], s1 = args[i + 8], s2 = args[i + 9]}
+  if FLUSH_BEFORE[e.type] then c:flush() end
   c.changes, c.tl = {}, {}
   local disp, reason
   if e.type == '!' then
@@ -530,8 +561,17 @@ local function apply_one(c, counts, args, i, offset)
   local entry = {'d', disp, 's', string.format('%d', c.seq)}
   if reason then entry[#entry + 1] = 'r'; entry[#entry + 1] = reason end
   if #c.changes > 0 then entry[#entry + 1] = 'c'; entry[#entry + 1] = cjson.encode(c.changes) end
-  if #c.tl > 0 then entry[#entry + 1] = 't'; entry[#entry + 1] = table.concat(c.tl, ',') end
-  redis.call('XADD', c.changelog, string.format('%d', offset) .. '-1', unpack(entry))
+  c.entries[#c.entries + 1] = {string.format('%d', offset) .. '-1', entry, c.tl}
+end
+
+-- The call's changelog entries, in offset order, each with its timeline changes.
+local function write_entries(c)
+  for _, rec in ipairs(c.entries) do
+    local entry, tl = rec[2], rec[3]
+    if #tl > 0 then entry[#entry + 1] = 't'; entry[#entry + 1] = table.concat(tl, ',') end
+    redis.call('XADD', c.changelog, rec[1], unpack(entry))
+  end
+  c.entries = {}
 end
 
 local function social_apply(keys, args)
@@ -549,6 +589,7 @@ local function social_apply(keys, args)
     redis.call('SET', c:k('layout'), LAYOUT)
   end
   c.any_erased = redis.call('EXISTS', c:k('erased')) == 1
+  c.pending, c.pending_order, c.entries, c.tl = {}, {}, {}, {}
   -- the per-partition bookkeeping is read once here and written once below, whatever happens
   -- in between: a function's writes are not rolled back by an error, so the fence must always
   -- cover exactly the events whose effects were written
@@ -570,6 +611,13 @@ local function social_apply(keys, args)
       end
     end
   end)
+  -- the queued fan-out and the entries of every event applied, also after an error: the fence
+  -- below covers them
+  local ok_w, err_w = pcall(function()
+    c:flush()
+    write_entries(c)
+  end)
+  if ok and not ok_w then ok, err = ok_w, err_w end
   if next_offset ~= start then redis.call('HSET', fence_key, p, string.format('%d', next_offset)) end
   if c.seq ~= seq0 then redis.call('SET', seq_key, string.format('%d', c.seq)) end
   if c.hwm ~= hwm0 then redis.call('HSET', hwm_key, p, string.format('%d', c.hwm)) end
