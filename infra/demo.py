@@ -138,6 +138,7 @@ def wait_caught_up(
     bars = {
         name: tqdm(
             total=total,
+            initial=covered(readers[name](settings, namespace), target),  # its rate: from here on
             unit="ev",
             unit_scale=True,
             desc=f"{labels[name]:<16}",
