@@ -666,7 +666,8 @@ def main(argv: list[str] | None = None) -> int:
     say("look around")
     redis_cli = f"redis-cli -p {settings.redis_port}"
     hints = [
-        ("make status", "what runs, pids, ports, logs"),
+        ("make status", "what runs, pids, ports, logs; both lags, accounting, freshness"),
+        ("python -m infra.metrics", "Prometheus metrics on 127.0.0.1:9464/metrics (docs/metrics.md)"),
         (f"{redis_cli} get active_namespace", "the live views version"),
         (f"{redis_cli} hgetall {ns}:fence", "the log position the keyed state covers (its fences)"),
         (f"curl -s '127.0.0.1:{settings.api_port}/v1/health'", "the API"),
