@@ -1,0 +1,117 @@
+"""The property test's harness: runs the real implementations over a :class:`tests.spec.logs.Log`
+and reads their views in the one shape the specification (:mod:`tests.spec.views`) gives them.
+
+Not part of the specification: this module uses the project's code (the processor, the serving
+reader, the key layout) to run and read (a) the speed layer and (b) the replay; (c) the batch
+layer's DataFrames are collected into the same shape here too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import redis
+import redis.asyncio
+
+from tests.spec import views as spec
+from tests.spec.logs import GRACE_MS, WINDOW_MS, Log
+
+DISPOSITION = {"a": spec.APPLIED, "d": spec.DUPLICATE, "r": spec.REJECTED, "q": spec.QUARANTINED}
+ACCOUNTING = ("applied", "duplicates", "rejected", "quarantined")
+
+
+def expected(log: Log, n: int, upto: dict[int, int] | None = None) -> spec.Outcome:
+    """The specification over the log (or its prefix: partition -> records applied)."""
+    per_p = log.per_partition()
+    if upto is not None:
+        per_p = {p: vs[: upto.get(p, 0)] for p, vs in per_p.items()}
+    return spec.evaluate(per_p, n, WINDOW_MS, GRACE_MS)
+
+
+def spec_views(out: spec.Outcome, users: list[int]) -> dict:
+    """The views users read, from the specification."""
+    return {
+        "timeline": {u: out.timeline(u) for u in users},
+        "inbox": {u: dict(out.inbox.get(u, {})) for u in users},
+        "unread": {u: out.unread(u) for u in users},
+        "status": {u: out.status.get(u) for u in users},
+        "follows": {u: set(out.follows.get(u, set())) for u in users},
+        "users": {u: out.users.get(u) for u in users},
+    }
+
+
+# ------------------------------------------------------------------------------------------------
+# (a) and (b): the keyed state in Redis, read as the API reads it
+# ------------------------------------------------------------------------------------------------
+def redis_views(url: str, ns: str, users: list[int], n: int) -> dict:
+    from pipelines.serving import ServingReader
+
+    async def read() -> dict:
+        client = redis.asyncio.Redis.from_url(url)
+        try:
+            reader = ServingReader(client, ns)
+            out: dict = {k: {} for k in ("timeline", "inbox", "unread", "status", "follows", "users")}
+            for u in users:
+                out["timeline"][u] = (await reader.timeline(u, n))[0]
+                box = (await reader.inbox(u, 10_000))[0]
+                out["inbox"][u] = {m["message_id"]: m for m in box}
+                out["unread"][u] = (await reader.unread(u))[0]
+                out["status"][u] = (await reader.status(u))[0]
+                out["follows"][u] = {int(f) for f in await client.smembers(f"{ns}:following:{u}")}
+                raw = await client.hget(f"{ns}:users", u)
+                out["users"][u] = json.loads(raw) if raw else None
+            return out
+        finally:
+            await client.aclose()
+
+    return asyncio.run(read())
+
+
+def redis_dispositions(
+    client: redis.Redis, ns: str, partitions
+) -> dict[tuple[int, int], tuple[str, str | None]]:
+    out = {}
+    for p in partitions:
+        for entry_id, fields in client.xrange(f"{ns}:changelog:{p}"):
+            entry_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+            f = {
+                (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+                for k, v in fields.items()
+            }
+            out[p, int(entry_id.split("-")[0])] = (DISPOSITION[f["d"]], f.get("r") or None)
+    return out
+
+
+def redis_accounting(client: redis.Redis, ns: str, partitions) -> dict[str, int]:
+    from pipelines.speed import functions
+
+    totals = functions.accounting(client, ns, list(partitions))
+    return {k: totals.get(k, 0) for k in ACCOUNTING}
+
+
+# ------------------------------------------------------------------------------------------------
+# Comparing
+# ------------------------------------------------------------------------------------------------
+def diff_views(want: dict, got: dict, label: str = "") -> list[str]:
+    out = []
+    for view, per_user in want.items():
+        for u, w in per_user.items():
+            g = got[view].get(u)
+            if view == "inbox":
+                w, g = w or {}, g or {}
+            if w != g:
+                out.append(f"{label}{view}({u}): spec {w!r} != impl {g!r}")
+    return out
+
+
+def diff_dispositions(want: dict, got: dict, label: str = "") -> list[str]:
+    out = []
+    for k in sorted(set(want) | set(got)):
+        if want.get(k) != got.get(k):
+            out.append(f"{label}record {k}: spec {want.get(k)} != impl {got.get(k)}")
+    return out
+
+
+def diff_accounting(want: dict, got: dict, label: str = "") -> list[str]:
+    return [] if want == got else [f"{label}accounting: spec {want} != impl {got}"]
