@@ -31,6 +31,10 @@ from infra.speed_layer_process import SpeedLayerProcess
 # (stream == replay still ran an archiver), 1,224 against 1,255.
 FILE_SECONDS = {
     "test_keyed_faults.py": 520,
+    # new on 2026-11-28 (the demo, the property test, verify on a young stack): their times measured
+    # alone on a loaded machine, scaled to the run's pace, until a whole run gives theirs
+    "test_demo.py": 400,
+    "test_properties.py": 360,
     "test_dags_e2e.py": 385,
     "test_speed_layer.py": 345,
     "test_analytics.py": 151,
@@ -38,6 +42,7 @@ FILE_SECONDS = {
     "test_cluster_faults.py": 132,
     "test_dual_write.py": 88,
     "test_api.py": 80,
+    "test_verify_young.py": 150,
     "test_stack.py": 56,
     "test_poison.py": 54,
     "test_api_hostile.py": 45,
