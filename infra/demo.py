@@ -567,7 +567,9 @@ def main(argv: list[str] | None = None) -> int:
     verify_json = reports / "verify" / "latest.json"
     report = json.loads(verify_json.read_text()) if verify_json.exists() else {}
     views = report.get("views", {})
-    acct = report.get("accounting", {})
+    # the keyed state's accounting tells rejections (a valid event with no effect allowed) from
+    # quarantined records; the Delta archive's counts both as quarantined
+    acct = (report.get("keyed") or {}).get("accounting") or report.get("accounting", {})
     found = mismatches(report)
     verify_ok = bool(verified and report.get("ok"))
     live_n = live.events if live else 0
@@ -633,7 +635,9 @@ def main(argv: list[str] | None = None) -> int:
         (
             "accounting",
             f"read {acct.get('events_read', '-')} = applied {acct.get('applied', '-')} + duplicates "
-            f"{acct.get('duplicates', '-')} + quarantined {acct.get('quarantined', '-')}",
+            f"{acct.get('duplicates', '-')} + rejected {acct.get('rejected', '-')} + quarantined "
+            f"{acct.get('quarantined', '-')} (the speed layer's, in Redis) -> "
+            f"{'ok' if acct.get('ok') else 'MISMATCH'}",
         ),
         ("data quality", f"{'OK' if quality_ok else 'FAILED'} ({quality_s:.0f}s)"),
         ("alerts fired", alerts_line()),
