@@ -567,8 +567,8 @@ def main(argv: list[str] | None = None) -> int:
     verify_json = reports / "verify" / "latest.json"
     report = json.loads(verify_json.read_text()) if verify_json.exists() else {}
     views = report.get("views", {})
-    # the keyed state's accounting tells rejections (a valid event with no effect allowed) from
-    # quarantined records; the Delta archive's counts both as quarantined
+    # the keyed state's accounting counts rejected records apart from quarantined ones; the Delta
+    # archive's counts both as quarantined
     acct = (report.get("keyed") or {}).get("accounting") or report.get("accounting", {})
     found = mismatches(report)
     verify_ok = bool(verified and report.get("ok"))
