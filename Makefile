@@ -8,7 +8,7 @@ UV      := .tools/bin/uv
 STAMP   := .venv/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help setup deps up down status airflow demo test test-faults test-unit test-integration bench load load-steps tail history reports dual-write compare erasure-audit lint fmt clean
+.PHONY: help setup deps up down status airflow demo test test-faults test-properties test-unit test-integration bench load load-steps tail history reports dual-write compare erasure-audit lint fmt clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -122,6 +122,17 @@ test: deps ## unit + integration tests against the real local stack (side by sid
 
 test-faults: setup ## fault runs on a 3-node Kafka cluster, 60 s each (make test runs them for 10 s) -> var/reports/faults/
 	SOCIAL_FAULT_RUN_S=$${SOCIAL_FAULT_RUN_S:-60} $(SHORT_JOBS) $(PY) -m pytest -m faults tests/integration $(PYTEST_ARGS)
+
+# The property-based differential test as a soak (make test runs it with the CI counts set in the
+# test files): PROPERTY_EXAMPLES Hypothesis examples per Redis property (the speed layer against
+# the specification), PROPERTY_BATCHES Spark batches of PROPERTY_BATCH logs (replay and batch layer).
+PROPERTY_EXAMPLES ?= 2000
+PROPERTY_BATCHES ?= 10
+PROPERTY_BATCH ?= 60
+test-properties: setup ## property-based differential test, longer: PROPERTY_EXAMPLES examples per property (2000), PROPERTY_BATCHES Spark batches (10)
+	SOCIAL_PROPERTY_EXAMPLES=$(PROPERTY_EXAMPLES) SOCIAL_PROPERTY_BATCHES=$(PROPERTY_BATCHES) \
+	SOCIAL_PROPERTY_BATCH=$(PROPERTY_BATCH) $(SHORT_JOBS) $(PY) -m pytest tests/unit/test_properties.py \
+	tests/integration/test_properties.py $(PYTEST_ARGS)
 
 test-unit: setup ## fast tests, no broker
 	$(UNIT_JVM) $(SMALL_DATA) $(PY) -m pytest tests/unit $(PYTEST_ARGS)
