@@ -1,16 +1,20 @@
 """``python -m app_sim.api``: serve the app API with uvicorn on ``api_host:api_port``.
 
 Each of ``--workers`` processes (default ``settings.api_workers``) builds the app from the
-environment (``SOCIAL_*`` settings) and claims its own snowflake worker id.
+environment (``SOCIAL_*`` settings) and claims its own snowflake worker id. Before they start,
+this parent empties the API's Prometheus directory and sets ``PROMETHEUS_MULTIPROC_DIR`` (the
+workers inherit it), so ``GET /metrics`` on any worker reports them all (app_sim/api/metrics.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 import uvicorn
 
+from app_sim.api.metrics import prepare_multiproc_dir
 from infra.settings import get_settings
 
 
@@ -22,6 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=settings.api_workers)
     p.add_argument("--log-level", default="warning")
     a = p.parse_args(argv)
+    # the directory is per port: name it from the port this process serves
+    prepare_multiproc_dir(dataclasses.replace(settings, api_port=a.port))
     uvicorn.run(
         "app_sim.api:create_app",
         factory=True,

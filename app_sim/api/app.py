@@ -24,6 +24,7 @@ from uvicorn.config import STARTUP_FAILURE
 
 from app_sim import auth, contract, keys, writers
 from app_sim.api import dual_write
+from app_sim.api import metrics as api_metrics
 from app_sim.api import models as m
 from app_sim.api.eventlog import EventLog, LogUnavailable
 from app_sim.ids import Snowflake, new_event_id, wall_clock_ms
@@ -434,6 +435,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     except writers.WriterIdUnavailable as exc:
         print(f"app API: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(STARTUP_FAILURE) from None
+    metrics = api_metrics.ApiMetrics()  # GET /metrics (app_sim/api/metrics.py, docs/metrics.md)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -443,6 +445,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         log = EventLog(settings.kafka_bootstrap, settings.events_topic, settings.api_produce_timeout_ms)
         # SOCIAL_WRITE_MODE=dual / SOCIAL_FAULT_*: the measured anti-pattern (make dual-write); off by default
         log = dual_write.wrap(log, client, settings, worker_id)
+        log = api_metrics.CountedLog(log, metrics)  # appends by outcome, on /metrics
         keystore = keys.KeyStore.for_settings(settings)
         app.state.api = Api(
             settings=settings,
@@ -466,6 +469,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         summary="Commands append events to the log; reads come from the serving store with as_of.",
         lifespan=lifespan,
     )
+    app.add_middleware(api_metrics.MetricsMiddleware, metrics=metrics)
+
+    @app.get("/metrics", include_in_schema=False)
+    async def prometheus_metrics():
+        # Prometheus text format, no token (like /v1/health); every worker's values in one scrape
+        return Response(metrics.exposition(), media_type=api_metrics.CONTENT_TYPE)
 
     @app.exception_handler(ApiError)
     async def _api_error(_request, exc: ApiError):

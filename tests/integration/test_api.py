@@ -897,3 +897,72 @@ def test_make_load_fails_through_locusts_exit_code_when_the_target_is_missed(api
         "met": True,
         "misses": [],
     }
+
+
+# --- GET /metrics: the API's own requests, latency and appends -----------------------------------------
+
+
+def _scrape(api: RunningApi) -> dict[tuple[str, tuple], float]:
+    """Every sample of the API's /metrics (no token): {(name, sorted labels): value}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with api.client() as c:
+        r = c.get("/metrics")
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"].startswith("text/plain")
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(r.text)
+        for s in family.samples
+    }
+
+
+def test_metrics_count_requests_by_route_template_and_appends_by_outcome(api_factory):
+    api = api_factory()
+    alice, token = api.register("metrics_alice")
+    before = _scrape(api)
+    with api.client(token) as c:
+        for _ in range(3):
+            assert c.get("/v1/unread").status_code == 200
+        assert c.get(f"/v1/users/{alice}/status").status_code == 200
+        assert c.post("/v1/posts", json={"text": "counted"}).status_code == 202
+        assert c.get("/v1/no/such/route").status_code == 404
+    with api.client() as c:
+        assert c.get("/v1/unread").status_code == 401
+        assert "/metrics" not in c.get("/openapi.json").json()["paths"]
+    after = _scrape(api)
+
+    def delta(name: str, **labels: str) -> float:
+        key = (name, tuple(sorted(labels.items())))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    requests_total = "social_api_requests_total"
+    assert delta(requests_total, route="/v1/unread", method="GET", status="200") == 3
+    assert delta(requests_total, route="/v1/unread", method="GET", status="401") == 1
+    assert delta(requests_total, route="/v1/users/{user_id}/status", method="GET", status="200") == 1
+    assert delta(requests_total, route="/v1/posts", method="POST", status="202") == 1
+    assert delta(requests_total, route="unmatched", method="GET", status="404") == 1
+    assert after[(requests_total, (("method", "POST"), ("route", "/v1/users"), ("status", "201")))] == 1
+    # the read's latency histogram: every request counted, in +Inf and in the sum
+    assert delta("social_api_request_seconds_count", route="/v1/unread", method="GET") == 4
+    assert delta("social_api_request_seconds_bucket", route="/v1/unread", method="GET", le="+Inf") == 4
+    assert 0 < delta("social_api_request_seconds_sum", route="/v1/unread", method="GET") < 60
+    assert (
+        after[
+            (
+                "social_api_request_seconds_bucket",
+                (("le", "0.05"), ("method", "GET"), ("route", "/v1/unread")),
+            )
+        ]
+        >= 0
+    )
+    # appends: the registration before, the post between the scrapes, none failed
+    assert (
+        after[("social_api_appends_total", (("outcome", "acknowledged"), ("type", "user_registered")))] == 1
+    )
+    assert delta("social_api_appends_total", outcome="acknowledged", type="post_created") == 1
+    assert not any(
+        name == "social_api_appends_total" and ("outcome", "failed") in labels for name, labels in after
+    )
+    # route templates only: no raw id ever becomes a label value
+    assert not any(str(alice) in value for _, labels in after for _, value in labels)
