@@ -27,6 +27,21 @@ SNAP = {
 }
 
 
+def documented() -> tuple[set[str], set[str]]:
+    """The metric names docs/metrics.md's tables list: the exporter's, and the API's (its section)."""
+    text = (REPO_ROOT / "docs" / "metrics.md").read_text()
+    exporter, api = text.split("\n## The API", 1)
+    names = re.compile(r"^\| `(social_[a-z_]+)`", re.M)
+    return set(names.findall(exporter)), set(names.findall(api))
+
+
+def test_every_metric_of_the_api_is_documented_in_its_section():
+    from app_sim.api.metrics import ApiMetrics
+
+    text = generate_latest(ApiMetrics().registry).decode()
+    assert documented()[1] == set(re.findall(r"^# TYPE (social_[a-z_]+) ", text, re.M))
+
+
 def exported() -> str:
     class One:
         def collect(self):
@@ -39,11 +54,9 @@ def exported() -> str:
 
 def test_every_documented_metric_is_exported_and_lags_are_end_minus_position():
     text = exported()
-    documented = set(
-        re.findall(r"^\| `(social_[a-z_]+)`", (REPO_ROOT / "docs" / "metrics.md").read_text(), re.M)
-    )
+    exporter_docs, _ = documented()
     names = set(re.findall(r"^# TYPE (social_[a-z_]+) ", text, re.M)) | {"social_exporter_up"}
-    assert documented == names
+    assert exporter_docs == names
     assert 'social_serving_lag_records{namespace="v1",partition="0"} 10.0' in text
     assert 'social_archive_lag_records{namespace="v1",partition="0"} 40.0' in text
     assert 'social_archive_behind_serving_records{namespace="v1",partition="1"} 10.0' in text
