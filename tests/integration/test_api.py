@@ -966,3 +966,65 @@ def test_metrics_count_requests_by_route_template_and_appends_by_outcome(api_fac
     )
     # route templates only: no raw id ever becomes a label value
     assert not any(str(alice) in value for _, labels in after for _, value in labels)
+
+
+def test_one_scrape_of_metrics_counts_both_uvicorn_workers(kafka_stack, topic_factory):
+    """`python -m app_sim.api` with 2 workers: each request counted once, whichever worker served
+    it, in every scrape, whichever worker answers it (prometheus-client's multiprocess mode)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from app_sim.api.metrics import multiproc_dir
+    from infra.stack import settings_env
+
+    settings = api_settings(kafka_stack.settings, topic_factory(), api_workers=2)
+    url = f"http://127.0.0.1:{settings.api_port}"
+    stale = multiproc_dir(settings)
+    stale.mkdir(parents=True)
+    (stale / "counter_1.db").write_bytes(b"an earlier run's")  # emptied by the parent at start
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app_sim.api"],
+        env=settings_env(settings),
+        cwd=REPO_ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+    def health() -> int:
+        with httpx.Client(base_url=url, timeout=15) as c:  # a connection of its own each time
+            return c.get("/v1/health").status_code
+
+    try:
+        served = 0
+        deadline = time.monotonic() + 90
+        while True:
+            assert proc.poll() is None, proc.stderr.read().decode()
+            try:
+                served += health() == 200
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "the API did not start"
+                time.sleep(0.2)
+        # concurrent requests on fresh connections until both workers served some (one file each)
+        with ThreadPoolExecutor(8) as pool:
+            for _ in range(50):
+                codes = list(pool.map(lambda _: health(), range(16)))
+                assert codes == [200] * 16
+                served += 16
+                if len(list(multiproc_dir(settings).glob("counter_*.db"))) == 2:
+                    break
+        assert len(list(multiproc_dir(settings).glob("counter_*.db"))) == 2, "one worker served all"
+        for _ in range(6):  # fresh connections: each scrape answered by either worker
+            with httpx.Client(base_url=url, timeout=15) as c:
+                text = c.get("/metrics").text
+            assert (
+                f'social_api_requests_total{{method="GET",route="/v1/health",status="200"}} {served}.0'
+                in text
+            )
+            assert f'social_api_request_seconds_count{{method="GET",route="/v1/health"}} {served}.0' in text
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
