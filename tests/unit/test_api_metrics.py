@@ -95,19 +95,22 @@ assert api_metrics.multiprocess()
 for _ in range({n}):
     m.observe("/v1/unread", "GET", 200, 0.004)
 m.appends.labels("acknowledged", "post_created").inc()
+print(m.exposition().decode())
 """
-SCRAPE = (
-    "from app_sim.api import metrics as api_metrics; print(api_metrics.ApiMetrics().exposition().decode())"
-)
 
 
 def test_one_scrape_sums_every_worker_process(tmp_path):
     env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=str(tmp_path))
-    for n in (2, 3):  # two worker processes, one after the other (each its own pid file)
-        subprocess.run([sys.executable, "-c", WORKER.format(n=n)], env=env, cwd=REPO_ROOT, check=True)
-    out = subprocess.run(
-        [sys.executable, "-c", SCRAPE], env=env, cwd=REPO_ROOT, check=True, capture_output=True, text=True
-    ).stdout
+    # two worker processes (each its own pid's files); the second one's scrape sums both
+    for n in (2, 3):
+        done = subprocess.run(
+            [sys.executable, "-c", WORKER.format(n=n)],
+            env=env,
+            cwd=REPO_ROOT,
+            check=True,
+            capture_output=True,
+        )
+    out = done.stdout.decode()
     assert 'social_api_requests_total{method="GET",route="/v1/unread",status="200"} 5.0' in out
     assert 'social_api_request_seconds_bucket{le="0.005",method="GET",route="/v1/unread"} 5.0' in out
     assert 'social_api_appends_total{outcome="acknowledged",type="post_created"} 2.0' in out
