@@ -18,7 +18,9 @@ freshness with and without the analytics beside it, their own latency, state siz
 duration curves); ``cluster_scaling`` (``infra/bench_cluster.py``: the keyed speed layer with 1
 and 3 Kafka brokers, and on ``local`` Spark and 1 and 2 standalone workers); ``sealing``
 (``infra/bench_sealing.py``: the generator's and the API's write throughput with personal data
-sealed and in plaintext). The README says how to read each figure.
+sealed and in plaintext); ``catchup`` (``infra/bench_catchup.py``: the default 200k log caught up
+by the running speed layer fully fanned out and at the default threshold: events/s, Redis µs and
+commands per event). The README says how to read each figure.
 """
 
 from __future__ import annotations
@@ -81,6 +83,7 @@ class BenchContext:
     sealing_api_seconds: int = 15  # sealing: each API write run (off, on, off, on)
     sealing_api_concurrency: int = 32  # sealing: asyncio clients posting at once
     erasure_log_events: int = 1_000_000  # erasure: the log the 10,000-event user is erased from
+    catchup_events: int = 200_000  # catchup: the generator's default log, caught up at two thresholds
 
     @property
     def analytics_first_phase_s(self) -> int:
@@ -467,6 +470,7 @@ def main(argv: list[str] | None = None) -> int:
         ("--cluster-rate", "cluster_rate", "the fixed rate, events/s"),
         ("--cluster-burst-events", "cluster_burst_events", "the backlog drained (throughput)"),
         ("--erasure-log-events", "erasure_log_events", "the log the 10,000-event user is erased from"),
+        ("--catchup-events", "catchup_events", "the default log the speed layer catches up"),
     ):
         default = getattr(BenchContext, field_name)
         p.add_argument(
@@ -487,6 +491,7 @@ def main(argv: list[str] | None = None) -> int:
         cluster_rate=a.cluster_rate,
         cluster_burst_events=a.cluster_burst_events,
         erasure_log_events=a.erasure_log_events,
+        catchup_events=a.catchup_events,
     )
     return 1 if any("error" in r for r in results.values()) else 0
 
@@ -495,6 +500,7 @@ def main(argv: list[str] | None = None) -> int:
 # modules; importing them registers them
 import infra.bench_analytics  # noqa: E402,F401
 import infra.bench_batch  # noqa: E402,F401
+import infra.bench_catchup  # noqa: E402,F401
 import infra.bench_cluster  # noqa: E402,F401
 import infra.bench_compacted  # noqa: E402,F401
 import infra.bench_erasure  # noqa: E402,F401

@@ -1,0 +1,126 @@
+"""``make bench`` section ``catchup``: the generator's default log caught up by the running speed layer.
+
+The work a Kafka Streams peer is compared on (docs/architecture.md, "The keyed speed layer"): the
+generator's default 200,000-event log of 1,000 users (``--catchup-events``), produced into a fresh
+topic while the speed layer and the archiver run as ``make up`` runs them, timed from the first
+record produced until every partition's fence in Redis has reached the log's end. Twice, side by
+side on one broker and one Redis:
+
+- ``full_fanout``: ``SOCIAL_FANOUT_THRESHOLD`` above every author's follower count, so every post
+  is fanned out on write to every follower (the peer's work);
+- ``default``: the configured threshold (authors above it merged at read time).
+
+Each reports events/s, the Redis time per event (redis-server's CPU seconds, user + system, over
+the catch-up, divided by the events applied: no reads run meanwhile), the Redis commands per event
+inside the library (``INFO commandstats``, without the clients' own calls) and the timeline
+entries written per second (the library's ZADD calls), against the 12,000 events/s and 60 µs the
+issue sets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import redis
+
+from infra.bench import BenchContext, section
+from infra.speed_layer_process import SpeedLayerProcess
+from pipelines.speed.functions import connect as keyed_connect
+
+TARGET_EVENTS_PER_S = 12_000
+TARGET_REDIS_US_PER_EVENT = 60
+# what clients send around the library's work (the calls, the bench's own polls and INFO)
+_CLIENT_COMMANDS = frozenset({"fcall", "fcall_ro", "info", "ping", "hgetall", "hincrby", "config|resetstat"})
+
+
+def redis_cpu_s(r: redis.Redis) -> float:
+    """redis-server's CPU seconds so far (user + system, its main thread and the rest)."""
+    cpu = r.info("cpu")
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+
+
+def library_commands(r: redis.Redis) -> dict[str, int]:
+    """Calls per command since the last reset, the clients' own left out."""
+    stats = {k.removeprefix("cmdstat_"): v["calls"] for k, v in r.info("commandstats").items()}
+    return {k: n for k, n in stats.items() if k not in _CLIENT_COMMANDS}
+
+
+def wait_fences(r: redis.Redis, namespace: str, ends: dict[int, int], timeout_s: float) -> float | None:
+    """Seconds until every fence reaches ``ends`` (None: not within the timeout)."""
+    from pipelines.speed import functions
+
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        f = functions.fences(r, namespace)
+        if all(f.get(p, 0) >= o for p, o in ends.items()):
+            return time.monotonic() - t0
+        time.sleep(0.05)
+    return None
+
+
+def catch_up(ctx: BenchContext, label: str, threshold: int, events: int) -> dict:
+    """One catch-up of the default log at ``threshold``; the speed layer is started first and
+    waits for records, as a running stack does."""
+    from app_sim.generator import GeneratorConfig, produce
+    from infra.stack import end_offsets
+    from pipelines.speed.functions import drop_namespace
+
+    namespace = f"bench_catchup_{label}_{ctx.run_id}".lower()
+    topic = ctx.topic(f"catchup_{label}")
+    settings = dataclasses.replace(
+        ctx.settings,
+        events_topic=topic,
+        views_namespace=namespace,
+        fanout_threshold=threshold,
+        var_dir=Path(ctx.settings.var_dir) / "bench" / f"catchup_{label}",
+    )
+    r = keyed_connect(settings.redis_url)
+    sl = SpeedLayerProcess(settings, topic, namespace, Path(settings.var_dir) / "speed_layer.log")
+    sl.start()
+    try:
+        sl.wait_running()
+        r.config_resetstat()
+        cpu0, started = redis_cpu_s(r), time.monotonic()
+        summary = produce(
+            events, GeneratorConfig(), topic=topic, bootstrap=settings.kafka_bootstrap, progress=False
+        )
+        produced_s = time.monotonic() - started
+        waited = wait_fences(r, namespace, end_offsets(settings, topic), 1800)
+        if waited is None:
+            raise RuntimeError(f"the speed layer did not catch up in 30 minutes; see {sl.log_path}")
+        seconds = produced_s + waited
+        cpu = redis_cpu_s(r) - cpu0
+        calls = library_commands(r)
+    finally:
+        sl.stop()
+        drop_namespace(r, namespace)
+    n = summary.events
+    return {
+        "fanout_threshold": threshold,
+        "events": n,
+        "produce_s": round(produced_s, 1),
+        "catch_up_s": round(seconds, 1),
+        "events_per_s": round(n / seconds),
+        "redis_cpu_s": round(cpu, 1),
+        "redis_us_per_event": round(cpu / n * 1e6, 1),
+        "redis_commands_per_event": round(sum(calls.values()) / n, 1),
+        "timeline_writes_per_s": round(calls.get("zadd", 0) / seconds),
+        "top_commands_per_event": {
+            k: round(v / n, 2) for k, v in sorted(calls.items(), key=lambda kv: -kv[1])[:6]
+        },
+    }
+
+
+@section("catchup")
+def catchup_section(ctx: BenchContext) -> dict:
+    events = ctx.catchup_events
+    out: dict = {"events": events}
+    full = catch_up(ctx, "full_fanout", 1_000_000, events)  # above any follower count
+    default = catch_up(ctx, "default", ctx.settings.fanout_threshold, events)
+    out["full_fanout"] = full
+    out["default"] = default
+    out["full_fanout_vs_target"] = round(full["events_per_s"] / TARGET_EVENTS_PER_S, 2)
+    out["redis_us_per_event_vs_target"] = round(full["redis_us_per_event"] / TARGET_REDIS_US_PER_EVENT, 2)
+    return out
