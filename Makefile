@@ -127,9 +127,9 @@ test-faults: setup ## fault runs on a 3-node Kafka cluster, 60 s each (make test
 # test files): PROPERTY_EXAMPLES Hypothesis examples per Redis property (the speed layer against
 # the specification), PROPERTY_BATCHES Spark batches of PROPERTY_BATCH logs (replay and batch layer).
 PROPERTY_EXAMPLES ?= 2000
-PROPERTY_BATCHES ?= 10
+PROPERTY_BATCHES ?= 40
 PROPERTY_BATCH ?= 60
-test-properties: setup ## property-based differential test, longer: PROPERTY_EXAMPLES examples per property (2000), PROPERTY_BATCHES Spark batches (10)
+test-properties: setup ## property-based differential test, longer: PROPERTY_EXAMPLES examples per property (2000), PROPERTY_BATCHES Spark batches of 60 logs (40)
 	SOCIAL_PROPERTY_EXAMPLES=$(PROPERTY_EXAMPLES) SOCIAL_PROPERTY_BATCHES=$(PROPERTY_BATCHES) \
 	SOCIAL_PROPERTY_BATCH=$(PROPERTY_BATCH) $(SHORT_JOBS) $(PY) -m pytest tests/unit/test_properties.py \
 	tests/integration/test_properties.py $(PYTEST_ARGS)
