@@ -6,10 +6,14 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import socket
+import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
+import redis
 
 from infra.airflow import airflow_env
 from infra.settings import get_settings
@@ -42,3 +46,48 @@ def spark(tmp_path_factory):
     session = build_spark("unit-tests", settings, testing=True)
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory):
+    """A redis-server of this module's own (the keyed state's tests: docs/views.md by hand, the
+    property test, the compaction of a changelog the real functions wrote)."""
+    server = shutil.which("redis-server")
+    if server is None:
+        pytest.fail("redis-server not on PATH: run `make setup`")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    d = tmp_path_factory.mktemp("redis")
+    proc = subprocess.Popen(
+        [
+            server,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(d),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    client = redis.Redis.from_url(url)
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            if time.monotonic() > deadline:
+                proc.kill()
+                pytest.fail("redis-server did not start")
+            time.sleep(0.05)
+    yield url
+    proc.terminate()
+    proc.wait(10)

@@ -16,7 +16,7 @@ import redis
 from pipelines.speed import functions
 from pipelines.speed.processor import Processor, ProcessorConfig
 from tests.unit.events import T0, ev
-from tests.unit.test_speed_processor import PARTITIONS, redis_url, to_records  # noqa: F401
+from tests.unit.test_speed_processor import PARTITIONS, to_records
 
 pytestmark = pytest.mark.spark
 

@@ -15,7 +15,7 @@ import redis
 
 from pipelines.speed import changelog, compacted, functions
 from tests.unit.events import ev
-from tests.unit.test_speed_processor import PARTITIONS, apply, ns, redis_url  # noqa: F401 - fixtures
+from tests.unit.test_speed_processor import PARTITIONS, apply, ns  # noqa: F401 - fixtures
 
 
 def _entries(r: redis.Redis, namespace: str) -> list[dict]:

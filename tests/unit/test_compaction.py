@@ -16,7 +16,7 @@ from pipelines.archiver import CHANGELOG_DDL
 from pipelines.compaction import Changes, first_n
 from pipelines.speed import changelog
 from tests.unit.events import T0, ev
-from tests.unit.test_speed_processor import PARTITIONS, apply, ns, redis_url  # noqa: F401 - fixtures
+from tests.unit.test_speed_processor import PARTITIONS, apply, ns  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.usefixtures("spark")
 

@@ -11,10 +11,6 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
-import socket
-import subprocess
-import time
 import uuid
 from collections import defaultdict
 
@@ -26,49 +22,6 @@ from pipelines.speed.processor import Processor, ProcessorConfig
 from tests.unit.events import KEY_FIELD, T0, ev
 
 PARTITIONS = 2
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory):
-    server = shutil.which("redis-server")
-    if server is None:
-        pytest.fail("redis-server not on PATH: run `make setup`")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    d = tmp_path_factory.mktemp("redis")
-    proc = subprocess.Popen(
-        [
-            server,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(d),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
-    client = redis.Redis.from_url(url)
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            if time.monotonic() > deadline:
-                proc.kill()
-                pytest.fail("redis-server did not start")
-            time.sleep(0.05)
-    yield url
-    proc.terminate()
-    proc.wait(10)
 
 
 @pytest.fixture
