@@ -132,7 +132,7 @@ PROPERTY_BATCH ?= 60
 test-properties: setup ## property-based differential test, longer: PROPERTY_EXAMPLES examples per property (2000), PROPERTY_BATCHES Spark batches of 60 logs (40)
 	SOCIAL_PROPERTY_EXAMPLES=$(PROPERTY_EXAMPLES) SOCIAL_PROPERTY_BATCHES=$(PROPERTY_BATCHES) \
 	SOCIAL_PROPERTY_BATCH=$(PROPERTY_BATCH) $(SHORT_JOBS) $(PY) -m pytest tests/unit/test_properties.py \
-	tests/integration/test_properties.py $(PYTEST_ARGS)
+	tests/integration/test_properties.py --timeout=0 $(PYTEST_ARGS)
 
 test-unit: setup ## fast tests, no broker
 	$(UNIT_JVM) $(SMALL_DATA) $(PY) -m pytest tests/unit $(PYTEST_ARGS)
