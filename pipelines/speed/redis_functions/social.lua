@@ -54,7 +54,7 @@ whose state was written by an older layout (a fence and no or another layout) is
 line naming the rebuild command, never read with the wrong key format.
 ]]
 
-local VERSION = '14'
+local VERSION = '15'
 local LAYOUT = '2' -- the key format of the state (1: posts keyed by post_id alone)
 local EVENT_ARGS = 10
 
@@ -630,7 +630,6 @@ local function social_apply(keys, args)
 end
 
 local function social_version() return VERSION end
-local function social_layout() return LAYOUT end
 
 -- Restore (pipelines/restore.py): state rows from the Delta archive written as the events write
 -- them. `FCALL social_restore 0 <ns> <kind> <n fields> <row>...`; kinds and fields:
@@ -759,7 +758,5 @@ redis.register_function('social_restore', social_restore)
 redis.register_function{function_name = 'social_version', callback = social_version,
   flags = {'no-writes'}}
 redis.register_function{function_name = 'social_cut', callback = social_cut, flags = {'no-writes'}}
-redis.register_function{function_name = 'social_layout', callback = social_layout,
-  flags = {'no-writes'}}
 redis.register_function{function_name = 'social_timeline', callback = social_timeline,
   flags = {'no-writes'}}
