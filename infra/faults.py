@@ -52,6 +52,7 @@ class FaultRun:
     lost: int = 0
     duplicated: int = 0
     first_errors: list[str] = field(default_factory=list)
+    fault_error: str | None = None  # the injection itself failed (the fault may not have happened)
     events: list[str] = field(default_factory=list)  # what happened when, seconds from the start
 
     @property
@@ -132,6 +133,15 @@ def read_ids(settings: Settings, topic: str, timeout_s: float = 120.0) -> Counte
     return ids
 
 
+def _injecting(inject: Callable[[FaultRun], None], result: FaultRun) -> None:
+    """Run the injection; its failure is part of the report, not a lost thread's traceback."""
+    try:
+        inject(result)
+    except Exception as exc:  # noqa: BLE001 - any failure of the fault is reported, then asserted on
+        result.fault_error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+        result.events.append(f"fault injection failed: {result.fault_error}")
+
+
 def run(
     settings: Settings,
     topic: str,
@@ -150,7 +160,8 @@ def run(
     from confluent_kafka import Producer
 
     # before the clock starts: a worker id of the run's own (see the GeneratorConfig below)
-    worker_id = writers.allocate(settings, "faults", events_topic=topic).worker_id
+    # (a loaded 3-node cluster can take more than the default 30 s to create the registry and ack)
+    worker_id = writers.allocate(settings, "faults", events_topic=topic, timeout_s=120.0).worker_id
     result = FaultRun(name=name, acks=acks, idempotence=idempotence, fault=fault, seconds=seconds)
     acked: Counter = Counter()
     start = time.monotonic()
@@ -184,7 +195,7 @@ def run(
             break
         if fault_thread is None and now >= fault_at_s:
             result.events.append(f"{now:.1f}s fault: {fault}")
-            fault_thread = threading.Thread(target=inject, args=(result,), daemon=True)
+            fault_thread = threading.Thread(target=_injecting, args=(inject, result), daemon=True)
             fault_thread.start()
         while True:
             try:
@@ -199,6 +210,9 @@ def run(
             time.sleep(ahead)
     if fault_thread is not None:
         fault_thread.join(timeout=180)
+        if fault_thread.is_alive():
+            result.fault_error = "the injection was still running 180 s after the writes ended"
+
     remaining = producer.flush(150)
     result.failed += remaining
     result.events.append(f"{time.monotonic() - start:.1f}s producer flushed ({remaining} undelivered)")

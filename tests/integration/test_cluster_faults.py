@@ -71,10 +71,11 @@ def test_acks_all_survives_a_broker_lost_for_good(cluster, topic):
         inject=kill_one_for_good, seconds=RUN_S, fault_at_s=FAULT_AT_S,
     )  # fmt: skip
     run.write(REPORTS)
+    assert run.fault_error is None, run
     assert run.sent > 1000 and run.acked == run.sent - run.failed, run
-    assert run.failed == 0, run.first_errors  # two in-sync replicas remain: every write goes through
+    assert run.failed == 0, run  # two in-sync replicas remain: every write goes through
     assert (run.lost, run.duplicated) == (0, 0), run
-    assert run.in_log == run.acked
+    assert run.in_log == run.acked, run
 
 
 def test_acks_all_survives_the_busy_leader_killed_and_restarted(cluster, topic):
@@ -91,9 +92,12 @@ def test_acks_all_survives_the_busy_leader_killed_and_restarted(cluster, topic):
         inject=kill_leader_and_restart, seconds=RUN_S, fault_at_s=FAULT_AT_S,
     )  # fmt: skip
     run.write(REPORTS)
+    assert run.fault_error is None, run
     assert run.sent > 1000 and run.acked + run.failed == run.sent, run
     assert (run.lost, run.duplicated) == (0, 0), run
-    assert run.in_log == run.acked
+    # a send reported failed (its delivery timed out) may still have been written, once: the
+    # producer cannot know; with none failed the log holds exactly what was acknowledged
+    assert run.acked <= run.in_log <= run.acked + run.failed, run
 
 
 def test_acks_1_counts_what_a_killed_leader_takes_with_it(cluster, topic):
@@ -113,6 +117,7 @@ def test_acks_1_counts_what_a_killed_leader_takes_with_it(cluster, topic):
         inject=kill_leader_and_restart, acks="1", idempotence=False, seconds=RUN_S, fault_at_s=FAULT_AT_S,
     )  # fmt: skip
     path = run.write(REPORTS)
+    assert run.fault_error is None, run
     assert run.sent > 1000 and run.acked + run.failed == run.sent, run
     # every acknowledged write is either in the log or counted as lost, nothing in between
     assert run.acked - run.lost <= run.in_log, run
