@@ -48,16 +48,16 @@ down: ## stop exactly what `make up` started
 
 status: ## what is running, and the headline metrics (lag, freshness, accounting: docs/metrics.md)
 	@$(PY) -m infra.stack status
-	@$(PY) -m infra.metrics --summary
+	@$(PY) -m pipelines.metrics --summary
 
 airflow: setup ## the Airflow UI with the DAGs (scheduler + API server) in the foreground: http://127.0.0.1:8080, no login
 	@$(PY) -m infra.airflow standalone
 
 # The demo's size: DEMO_EVENTS (history, 200000), DEMO_USERS (1000), DEMO_LIVE_SECONDS (30), or
-# DEMO_ARGS="--no-airflow ..." (python -m infra.demo --help); tests/integration/test_demo.py runs
+# DEMO_ARGS="--no-airflow ..." (python -m stories.demo --help); tests/integration/test_demo.py runs
 # it small on a stack of its own.
 demo: setup ## the whole story end to end on a fresh machine (DEMO_EVENTS=N for another size)
-	@$(PY) -m infra.demo $(DEMO_ARGS)
+	@$(PY) -m stories.demo $(DEMO_ARGS)
 
 # The integration tests start many short Spark jobs, each in its own JVM: without the C2 compiler
 # each spends less CPU compiling than it would gain (flushall-restore test 214 s vs 266 s). The
@@ -141,7 +141,7 @@ test-integration: setup ## tests against the real local stack (INTEGRATION_WORKE
 	$(INTEGRATION) $(PYTEST_ARGS)
 
 bench: setup ## side-by-side benchmarks -> var/reports/bench/latest.json
-	@$(PY) -m infra.bench
+	@$(PY) -m stories.bench
 
 tail: setup ## the event log, record by record (Kafka's console consumer; TAIL_ARGS=--from-beginning)
 	@$(PY) -m infra.tail $(TAIL_ARGS)
@@ -159,13 +159,13 @@ load-steps: setup ## step load: where the read target stops holding, plotted -> 
 	@$(PY) -m app_sim.load --steps -- $(LOCUST_ARGS)
 
 dual-write: setup ## dual writes (the anti-pattern) vs. the log, same workload and faults -> var/reports/dual_write/
-	@$(PY) -m infra.dual_write $(DUAL_WRITE_ARGS)
+	@$(PY) -m stories.dual_write $(DUAL_WRITE_ARGS)
 
 compare: setup ## Lambda (batch layer) vs Kappa (replay) on one generated log -> var/reports/compare/
-	@$(PY) -m infra.compare $(COMPARE_ARGS)
+	@$(PY) -m stories.compare $(COMPARE_ARGS)
 
 erasure-audit: setup ## erase a canary user on a scratch stack, then search every store for it -> var/reports/erasure_audit/
-	@$(PY) -m infra.erasure_audit $(AUDIT_ARGS)
+	@$(PY) -m stories.erasure_audit $(AUDIT_ARGS)
 
 lint: setup ## ruff
 	$(PY) -m ruff check .

@@ -2,7 +2,7 @@
 
 Appends the same ``user_erased`` event as ``DELETE /v1/users/me`` (through the API's
 :class:`app_sim.api.eventlog.EventLog`: validated against the contract, acknowledged by the
-broker), deletes the user's data key (``app_sim.keys``: every sealed copy of their personal data
+broker), deletes the user's data key (``contract.keys``: every sealed copy of their personal data
 becomes unreadable) and revokes the user's tokens (:func:`app_sim.auth.revoke`). A user the served views do
 not know (and the API has not just registered) is refused with a clear error and exit code 2;
 a user already erased is reported and nothing is appended (exit code 0: erasing twice is
@@ -20,8 +20,8 @@ import redis.asyncio
 
 from app_sim import auth
 from app_sim.api.eventlog import EventLog, LogUnavailable
-from app_sim.ids import new_event_id, wall_clock_ms
-from app_sim.keys import KeyStore
+from contract.ids import new_event_id, wall_clock_ms
+from contract.keys import KeyStore
 from infra.settings import Settings, get_settings
 
 
@@ -31,7 +31,7 @@ class EraseError(RuntimeError):
 
 async def namespace(client: redis.asyncio.Redis, settings: Settings) -> str:
     """The served views namespace, decided as the API decides it."""
-    from pipelines import namespaces
+    from contract import namespaces
 
     if settings.views_namespace:
         return settings.views_namespace

@@ -1,7 +1,7 @@
 """The direct load generator: a simulated social network appending events to ``social.events``.
 
 It drives the log harder than the HTTP API can (the API and Locust drive it realistically).
-Everything it writes keeps the event contract (``app_sim.contract``), plus a small, *counted*
+Everything it writes keeps the event contract (``contract``), plus a small, *counted*
 share of invalid events and duplicates, so the speed layer's accounting can be checked:
 events read = applied + duplicates + quarantined, per reason.
 
@@ -48,14 +48,15 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 import orjson
 
-from app_sim import contract, graph
-from app_sim.ids import MAX_WORKER_ID, Snowflake, event_ids
-from app_sim.keys import KeyStore, Sealer
-from app_sim.writers import WriterIdUnavailable
+import contract
+from app_sim import graph
+from contract.ids import MAX_WORKER_ID, Snowflake, event_ids
+from contract.keys import KeyStore, Sealer
+from contract.writers import WriterIdUnavailable
 
 SIM_EPOCH_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z: start of the simulated server clock
 # Worker bits of records that no one writes to a log as they are (``generate``, ``pattern_events``):
-# ``produce`` and ``inject`` write with a worker id allocated from the log's registry (app_sim.writers).
+# ``produce`` and ``inject`` write with a worker id allocated from the log's registry (contract.writers).
 BROKER_FREE_WORKER_ID = 0
 
 # Activity shares (the bootstrap registrations and follow graph come first, outside the mix).
@@ -115,7 +116,7 @@ class GeneratorConfig:
     # and no registrations or follows written again; the activity still comes from ``seed``.
     graph_seed: int | None = None
     emit_bootstrap: bool = True
-    # snowflake worker id; None: ``produce`` allocates one from the log's registry (app_sim.writers),
+    # snowflake worker id; None: ``produce`` allocates one from the log's registry (contract.writers),
     # a broker-free run uses BROKER_FREE_WORKER_ID. Only the worker bits of the ids depend on it.
     worker_id: int | None = None
     chunk: int = 8192
@@ -652,7 +653,7 @@ def produce(
     runs before the rest is sent: a test can let a consumer take the first part of a run, then the
     rest, with the run's counts still those of one run.
 
-    With ``sealer`` (``app_sim.keys``; the CLI's default) every personal field is sealed with its
+    With ``sealer`` (``contract.keys``; the CLI's default) every personal field is sealed with its
     user's data key as it is sent (``generate`` stays plaintext and reproducible). A duplicate is
     the same dict as its original, so it goes out sealed identically (the same bytes). An erasure
     deletes the user's key once the records before it are acknowledged (at the next progress
@@ -662,7 +663,7 @@ def produce(
 
     config = config or GeneratorConfig()
     if config.worker_id is None:  # a worker id of its own for the life of the log, before any write
-        from app_sim import writers
+        from contract import writers
 
         config = replace(config, worker_id=writers.allocate_for(bootstrap, topic, "generator").worker_id)
     gen = EventGenerator(n_events, config)
@@ -832,7 +833,7 @@ def inject(
     """Append the events of each pattern (thresholds from the settings) to ``topic``; returns how many.
 
     The ids are snowflakes of ``worker_id``; None (the default): one allocated for this call from
-    the log's registry (app_sim.writers), so an injection never reuses a generator run's ids.
+    the log's registry (contract.writers), so an injection never reuses a generator run's ids.
     """
     from confluent_kafka import Producer
 
@@ -840,7 +841,7 @@ def inject(
 
     s = settings or get_settings()
     if worker_id is None:
-        from app_sim import writers
+        from contract import writers
 
         worker_id = writers.allocate_for(bootstrap, topic, "inject", settings).worker_id
     producer = Producer(producer_config(bootstrap))
@@ -903,7 +904,7 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=None,
         help="snowflake worker id (0-1023) of the run and of --inject; default: allocate one of its own from "
-        "the log's registry (app_sim/writers.py). Fixed only to check reproducibility: it bypasses the "
+        "the log's registry (contract/writers.py). Fixed only to check reproducibility: it bypasses the "
         "registry, so ids may collide with another writer's",
     )
     p.add_argument(

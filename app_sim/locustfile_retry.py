@@ -1,6 +1,6 @@
 """The Locust workload of ``locustfile.py`` as a careful client: retries, and status updates.
 
-Used by ``make dual-write`` (``infra/dual_write.py``), against both write modes alike. User class
+Used by ``make dual-write`` (``stories/dual_write.py``), against both write modes alike. User class
 ``RetryingSocialUser`` (name it on Locust's command line: this module also holds ``SocialUser``):
 
 - every write carries an ``Idempotency-Key`` (drawn from the user's seeded generator) and is

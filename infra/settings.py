@@ -51,7 +51,7 @@ class Settings:
         "SOCIAL_WRITERS_TOPIC",
         "",
         "the registry of snowflake worker ids, one claim per writer (API process, generator run) for the "
-        "life of the log (app_sim/writers.py; compacted, 1 partition, kept forever); empty = "
+        "life of the log (contract/writers.py; compacted, 1 partition, kept forever); empty = "
         "`<events topic>.writers`",
     )
     redis_url: str = _setting("SOCIAL_REDIS_URL", "redis://127.0.0.1:6379/0", "Redis serving store")
@@ -418,7 +418,7 @@ class Settings:
 
     @property
     def keys_dir(self) -> Path:
-        """The data-key stores, one per event topic (``app_sim.keys``)."""
+        """The data-key stores, one per event topic (``contract.keys``)."""
         return Path(self.var_dir) / "keys"
 
     @property

@@ -69,6 +69,36 @@ def events_topic_configs(settings: Settings) -> dict[str, str]:
     return {**EVENTS_TOPIC_CONFIGS, "min.insync.replicas": str(settings.min_insync_replicas)}
 
 
+def writers_topic(settings: Settings, events_topic: str | None = None) -> str:
+    """The registry of snowflake worker ids of the log (contract/writers.py) for the log ``events_topic`` (default: the settings' event topic)."""
+    return settings.writers_topic or f"{events_topic or settings.events_topic}.writers"
+
+
+def writers_topic_configs(settings: Settings) -> dict[str, str]:
+    """Compacted and kept forever: claims have unique keys, so the cleaner never removes one."""
+    return {
+        "cleanup.policy": "compact",
+        "retention.ms": "-1",
+        "retention.bytes": "-1",
+        "min.insync.replicas": str(settings.min_insync_replicas),
+        "unclean.leader.election.enable": "false",
+    }
+
+
+def ensure_writers_topic(settings: Settings, events_topic: str | None = None, timeout_s: float = 30.0) -> str:
+    """Create the registry topic if it is missing (idempotent); returns its name."""
+    name = writers_topic(settings, events_topic)
+    create_topic(
+        settings,
+        name,
+        1,
+        writers_topic_configs(settings),
+        replication_factor=settings.replication_factor,
+        timeout_s=timeout_s,
+    )
+    return name
+
+
 class StackError(RuntimeError):
     """Something the user must act on, reported as one line (no traceback)."""
 
@@ -503,10 +533,8 @@ class KafkaBroker(Service):
                 events_topic_configs(s),
                 replication_factor=s.replication_factor,
             )
-            # the log's registry of snowflake worker ids (app_sim/writers.py): each writer claims one
-            from app_sim import writers
-
-            writers.ensure_topic(s)
+            # the log's registry of snowflake worker ids (contract/writers.py): each writer claims one
+            ensure_writers_topic(s)
 
 
 class RedisServer(Service):

@@ -52,11 +52,11 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from tenacity import Retrying, before_sleep_log, stop_after_attempt, wait_exponential
 
+from contract import functions, namespaces
 from infra.settings import Settings, get_settings
-from pipelines import namespaces
 from pipelines.lake import Lake, covers, latest_metadata
 from pipelines.parse import parse_records, received_date
-from pipelines.speed import changelog, functions
+from pipelines.speed import changelog
 from pipelines.speed.stream import commit_positions
 from pipelines.stopping import stop_requested
 from pipelines.tables import TABLES

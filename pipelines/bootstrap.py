@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 
 import redis
 
+from contract import functions, namespaces
 from infra.settings import Settings, get_settings
-from pipelines import namespaces
-from pipelines.speed import compacted, functions
+from pipelines.speed import compacted
 
 
 @dataclass

@@ -313,7 +313,7 @@ def audit_erasures(settings, user_ids: list[int] | None = None, progress: bool =
     import json
     import time
 
-    from app_sim import keys
+    from contract import keys
 
     store = keys.KeyStore.for_settings(settings)
     out_dir = Path(settings.reports_dir) / "erasure_audit"

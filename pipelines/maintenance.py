@@ -38,8 +38,8 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
 
+from contract import namespaces
 from infra.settings import Settings, get_settings
-from pipelines import namespaces
 
 log = logging.getLogger("maintenance")
 
@@ -165,8 +165,8 @@ def drop_namespace(settings: Settings, namespace: str) -> dict:
     shutil.rmtree(Path(settings.var_dir) / "checkpoints" / namespace, ignore_errors=True)
     removed_keys = 0
     try:
-        from pipelines.serving import connect
-        from pipelines.speed.functions import drop_namespace as drop_keys
+        from contract.functions import drop_namespace as drop_keys
+        from contract.serving import connect
 
         removed_keys = drop_keys(connect(settings.redis_url), namespace)
     except Exception as exc:  # noqa: BLE001 - Redis down: the files are gone; keys go next time

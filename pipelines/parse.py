@@ -1,7 +1,7 @@
 """Kafka records -> contract-valid events + quarantine rows, as Spark Column expressions.
 
 The checks are generated from the same contract data as the Python validator
-(``app_sim.contract``: field specs in declared order, cross-field rules), with the same reason
+(``contract``: field specs in declared order, cross-field rules), with the same reason
 codes in the same order, so the API, the generator and the speed layer agree on what is valid.
 A unit test runs both over the same invalid records and compares the reasons.
 """
@@ -14,7 +14,7 @@ from pyspark import SparkContext, StorageLevel
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from app_sim import contract
+import contract
 from pipelines.tables import TABLES
 
 _VARIANT_TYPE = {"integer": "BIGINT", "string": "STRING"}  # schema_of_variant's names

@@ -473,7 +473,7 @@ def run(
     data_docs: bool = True,
 ) -> QualityResult:
     """Validate one namespace with every suite (or the named ones); writes the reports."""
-    from pipelines import namespaces
+    from contract import namespaces
 
     started = time.monotonic()
     namespace = namespace or namespaces.active(settings)
@@ -547,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = get_settings()
     namespace = args.namespace
     if args.batch:
-        from pipelines import namespaces
+        from contract import namespaces
         from pipelines.batch_layer.job import SUFFIX
 
         namespace = (namespace or namespaces.active(settings)) + SUFFIX

@@ -41,8 +41,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from contract import namespaces
 from infra.settings import Settings, get_settings
-from pipelines import namespaces
 
 log = logging.getLogger("rebuild")
 
@@ -111,10 +111,10 @@ def _build_progress(settings: Settings, namespace: str, topic: str):
     """A progress bar of the build on a terminal: the new namespace's fences against the log's end."""
     import threading
 
+    from contract import functions
+    from contract.serving import connect
     from infra.stack import end_offsets
     from pipelines.progress import log_position
-    from pipelines.serving import connect
-    from pipelines.speed import functions
 
     try:
         log_end = sum(end_offsets(settings, topic).values())
@@ -218,7 +218,7 @@ def switch(
     settings: Settings, namespace: str, *, restart: bool = True, reason: str = "rebuild"
 ) -> str | None:
     """Make ``namespace`` live (file + Redis pointer); returns the previous one."""
-    from pipelines.serving import connect
+    from contract.serving import connect
 
     if namespace not in existing_namespaces(settings):
         raise RebuildError(f"no namespace {namespace!r} under {settings.lake_dir}; build it first")

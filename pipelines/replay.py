@@ -114,10 +114,10 @@ def rounds(
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pipelines import namespaces
+    from contract import namespaces
+    from contract.functions import connect, drop_namespace
     from pipelines.progress import spark_tasks
     from pipelines.spark import build_spark
-    from pipelines.speed.functions import connect, drop_namespace
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--topic")

@@ -34,12 +34,11 @@ from collections.abc import Iterable
 import redis
 from pyspark.sql import functions as F
 
+from contract import functions, namespaces
 from infra.settings import Settings, get_settings
-from pipelines import namespaces
 from pipelines.archiver import BRONZE_DISPOSITION
 from pipelines.batch_layer.definition import QUARANTINED, below
 from pipelines.lake import Lake, latest_metadata, side_by_side
-from pipelines.speed import functions
 from pipelines.tables import TABLES, VIEWS
 
 log = logging.getLogger("restore")

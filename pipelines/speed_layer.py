@@ -18,10 +18,9 @@ import logging
 import sys
 import time
 
+from contract import functions, namespaces
 from infra.settings import Settings, get_settings
-from pipelines import namespaces
 from pipelines.spark import build_spark
-from pipelines.speed import functions
 from pipelines.speed import stream as keyed
 from pipelines.stopping import stop_requested
 

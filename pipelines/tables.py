@@ -167,7 +167,7 @@ have no single answer, and the live state, a replay and the batch layer could di
   is a contract-valid id, so two authors may use one `post_id` (and two inboxes one
   `message_id`): they are different posts (messages), each in every view under its own key. The
   writers allocate ids that never collide in normal operation (snowflakes whose worker ids come
-  from a registry in the log: `app_sim/writers.py`), but no view depends on it.
+  from a registry in the log: `contract/writers.py`), but no view depends on it.
 - A second `post_created` by the same author with a `post_id` that author already used (live or
   deleted) is rejected with reason `reused_id`, as is a `message_sent` whose `message_id` is
   already in the recipient's inbox. A `post_deleted` acts only on the actor's own

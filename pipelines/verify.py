@@ -32,8 +32,9 @@ from pathlib import Path
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from contract import namespaces
+from contract.functions import connect as keyed_connect
 from infra.settings import Settings, get_settings
-from pipelines import namespaces
 from pipelines.batch_layer.definition import QUARANTINED, REJECTED, BatchViews, below
 from pipelines.batch_layer.job import Archive, batch_config, views_at
 from pipelines.batch_layer.verify import summary as batch_layer_summary
@@ -41,7 +42,6 @@ from pipelines.batch_layer.verify import verify_batch_layer
 from pipelines.lake import Lake
 from pipelines.parse import parse_records, received_date
 from pipelines.replay import read_log
-from pipelines.speed.functions import connect as keyed_connect
 from pipelines.tables import TABLES, VIEWS
 
 log = logging.getLogger("verify")
@@ -182,7 +182,7 @@ def compare_serving(
     the archiver and the compaction. Redis runs ahead of Delta while events flow; the comparison
     is made when they cover the same offsets (a caught-up stream) and skipped otherwise.
     """
-    from pipelines.serving import ServingStore, connect
+    from contract.serving import ServingStore, connect
 
     store = ServingStore(connect(settings.redis_url), lake.namespace)
     covered = store.fences()
@@ -220,10 +220,10 @@ def verify_keyed(spark, settings: Settings, namespace: str, topic: str) -> dict:
     the comparison ``skipped``, never a false mismatch.
     """
 
+    from contract import functions
+    from contract.functions import drop_namespace
     from pipelines.replay import replay_keyed
-    from pipelines.speed import functions
     from pipelines.speed.compare import compare_namespaces
-    from pipelines.speed.functions import drop_namespace
     from pipelines.speed.stream import topic_partitions
 
     client = keyed_connect(settings.redis_url)
@@ -263,7 +263,7 @@ def verify_keyed(spark, settings: Settings, namespace: str, topic: str) -> dict:
 
 def keyed_freshness(client, namespace: str) -> dict:
     """p50/p99 of received -> applied in Redis, from the processor's 10 ms histogram."""
-    from pipelines.speed import functions
+    from contract import functions
     from pipelines.speed.processor import FRESHNESS_BUCKET_MS
 
     hist = {int(b): int(n) for b, n in client.hgetall(functions.key(namespace, "freshness")).items()}

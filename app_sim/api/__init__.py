@@ -45,10 +45,10 @@ what it appended (users, posts with their author, messages with their recipient)
 anyone as data, and losing them only makes a check wait for the speed layer. The speed layer
 re-checks everything stateful (``not_own_post``, ``not_in_inbox``) against the log itself.
 
-Events: validated with ``app_sim.contract.validate`` before the append; ``received_time`` is the
+Events: validated with ``contract.validate`` before the append; ``received_time`` is the
 server's clock; ``sent_time`` is header ``X-Sent-Time`` else ``received_time``; ``device_time``
 is ``X-Device-Time`` else ``sent_time`` (epoch ms). Client times must fit the contract's clock
-window (``app_sim.contract.CLOCK_WINDOW``): ``X-Sent-Time`` within a day of the server's clock,
+window (``contract.CLOCK_WINDOW``): ``X-Sent-Time`` within a day of the server's clock,
 ``X-Device-Time`` not after the send time and at most 30 days before it; anything else is a 400
 naming the header, so the corrected event time is never later than the server's receive time.
 

@@ -22,12 +22,14 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from uvicorn.config import STARTUP_FAILURE
 
-from app_sim import auth, contract, keys, writers
+import contract
+from app_sim import auth
 from app_sim.api import dual_write
 from app_sim.api import metrics as api_metrics
 from app_sim.api import models as m
 from app_sim.api.eventlog import EventLog, LogUnavailable
-from app_sim.ids import Snowflake, new_event_id, wall_clock_ms
+from contract import keys, writers
+from contract.ids import Snowflake, new_event_id, wall_clock_ms
 from infra.settings import Settings, get_settings
 
 RECENT_TTL_S = 24 * 3600  # how long the API remembers its own writes (the store lags by seconds)
@@ -69,10 +71,10 @@ def _error(status: int, code: str, detail: str, headers: dict | None = None, err
 def claim_worker_id(settings: Settings) -> int:
     """This API process's snowflake worker id, one of its own for the life of the log.
 
-    Claimed in the log's registry of writers in Kafka (``app_sim.writers``), so no other API
+    Claimed in the log's registry of writers in Kafka (``contract.writers``), so no other API
     process, on this host or another, and no generator run ever mints ids with it, whatever a
     Redis FLUSHALL, a restore or a restart does; never given back. Raises
-    :class:`~app_sim.writers.WriterIdUnavailable` (a one-line message) when none can be had.
+    :class:`~contract.writers.WriterIdUnavailable` (a one-line message) when none can be had.
     """
     return writers.allocate(settings, "api").worker_id
 
@@ -93,7 +95,7 @@ class Api:
 
     async def namespace(self) -> str:
         """The live views namespace: the setting, else Redis ``active_namespace``, else the file."""
-        from pipelines import namespaces
+        from contract import namespaces
 
         if self.settings.views_namespace:
             return self.settings.views_namespace
@@ -105,7 +107,7 @@ class Api:
         return ns
 
     async def store(self):
-        from pipelines.serving import ServingReader
+        from contract.serving import ServingReader
 
         return ServingReader(self.redis, await self.namespace())
 

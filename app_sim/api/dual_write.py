@@ -1,12 +1,12 @@
 """THE ANTI-PATTERN, ON PURPOSE: an app API that writes the serving store itself *and* the log.
 
 Off by default. ``SOCIAL_WRITE_MODE=dual`` turns it on, for ``make dual-write`` only
-(``infra/dual_write.py``), which measures how the store it produces diverges from the log under
+(``stories/dual_write.py``), which measures how the store it produces diverges from the log under
 faults, side by side with the design (``SOCIAL_WRITE_MODE=log``: the API only appends to the log
 and the speed layer derives the store). Nothing else in the project uses it; do not copy it.
 
 Dual mode: the API writes the store under ``SOCIAL_DUAL_NAMESPACE`` with the serving store's key
-layout (``pipelines/serving.py``: ``users``, ``status``, ``following:<u>``, ``p:<id>``,
+layout (``contract/serving.py``: ``users``, ``status``, ``following:<u>``, ``p:<id>``,
 ``posts:<a>``, ``tl:<u>``, ``msgs:<u>``, ``inbox:<u>``, ``unread``) plus ``followers:<a>`` (a set
 the fan-out needs; the speed layer keeps it in its own state). One write goes, as a typical
 application does it, with no transaction across the stores:
@@ -61,9 +61,9 @@ import random
 
 import orjson
 
-from app_sim import contract
+import contract
 from app_sim.api.eventlog import Appended, InvalidEvent
-from app_sim.ids import wall_clock_ms
+from contract.ids import wall_clock_ms
 
 log = logging.getLogger("app_sim.api.dual_write")
 
@@ -76,7 +76,7 @@ FAILURE = {
     "store_fail": "partial write",
 }
 CRASH_EXIT = 70  # not uvicorn's STARTUP_FAILURE (3), so the supervisor starts a new worker
-PAD = 19  # zero-padded ids, as pipelines/serving.py writes zset members
+PAD = 19  # zero-padded ids, as contract/serving.py writes zset members
 _EVENT_FIELDS = ("event_id", "type", "user_id", "recipient_id", "followee_id", "post_id", "message_id")
 
 

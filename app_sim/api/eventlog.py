@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import orjson
 from confluent_kafka import KafkaException, Producer
 
-from app_sim import contract
+import contract
 
 _quiet = logging.getLogger("app_sim.api.librdkafka")
 _quiet.addHandler(logging.NullHandler())

@@ -11,7 +11,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from app_sim.contract import MAX_TEXT_LENGTH
+from contract import MAX_TEXT_LENGTH
 
 INT64_MAX = 2**63 - 1
 MAX_LIMIT = 800  # the longest home timeline the views keep (setting timeline_length)

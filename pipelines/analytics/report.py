@@ -21,8 +21,8 @@ from pathlib import Path
 
 from pyspark.sql import functions as F
 
+from contract import namespaces
 from infra.settings import Settings, get_settings
-from pipelines import namespaces
 from pipelines.analytics.joins import time_to_read_per_hour
 from pipelines.analytics.runner import Paths
 from pipelines.report import _CSS

@@ -35,8 +35,8 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 
+from contract import namespaces
 from infra.settings import Settings, get_settings
-from pipelines import namespaces
 from pipelines.analytics import joins, rules, source, windows
 from pipelines.analytics.config import AnalyticsConfig
 from pipelines.stopping import stop_requested

@@ -3,7 +3,7 @@
 Two independent implementations of docs/views.md meet here: the speed layer's Redis functions
 (event by event, in offset order) and the batch layer's set functions
 (:mod:`pipelines.batch_layer.definition`). Each view is read from Redis (key layout:
-:mod:`pipelines.speed.functions`) into rows ``key columns + value columns`` and joined with the
+:mod:`contract.functions`) into rows ``key columns + value columns`` and joined with the
 batch view on its key; a disagreement names the view, the key and both values.
 
 Redis is only compared when its fences equal P before and after it is read (a running stream
@@ -23,9 +23,9 @@ import redis
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from contract import functions
+from contract.serving import timeline_member
 from pipelines.batch_layer.definition import BatchViews
-from pipelines.serving import timeline_member
-from pipelines.speed import functions
 
 EXAMPLES = 5
 LETTER = {"a": "applied", "d": "duplicate", "r": "rejected", "q": "quarantined"}

@@ -25,8 +25,8 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from contract import namespaces
 from infra.settings import Settings, get_settings
-from pipelines import namespaces
 from pipelines.batch_layer.definition import BatchConfig, BatchViews, compute
 from pipelines.lake import latest_metadata
 from pipelines.tables import TABLES

@@ -22,13 +22,12 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from contract import functions, namespaces
+from contract.functions import connect as keyed_connect
 from infra.settings import Settings, get_settings
-from pipelines import namespaces
 from pipelines.batch_layer.cross_check import cross_check
 from pipelines.batch_layer.definition import QUARANTINED, BatchViews, below
 from pipelines.batch_layer.job import Archive, batch_config, views_at
-from pipelines.speed import functions
-from pipelines.speed.functions import connect as keyed_connect
 
 
 def verify_batch_layer(

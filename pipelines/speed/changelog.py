@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import redis
 
-from pipelines.speed.functions import key
+from contract.functions import key
 
 DISPOSITIONS = {"a": "applied", "d": "duplicate", "r": "rejected", "q": "quarantined"}
 

@@ -48,9 +48,9 @@ from dataclasses import dataclass, field
 
 import redis
 
+from contract.functions import key
 from infra.settings import Settings
 from pipelines.speed import changelog
-from pipelines.speed.functions import key
 
 log = logging.getLogger("speed_layer.compacted")
 

@@ -1,6 +1,6 @@
 """Key-by-key comparison of two keyed-state namespaces in Redis (live vs its replay).
 
-Every key of the state (:mod:`pipelines.speed.functions`) is read by type and compared as
+Every key of the state (:mod:`contract.functions`) is read by type and compared as
 content, not as bytes (Redis may encode the same set differently after a different history).
 Timelines are compared as the view: their first N entries (the slack beyond N is history-
 dependent by design). Changelog streams are compared by entry id (one per offset), disposition and

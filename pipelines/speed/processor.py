@@ -2,8 +2,8 @@
 
 Where it sits: ``Kafka social.events -> [this, in the Spark executors] -> Redis functions``.
 Each record is checked against the event contract in Python (the same compiled validator the
-API uses, :func:`app_sim.contract.parse_and_validate`), encoded as the flat arguments of the
-``social_apply`` Redis function (:mod:`pipelines.speed.redis_functions`) and sent in groups, so
+API uses, :func:`contract.parse_and_validate`), encoded as the flat arguments of the
+``social_apply`` Redis function (:mod:`contract.redis_functions`) and sent in groups, so
 a run of events costs one round trip and Redis does the fan-out, the fences, the dedup and the
 changelog atomically per event. Nothing here keeps state between records: the state is Redis.
 
@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import redis
 
-from app_sim import contract
+import contract
+from contract import functions
 from infra.settings import DEDUP_GRACE_MS, DEDUP_WINDOW_MS, FANOUT_THRESHOLD, TIMELINE_LENGTH
-from pipelines.speed import functions
 
 EVENT_ARGS = 10
 FRESHNESS_BUCKET_MS = 10  # the freshness histogram's resolution (received -> applied in Redis)

@@ -40,8 +40,8 @@ from pathlib import Path
 
 from pyspark.sql.streaming import StreamingQueryListener
 
+from contract import functions
 from infra.settings import Settings
-from pipelines.speed import functions
 from pipelines.speed.processor import Applied, Processor, ProcessorConfig
 
 log = logging.getLogger("speed_layer.keyed")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.speed_layer_process import SpeedLayerProcess
+from pipelines.speed_layer_process import SpeedLayerProcess
 
 # `make test` spreads these files over two pytest-xdist workers, a file at a time (`--dist
 # loadfile`: a file's tests share its fixtures and run in order), handing the next file to a worker

@@ -23,8 +23,9 @@ import pytest
 import requests
 import uvicorn
 
-from app_sim import contract, keys
+import contract
 from app_sim.auth import TokenSigner, load_secret
+from contract import keys
 from infra.settings import REPO_ROOT, Settings
 
 pytestmark = pytest.mark.integration
@@ -233,10 +234,10 @@ def test_every_write_lands_in_the_log_as_a_valid_event_at_the_answered_position(
     assert (
         records[(answers[2][1].json()["partition"], answers[2][1].json()["offset"])][0] == str(bob).encode()
     )
-    from app_sim import writers
-    from app_sim.ids import snowflake_worker
+    from contract import writers
+    from contract.ids import snowflake_worker
 
-    # the ids carry the API process's worker id, claimed by it in the log's registry (app_sim.writers)
+    # the ids carry the API process's worker id, claimed by it in the log's registry (contract.writers)
     owners = {c["worker_id"]: c["kind"] for c in writers.read_claims(api.settings) if c["won"]}
     assert snowflake_worker(post_id) == snowflake_worker(alice) and owners[snowflake_worker(alice)] == "api"
     a.close()
@@ -314,7 +315,7 @@ def test_reads_come_from_the_serving_store_with_as_of(api_factory):
 def test_a_blue_green_switch_is_picked_up_without_restart(api_factory):
     import redis
 
-    from pipelines import namespaces
+    from contract import namespaces
 
     api = api_factory(views_namespace="")  # follow Redis active_namespace
     alice, token = api.register("alice")
@@ -715,7 +716,7 @@ def test_broker_down_is_a_quick_503_never_a_hang(kafka_stack, private_settings, 
     from infra.stack import KafkaBroker, Stack, create_topic
 
     # a broker of this test's own, stopped under the running API (an API does not start without
-    # one: it claims its snowflake worker id in the log's registry first, app_sim/writers.py)
+    # one: it claims its snowflake worker id in the log's registry first, contract/writers.py)
     own = private_settings(tmp_path / "var", redis_port=kafka_stack.settings.redis_port)
     broker = Stack(own, service_types=(KafkaBroker,))
     broker.up()

@@ -18,8 +18,9 @@ import httpx
 import orjson
 import pytest
 
-from app_sim import contract, keys
-from app_sim.ids import snowflake_worker
+import contract
+from contract import keys
+from contract.ids import snowflake_worker
 from infra.settings import Settings
 
 pytestmark = pytest.mark.integration
@@ -145,7 +146,7 @@ def test_a_key_is_the_callers_own_and_a_retry_gets_the_first_answer_from_any_wor
     assert api.log_size() == before + 3
 
     events = {e["event_id"]: e for e in api.records()}
-    # in the log the text is sealed with alice's data key (app_sim.keys); opened, it is hers
+    # in the log the text is sealed with alice's data key (contract.keys); opened, it is hers
     assert contract.is_sealed(events[first["event_id"]]["text"])
     opened = keys.open_fields(keys.KeyStore.for_settings(api.settings), [events[first["event_id"]]], "text")
     assert events[first["event_id"]]["user_id"] == alice and opened[0]["text"] == "once"

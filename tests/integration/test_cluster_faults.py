@@ -1,4 +1,4 @@
-"""Fault runs on a real 3-node KRaft cluster (the cluster profile's Kafka, infra/faults.py).
+"""Fault runs on a real 3-node KRaft cluster (the cluster profile's Kafka, stories/faults.py).
 
 A generator writes for a bounded time while a broker dies; afterwards every event id the producer
 saw acknowledged must be in the log exactly once (acks=all, idempotence, replication 3,
@@ -15,9 +15,9 @@ import time
 
 import pytest
 
-from infra import faults
 from infra.settings import get_settings
 from infra.stack import KafkaBroker, Stack, create_topic, end_offsets, events_topic_configs, free_port_block
+from stories import faults
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
@@ -128,11 +128,11 @@ def test_a_spark_worker_killed_mid_batch_loses_nothing(kafka_stack, topic_factor
     """kill -9 a Spark standalone worker and its executors while the speed layer runs its
     micro-batches on the cluster (two workers of one core; the test stack's broker and Redis),
     restart it later: every acknowledged event applied once, and events read = applied +
-    duplicates + rejected + quarantined (infra.faults.spark_worker_killed, its reduced run)."""
+    duplicates + rejected + quarantined (stories.faults.spark_worker_killed, its reduced run)."""
     from dataclasses import replace
 
-    from infra.speed_layer_process import SpeedLayerProcess
     from infra.stack import SparkMaster, SparkWorker, standalone_spark_settings
+    from pipelines.speed_layer_process import SpeedLayerProcess
 
     base = standalone_spark_settings(kafka_stack.settings, tmp_path / "spark", workers=2)
     settings = replace(base, events_topic=topic_factory(), views_namespace=f"faults_spark_{time.time_ns()}")

@@ -90,9 +90,9 @@ def produce_status_update(settings: Settings, topic: str, user_id: int) -> None:
 def story(kafka_stack, tmp_path_factory):
     """Settings on the session stack with a private var dir, a topic with events, namespace A built."""
     from app_sim.generator import GeneratorConfig, produce
+    from contract import namespaces
+    from contract.serving import connect
     from infra.stack import create_topic, delete_topic
-    from pipelines import namespaces
-    from pipelines.serving import connect
 
     suffix = uuid.uuid4().hex[:6]
     settings = get_settings(
@@ -173,7 +173,7 @@ def test_1_corrupted_row_is_caught_by_quality_and_verify(story, monkeypatch):
 
 
 def test_2_rebuild_views_repairs_by_blue_green_switch(story):
-    from pipelines import namespaces
+    from contract import namespaces
 
     s = story["settings"]
     ok, out = dags_test(s, "rebuild_views", {"namespace": story["b"], "topic": story["topic"]})
@@ -186,7 +186,7 @@ def test_2_rebuild_views_repairs_by_blue_green_switch(story):
 
 
 def test_3_rollback_is_one_command(story):
-    from pipelines import namespaces
+    from contract import namespaces
 
     s = story["settings"]
     done = run_py(s, ["-m", "pipelines.rebuild", "rollback", "--no-restart"])

@@ -1,4 +1,4 @@
-"""``make demo`` as users run it, in CI: the same command (``python -m infra.demo``, what the
+"""``make demo`` as users run it, in CI: the same command (``python -m stories.demo``, what the
 Makefile's ``demo`` target runs) on a stack of its own (free ports, a var dir of its own), at a
 smaller size through its documented knobs (``DEMO_EVENTS``, ``DEMO_USERS``,
 ``DEMO_LIVE_SECONDS``), with the analytics and the alert injection on.
@@ -49,8 +49,8 @@ ARCHIVER = {
 
 @pytest.mark.timeout(DEMO_TIMEOUT_S + 120)
 def test_make_demo_passes_with_a_true_summary(tmp_path: Path, private_settings):
-    from infra.demo import SUMMARY
     from infra.stack import Stack, settings_env
+    from stories.demo import SUMMARY
 
     settings = private_settings(tmp_path / "var", analytics=1, **ARCHIVER)
     env = {**settings_env(settings), **DEMO_ENV}
@@ -59,7 +59,7 @@ def test_make_demo_passes_with_a_true_summary(tmp_path: Path, private_settings):
     try:
         with log.open("w") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "infra.demo"],
+                [sys.executable, "-m", "stories.demo"],
                 cwd=REPO_ROOT,
                 env=env,
                 stdout=out,

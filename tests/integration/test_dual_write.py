@@ -15,7 +15,7 @@ API, then one API per fault (only that fault on) serves a scenario that fault ca
 - ``store_fail`` (every store update after the log append fails): 3 messages and a post the
   recipient's timeline should get.
 
-Dual mode is compared with an independent fold of its topic (``infra.dual_write.fold``); log mode
+Dual mode is compared with an independent fold of its topic (``stories.dual_write.fold``); log mode
 is the real speed layer's namespace over its topic, compared with the same fold. Both stores are
 read as the API reads them (timelines through ``social_timeline``); that the log design's store
 shows no divergence at any fan-out threshold is tests/unit/test_dual_write_counting.py's.
@@ -33,7 +33,7 @@ import httpx
 import pytest
 
 from app_sim.api.dual_write import FAULTS
-from infra.dual_write import attribute, divergences, fold, read_journal, read_log, read_store
+from stories.dual_write import attribute, divergences, fold, read_journal, read_log, read_store
 
 pytestmark = pytest.mark.integration
 
@@ -154,9 +154,9 @@ def _run_mode(mode: str, base, topic: str, namespace: str) -> None:
 @pytest.fixture(scope="module")
 def runs(kafka_stack, tmp_path_factory):
     """mode -> (divergences, attribution, journal) after the seeded scenarios."""
-    from infra.speed_layer_process import SpeedLayerProcess
+    from contract.serving import connect
     from infra.stack import create_topic, delete_topic
-    from pipelines.serving import connect
+    from pipelines.speed_layer_process import SpeedLayerProcess
 
     base = replace(
         kafka_stack.settings,

@@ -4,7 +4,7 @@ full one: a bigger world, the analytics, the quality suites and the reports on t
 A canary user made through the API (every personal field sealed with its key) and a control user
 written in plaintext by a raw producer share a log; the speed layer, the archiver and the
 compaction run over it; then the stack's files are searched, decoded as their readers decode
-them (infra/erasure_audit.py, pipelines/erasure_audit.py), before and after the canary's erasure.
+them (stories/erasure_audit.py, pipelines/erasure_audit.py), before and after the canary's erasure.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import socket
 import uuid
 from pathlib import Path
 
-from infra.erasure_audit import audit
+from stories.erasure_audit import audit
 
 
 def _free_port() -> int:

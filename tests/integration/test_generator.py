@@ -9,7 +9,7 @@ from dataclasses import replace
 import orjson
 import pytest
 
-from app_sim import contract
+import contract
 from app_sim.generator import DUPLICATE, GeneratorConfig, generate, produce
 
 pytestmark = pytest.mark.integration
@@ -139,7 +139,7 @@ def test_a_sealed_run_with_erasures_leaves_no_erased_users_field_readable(
     plaintext of the same run; a user erased in the run (and still turning up after it) has no key
     once ``produce`` returns, so none of their values opens, before or after the erasure. The
     caller's sealer is left as it was given."""
-    from app_sim.keys import KeyStore, Sealer, key_id, open_value
+    from contract.keys import KeyStore, Sealer, key_id, open_value
 
     topic = topic_factory(partitions=4)
     cfg = GeneratorConfig(users=60, mean_followers=6, seed=5, duplicate_share=0.01, erasure_share=0.004)

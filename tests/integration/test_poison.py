@@ -28,7 +28,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from app_sim import contract
+import contract
 from infra.settings import Settings
 
 pytestmark = pytest.mark.integration

@@ -171,11 +171,11 @@ def batch_views_of(b: dict, users: list[int]) -> dict:
 
 
 def run_batch(spark, stack_settings, topic: str, batch: list[Log], n: int, t: int, group: int) -> list[str]:
+    from contract import functions
     from pipelines.batch_layer.definition import BatchConfig, compute
     from pipelines.batch_layer.job import computed_once
     from pipelines.parse import parse_records
     from pipelines.replay import read_log, replay_keyed
-    from pipelines.speed import functions
 
     settings = dataclasses.replace(
         stack_settings, timeline_length=n, fanout_threshold=t, processor_group_size=group

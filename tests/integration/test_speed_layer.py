@@ -28,9 +28,9 @@ from dataclasses import replace
 
 import pytest
 
-from app_sim.contract import is_sealed
 from app_sim.generator import GeneratorConfig, produce
-from app_sim.keys import KeyStore, Sealer, open_fields
+from contract import is_sealed
+from contract.keys import KeyStore, Sealer, open_fields
 from tests.integration.verifying import assert_keyed_ok, assert_verified, run_verify, verify_keyed
 
 pytestmark = pytest.mark.integration
@@ -60,7 +60,7 @@ def test_stream_equals_replay(kafka_stack, topic_factory, speed_layer_factory, t
     # the serving store holds sealed values only; they open with the user's key
     import redis
 
-    from pipelines.speed.functions import key
+    from contract.functions import key
 
     r = redis.Redis.from_url(kafka_stack.settings.redis_url)
     profile = json.loads(r.hget(key("stream", "users"), 7))

@@ -84,7 +84,7 @@ def test_verify_a_young_stack_with_a_post_id_shared_by_authors(
     )
 
     # what a user reads (the Redis function the API serves from): 4 follows 1 and 3; 1 follows 2
-    from pipelines.serving import ServingStore, connect
+    from contract.serving import ServingStore, connect
 
     store = ServingStore(connect(kafka_stack.settings.redis_url), "young")
     tl = sorted(store.dump_timelines(kafka_stack.settings.timeline_length))

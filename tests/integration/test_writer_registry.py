@@ -1,4 +1,4 @@
-"""Snowflake worker ids from the log's registry in Kafka (app_sim/writers.py), on a real broker.
+"""Snowflake worker ids from the log's registry in Kafka (contract/writers.py), on a real broker.
 
 Every writer of a log (API process, generator run, --inject) gets a worker id no other writer of
 that log ever had; one that cannot get one refuses to start with one line.
@@ -16,8 +16,8 @@ from dataclasses import replace
 import orjson
 import pytest
 
-from app_sim import writers
-from app_sim.ids import snowflake_without_worker, snowflake_worker
+from contract import writers
+from contract.ids import snowflake_without_worker, snowflake_worker
 from infra.settings import REPO_ROOT
 
 pytestmark = pytest.mark.integration

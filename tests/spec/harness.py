@@ -45,7 +45,7 @@ def spec_views(out: spec.Outcome, users: list[int]) -> dict:
 # (a) and (b): the keyed state in Redis, read as the API reads it
 # ------------------------------------------------------------------------------------------------
 def redis_views(url: str, ns: str, users: list[int], n: int) -> dict:
-    from pipelines.serving import ServingReader
+    from contract.serving import ServingReader
 
     async def read() -> dict:
         client = redis.asyncio.Redis.from_url(url)
@@ -84,7 +84,7 @@ def redis_dispositions(
 
 
 def redis_accounting(client: redis.Redis, ns: str, partitions) -> dict[str, int]:
-    from pipelines.speed import functions
+    from contract import functions
 
     totals = functions.accounting(client, ns, list(partitions))
     return {k: totals.get(k, 0) for k in ACCOUNTING}

@@ -2,7 +2,7 @@
 
 It shares no code with the speed layer (``pipelines/speed``), the replay or the batch layer
 (``pipelines/batch_layer``), and imports nothing of ``pipelines`` or ``app_sim``: the event
-contract is read as data from ``app_sim/contract/events.v1.schema.json`` and the rules below are
+contract is read as data from ``contract/events.v1.schema.json`` and the rules below are
 written from docs/events.md, docs/views.md, docs/architecture.md ("Dedup") and the identity rule:
 
 - a post is ``(author_id, post_id)``, a message ``(recipient_id, message_id)``; two owners may use
@@ -32,7 +32,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SCHEMA_PATH = Path(__file__).resolve().parents[2] / "app_sim" / "contract" / "events.v1.schema.json"
+SCHEMA_PATH = Path(__file__).resolve().parents[2] / "contract" / "events.v1.schema.json"
 
 APPLIED, DUPLICATE, REJECTED, QUARANTINED = "applied", "duplicate", "rejected", "quarantined"
 INT64_MAX = 2**63 - 1

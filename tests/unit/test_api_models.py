@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from app_sim.api import models as m
 from app_sim.api.app import ApiError, client_headers
 from app_sim.api.eventlog import EventLog, InvalidEvent, LogUnavailable
-from app_sim.contract import MAX_TEXT_LENGTH
+from contract import MAX_TEXT_LENGTH
 
 
 @pytest.mark.parametrize(

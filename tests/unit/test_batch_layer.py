@@ -13,7 +13,7 @@ import json
 import pytest
 import redis
 
-from pipelines.speed import functions
+from contract import functions
 from pipelines.speed.processor import Processor, ProcessorConfig
 from tests.unit.events import T0, ev
 from tests.unit.test_speed_processor import PARTITIONS, to_records
@@ -35,7 +35,7 @@ def archive(spark, events):
     The records are checked with the event contract in Python (the same validator the speed layer
     uses): the batch layer's input is the archive, not the raw log.
     """
-    from app_sim import contract
+    import contract
 
     recs = to_records(events)
     bronze, quarantine = [], []

@@ -1,12 +1,12 @@
-"""The ``cluster_scaling`` bench's engines and ratios, worked out by hand (infra/bench_cluster.py)."""
+"""The ``cluster_scaling`` bench's engines and ratios, worked out by hand (stories/bench_cluster.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from infra.bench_cluster import kafka_cluster_settings, scaling_ratios
 from infra.settings import get_settings
 from infra.stack import standalone_spark_settings
+from stories.bench_cluster import kafka_cluster_settings, scaling_ratios
 
 
 def test_the_kafka_step_changes_only_kafka(tmp_path: Path):
@@ -61,7 +61,7 @@ def test_every_bench_section_is_a_function_of_the_context_alone():
     on a helper (it registers the helper under the section's name) fails here, not after a run."""
     import inspect
 
-    from infra.bench import SECTIONS
+    from stories.bench import SECTIONS
 
     assert {"analytics", "cluster_scaling", "keyed"} <= set(SECTIONS)
     for name, fn in SECTIONS.items():
@@ -70,7 +70,7 @@ def test_every_bench_section_is_a_function_of_the_context_alone():
 
 
 def test_batch_durations_come_from_the_speed_layers_own_lines():
-    from infra.bench_cluster import batch_seconds
+    from stories.bench_cluster import batch_seconds
 
     log = (
         "2026-11-24 13:00:01 INFO pipelines.speed.stream keyed batch 0: {'read': 10} in 0.532s\n"

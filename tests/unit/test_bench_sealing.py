@@ -1,4 +1,4 @@
-"""The sealing bench's CPU accounting (infra/bench_sealing.py), on this process and the machine."""
+"""The sealing bench's CPU accounting (stories/bench_sealing.py), on this process and the machine."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 
-from infra.bench_sealing import _CpuMeter, _process_cpu_s
+from stories.bench_sealing import _CpuMeter, _process_cpu_s
 
 
 def test_the_simulating_thread_its_process_and_the_broker_are_counted_apart():

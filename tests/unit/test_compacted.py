@@ -13,7 +13,8 @@ import json
 import pytest
 import redis
 
-from pipelines.speed import changelog, compacted, functions
+from contract import functions
+from pipelines.speed import changelog, compacted
 from tests.unit.events import ev
 from tests.unit.test_speed_processor import PARTITIONS, apply, ns  # noqa: F401 - fixtures
 

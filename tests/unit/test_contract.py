@@ -8,8 +8,8 @@ import jsonschema
 import orjson
 import pytest
 
-from app_sim import contract
-from app_sim.contract.docs import render
+import contract
+from contract.docs import render
 from infra.settings import Settings
 
 T = 1_767_225_600_000
@@ -234,7 +234,7 @@ def test_spark_schema_is_the_union_of_fields():
 
 def test_docs_are_up_to_date():
     assert contract.DOCS_PATH.read_text(encoding="utf-8") == render(), (
-        "docs/events.md is stale: run `python -m app_sim.contract docs`"
+        "docs/events.md is stale: run `python -m contract docs`"
     )
 
 
@@ -252,10 +252,10 @@ def test_the_bronze_quality_suite_knows_every_event_type():
 
 
 def test_sealed_values_open_only_with_their_key(tmp_path):
-    """A value sealed by app_sim.keys is valid in the contract, opens with its owner's key, and
+    """A value sealed by contract.keys is valid in the contract, opens with its owner's key, and
     is unreadable once the key is erased; a value that breaks its plaintext rule stays plaintext
     (so the log still rejects it with the rule's reason)."""
-    from app_sim import keys
+    from contract import keys
 
     store = keys.KeyStore(tmp_path / "keys.sqlite3")
     sealer = keys.Sealer(store)

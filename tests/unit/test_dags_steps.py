@@ -11,8 +11,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from contract import namespaces
 from infra.settings import get_settings
-from pipelines import maintenance, namespaces, rebuild
+from pipelines import maintenance, rebuild
 
 DAY = 24 * 3600
 

@@ -1,9 +1,9 @@
-"""The demo's summary from what it measured (infra/demo.py): the serving path's freshness over the
+"""The demo's summary from what it measured (stories/demo.py): the serving path's freshness over the
 live part only, every comparison of the verify report counted, a history that ends before now."""
 
 from __future__ import annotations
 
-from infra.demo import covered, histogram_since, history_config, mismatches, percentiles
+from stories.demo import covered, histogram_since, history_config, mismatches, percentiles
 
 
 def test_freshness_counts_only_the_events_since_the_history():

@@ -1,7 +1,7 @@
 """The dual-write experiment's truth and divergence counting, on hand-made logs and stores.
 
 The stores live in a real redis-server (started here, on a free port, in a temporary folder),
-written with the serving store's key layout (pipelines/serving.py) and read as the API reads them
+written with the serving store's key layout (contract/serving.py) and read as the API reads them
 (timelines through ``social_timeline``); every expected figure below is worked out by hand from
 docs/views.md. The last test folds generated logs through the speed layer's own Redis functions
 at several fan-out thresholds: the log design's store shows no divergence at any of them.
@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from app_sim.api.dual_write import FAULTS
-from infra.dual_write import (
+from stories.dual_write import (
     METRICS,
     attribute,
     divergences,
@@ -238,7 +238,7 @@ def test_the_log_designs_store_shows_no_divergence_at_any_fan_out_threshold(r, t
     the independent fold at every threshold: from everyone fanned out (10,000) to no one (0)."""
     from collections import defaultdict
 
-    from app_sim import contract
+    import contract
     from app_sim.generator import GeneratorConfig, generate
     from pipelines.speed.processor import Processor, ProcessorConfig
 

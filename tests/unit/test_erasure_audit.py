@@ -112,7 +112,7 @@ def test_sealed_values_of_the_user_are_counted_and_checked(tmp_path):
 def test_the_audit_after_an_erasure_checks_the_key_and_what_still_opens(tmp_path):
     """The erasure_audit DAG's job: a user is clean when the key is gone and nothing sealed with it
     opens; a user the store never erased (key still there) fails the audit."""
-    from app_sim import keys
+    from contract import keys
     from infra.settings import get_settings
 
     settings = get_settings(var_dir=tmp_path, events_topic="t")

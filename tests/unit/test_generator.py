@@ -8,7 +8,8 @@ import numpy as np
 import orjson
 import pytest
 
-from app_sim import contract, graph
+import contract
+from app_sim import graph
 from app_sim.generator import DEFAULT_MIX, DUPLICATE, INVALID_KINDS, EventGenerator, GeneratorConfig, generate
 
 N = 60_000

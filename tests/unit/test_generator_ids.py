@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from app_sim import ids
+from contract import ids
 
 
 def test_snowflake_unique_and_sortable_across_instances_and_threads():
@@ -80,7 +80,7 @@ def _post_and_message_ids(cfg) -> list[int]:
 
 def test_two_runs_of_one_seed_differ_only_in_the_worker_bits():
     """The generator's ids are reproducible from the seed apart from the worker bits: a run's worker
-    id comes from the log's registry (app_sim.writers), so two runs of one seed never collide."""
+    id comes from the log's registry (contract.writers), so two runs of one seed never collide."""
     from app_sim.generator import GeneratorConfig
 
     cfg = GeneratorConfig(users=100, mean_followers=5, seed=11)

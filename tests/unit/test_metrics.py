@@ -1,4 +1,4 @@
-"""The live metrics (infra/metrics.py) from one snapshot of the stores: every metric docs/metrics.md
+"""The live metrics (pipelines/metrics.py) from one snapshot of the stores: every metric docs/metrics.md
 lists is exported, lags are log end minus position, the freshness histogram is cumulative."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import re
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from infra.metrics import families, summary
 from infra.settings import REPO_ROOT
+from pipelines.metrics import families, summary
 
 SNAP = {
     "namespace": "v1",

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from app_sim import contract
+import contract
 
 pytestmark = pytest.mark.spark
 

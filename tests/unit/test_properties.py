@@ -59,7 +59,7 @@ def run_and_compare(url: str, log: Log, *, n: int, t: int, s: int, group: int, s
     """Apply ``log`` with ``schedule`` (a list of (partition, records, rerun)) and compare with the
     specification after the cuts ``checks`` says (a function of the step number; default: every
     step) and at the end."""
-    from pipelines.speed import functions
+    from contract import functions
     from pipelines.speed.processor import Processor, ProcessorConfig
 
     ns = f"prop{uuid.uuid4().hex[:10]}"
@@ -173,7 +173,7 @@ def test_the_grammar_and_the_specification_read_the_contract_as_the_contract_doe
     """The generator writes what it means to (its "valid" records are contract-valid, its
     quarantine shapes are not) and the specification's validity rule, read from the schema as
     data, gives the contract's reason for every record."""
-    from app_sim import contract
+    import contract
 
     for rec in log.records:
         raw = rec.raw()

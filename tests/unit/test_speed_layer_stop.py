@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from infra.settings import get_settings
-from infra.speed_layer_process import SpeedLayerProcess
+from pipelines.speed_layer_process import SpeedLayerProcess
 
 CHILD = """
 import signal, sys, time

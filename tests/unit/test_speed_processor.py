@@ -17,7 +17,7 @@ from collections import defaultdict
 import pytest
 import redis
 
-from pipelines.speed import functions
+from contract import functions
 from pipelines.speed.processor import Processor, ProcessorConfig
 from tests.unit.events import KEY_FIELD, T0, ev
 
@@ -408,7 +408,7 @@ def test_a_rerun_after_a_crash_changes_nothing(redis_url, ns):
 # ---------------------------------------------------------------------------------------------
 def definition(records, n, threshold, window):
     """Every view straight from its definition over the log (no incremental maintenance)."""
-    from app_sim import contract
+    import contract
 
     follows, posts, pids, inbox, status = defaultdict(set), {}, defaultdict(dict), defaultdict(dict), {}
     seen, erased, sender = defaultdict(dict), set(), {}
@@ -478,7 +478,7 @@ def read_timelines(url, ns, users, n, as_of=False):
     user, or (post ids, as_of)."""
     import asyncio
 
-    from pipelines.serving import ServingReader
+    from contract.serving import ServingReader
 
     async def read_all():
         client = redis.asyncio.Redis.from_url(url)

@@ -1,4 +1,4 @@
-"""The worker-id registry's pure logic (app_sim/writers.py): who owns an id, which id is next.
+"""The worker-id registry's pure logic (contract/writers.py): who owns an id, which id is next.
 
 The allocation against a real broker (races, exhaustion, Kafka down): tests/integration/test_writer_registry.py.
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import orjson
 
-from app_sim import writers
+from contract import writers
 from infra.settings import Settings
 
 

@@ -1,6 +1,6 @@
 """Live metrics of the speed layer and the archiver, for Prometheus (``prometheus-client``).
 
-``python -m infra.metrics [--port 9464]`` serves ``/metrics``; every scrape reads the live
+``python -m pipelines.metrics [--port 9464]`` serves ``/metrics``; every scrape reads the live
 stores, so the figures are those of that moment and the exporter keeps no state of its own:
 
 - the log's end offsets (Kafka), the speed layer's fences (Redis) and the archive's position
@@ -11,7 +11,7 @@ stores, so the figures are those of that moment and the exporter keeps no state 
   events the speed layer has decided;
 - the archive's age: seconds since the last ``batches`` commit, and whether it covers the fences.
 
-``python -m infra.metrics --summary`` prints the headline numbers once (``make status``).
+``python -m pipelines.metrics --summary`` prints the headline numbers once (``make status``).
 Every metric, its labels and its meaning: docs/metrics.md.
 """
 
@@ -48,9 +48,8 @@ def _archive(settings: Settings, namespace: str) -> tuple[dict[int, int], float 
 
 def snapshot(settings: Settings) -> dict:
     """Everything the exporter reports, read once from Kafka, Redis and the Delta log."""
+    from contract import functions, namespaces
     from infra.stack import end_offsets
-    from pipelines import namespaces
-    from pipelines.speed import functions
     from pipelines.speed.processor import FRESHNESS_BUCKET_MS
 
     ns = namespaces.active(settings)
@@ -230,7 +229,7 @@ def summary(snap: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m infra.metrics", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m pipelines.metrics", description=__doc__.splitlines()[0])
     p.add_argument("--port", type=int, default=9464, help="port of /metrics (9464)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--summary", action="store_true", help="print the headline numbers once and exit")

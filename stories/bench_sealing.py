@@ -35,8 +35,8 @@ import statistics
 import time
 from pathlib import Path
 
-from infra.bench import BenchContext, section
-from infra.bench_keyed import _free_port
+from stories.bench import BenchContext, section
+from stories.bench_keyed import _free_port
 
 _TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -98,7 +98,7 @@ class _CpuMeter:
 
 def _generator_rate(ctx: BenchContext, events: int, sealed: bool, key_dir: Path, i: int) -> dict:
     from app_sim.generator import GeneratorConfig, produce
-    from app_sim.keys import KeyStore, Sealer
+    from contract.keys import KeyStore, Sealer
 
     cfg = GeneratorConfig(users=2000, seed=42, invalid_share=0.001, duplicate_share=0.001)
     topic = ctx.topic(f"sealing-gen-{'on' if sealed else 'off'}-{i}")

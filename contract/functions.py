@@ -5,7 +5,7 @@ It is loaded with ``FUNCTION LOAD REPLACE`` whenever the version in Redis differ
 in this repository, so a code change reaches Redis at the next start of any processor.
 
 Keys, all under ``<namespace>:`` (one namespace per views version, for blue/green switching).
-The serving reads (:mod:`pipelines.serving`) use the first group; the rest is the processor's.
+The serving reads (:mod:`contract.serving`) use the first group; the rest is the processor's.
 
 ==================  ======  =====================================================================
 ``tl:<u>``          zset    fanned-out home timeline of u (latest N): member = post_id then

@@ -1,16 +1,16 @@
-"""``python -m app_sim.contract docs [--check]``: (re)generate docs/events.md from the schema."""
+"""``python -m contract docs [--check]``: (re)generate docs/events.md from the schema."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from app_sim.contract import DOCS_PATH
-from app_sim.contract.docs import render
+from contract import DOCS_PATH
+from contract.docs import render
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m app_sim.contract")
+    parser = argparse.ArgumentParser(prog="python -m contract")
     sub = parser.add_subparsers(dest="command", required=True)
     docs = sub.add_parser("docs", help="write docs/events.md from the schema")
     docs.add_argument("--check", action="store_true", help="exit 1 if docs/events.md is stale")
@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         current = DOCS_PATH.read_text(encoding="utf-8") if DOCS_PATH.exists() else ""
         if current != text:
-            print(f"{DOCS_PATH} is stale: run `python -m app_sim.contract docs`", file=sys.stderr)
+            print(f"{DOCS_PATH} is stale: run `python -m contract docs`", file=sys.stderr)
             return 1
         return 0
     DOCS_PATH.write_text(text, encoding="utf-8")

@@ -12,7 +12,7 @@ hourly schedule vs the speed layer's p99 from the latest ``make bench`` keyed ru
 each path needs; rows compared and disagreements (the cross-check ``verify`` uses); a plot.
 Writes ``var/reports/compare/latest.json``, ``latest.html`` and ``compare.png``.
 
-``python -m infra.compare [--events N]``. Uses the running local stack if Kafka answers on the
+``python -m stories.compare [--events N]``. Uses the running local stack if Kafka answers on the
 configured port, else starts Kafka and Redis and stops them afterwards.
 """
 
@@ -28,16 +28,16 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from contract.functions import connect as keyed_connect
 from infra.settings import REPO_ROOT, Settings, get_settings
-from pipelines.speed.functions import connect as keyed_connect
 
 SCHEDULE_S = 3600  # the batch_layer DAG runs hourly (dags/batch_layer.py)
 # The code each path adds (the contract checks, the Kafka source and the archive are shared).
 KAPPA_FILES = [
     "pipelines/speed/processor.py",
-    "pipelines/speed/functions.py",
+    "contract/functions.py",
     "pipelines/speed/stream.py",
-    "pipelines/speed/redis_functions/social.lua",
+    "contract/redis_functions/social.lua",
     "pipelines/replay.py",
 ]
 LAMBDA_FILES = ["pipelines/batch_layer/definition.py", "pipelines/batch_layer/job.py"]
@@ -118,6 +118,7 @@ def freshness_text(fresh: dict) -> str:
 def run(settings: Settings, events: int) -> dict:
 
     from app_sim.generator import GeneratorConfig, produce
+    from contract.functions import drop_namespace
     from infra.stack import create_topic, delete_topic
     from pipelines.batch_layer.archive import archive_log
     from pipelines.batch_layer.cross_check import changelog_dispositions, cross_check
@@ -125,7 +126,6 @@ def run(settings: Settings, events: int) -> dict:
     from pipelines.batch_layer.job import run as batch_run
     from pipelines.replay import replay_keyed
     from pipelines.spark import build_spark
-    from pipelines.speed.functions import drop_namespace
 
     run_id = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     topic = f"compare.{run_id}".lower()
@@ -319,7 +319,7 @@ def write(report: dict, directory: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     from infra.stack import BACKBONE, Stack, port_listening
 
-    p = argparse.ArgumentParser(prog="python -m infra.compare", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m stories.compare", description=__doc__.splitlines()[0])
     p.add_argument("--events", type=int, default=200_000, help="events in the generated log (default 200k)")
     a = p.parse_args(argv)
     settings = get_settings()

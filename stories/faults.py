@@ -30,8 +30,8 @@ from pathlib import Path
 
 import orjson
 
-from app_sim import writers
 from app_sim.generator import EventGenerator, GeneratorConfig
+from contract import writers
 from infra.settings import Settings
 from infra.stack import KafkaBroker, admin_client, end_offsets
 
@@ -178,7 +178,7 @@ def run(
         {**producer_config(settings.kafka_bootstrap, acks, idempotence), "on_delivery": on_delivery}
     )
     # Wall-clock ids from a worker id of the run's own, allocated above from the log's registry
-    # (app_sim.writers): a fault run appended to a topic that already has other writers' events
+    # (contract.writers): a fault run appended to a topic that already has other writers' events
     # (spark_worker_killed) never reuses their post and message ids.
     config = GeneratorConfig(
         users=users,
@@ -230,10 +230,9 @@ def spark_worker_killed(settings: Settings, *, seconds: float = 30.0, rate: floa
     kill -9 Spark worker 1 with its executors (its whole process group: a lost machine) while the
     speed layer runs micro-batches, restart it later; then the speed layer must apply every event
     (fences = end offsets) with events read = applied + duplicates + rejected + quarantined."""
+    from contract import functions, namespaces
+    from contract.serving import connect
     from infra.stack import SparkWorker
-    from pipelines import namespaces
-    from pipelines.serving import connect
-    from pipelines.speed import functions
 
     if not settings.clustered:
         raise SystemExit("run with SOCIAL_PROFILE=cluster against `SOCIAL_PROFILE=cluster make up`")
@@ -280,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from infra.settings import get_settings
 
-    p = argparse.ArgumentParser(prog="python -m infra.faults", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m stories.faults", description=__doc__.splitlines()[0])
     p.add_argument("run", choices=["spark-worker"])
     p.add_argument("--seconds", type=float, default=30.0)
     p.add_argument("--rate", type=float, default=1000.0)

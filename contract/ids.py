@@ -8,7 +8,7 @@ Snowflake layout (int64, always positive, time-sortable)::
 
 Unique because every writer of a log (each API process, each generator run, ``--inject`` and
 fault runs included) gets a worker id of its own for the life of the log, allocated from the
-log's registry in Kafka (``app_sim.writers``), never a default: two writers never share one, so
+log's registry in Kafka (``contract.writers``), never a default: two writers never share one, so
 their ids differ in the worker bits whatever their clocks say. The generator passes its simulated
 clock explicitly, so its ids are reproducible from the seed apart from the worker bits
 (``--worker-id`` fixes those too, for a reproducibility check; such a run bypasses the registry).

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import redis
 
-from infra.bench import BenchContext, _fill, section
-from pipelines.speed.functions import connect as keyed_connect
+from contract.functions import connect as keyed_connect
+from stories.bench import BenchContext, _fill, section
 
 SEGMENT_MS = 1000
 CLEAN_WAIT_S = 120
@@ -92,10 +92,10 @@ def _redis_bytes(r: redis.Redis, namespace: str, pattern: str = "following:*", h
 def _freshness_with(ctx: BenchContext, publish: bool) -> dict:
     """The real speed layer (a subprocess, as ``make up`` runs it) under a fixed-rate load."""
     from app_sim.generator import GeneratorConfig, produce
-    from infra.bench_keyed import _SpeedLayer, _wait_fences
+    from contract.functions import drop_namespace, key
     from infra.stack import end_offsets
-    from pipelines.speed.functions import drop_namespace, key
     from pipelines.verify import keyed_freshness
+    from stories.bench_keyed import _SpeedLayer, _wait_fences
 
     tag = "on" if publish else "off"
     namespace = f"bench_compacted_ab_{tag}_{ctx.run_id}".lower()
@@ -157,10 +157,10 @@ def compacted_section(ctx: BenchContext) -> dict:
 
 
 def _size_and_cost(ctx: BenchContext) -> dict:
+    from contract.functions import drop_namespace
     from infra.stack import KafkaBroker, delete_topic
     from pipelines import bootstrap
     from pipelines.speed import compacted
-    from pipelines.speed.functions import drop_namespace
     from pipelines.speed.processor import Processor, ProcessorConfig
 
     events = min(ctx.events, 200_000)

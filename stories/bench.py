@@ -6,19 +6,19 @@ registered with ``@section(name)``; results are merged into ``var/reports/bench/
 (other sections' earlier results are kept), a timestamped copy is written next to it, and a short
 table is printed.
 
-``python -m infra.bench [--only ingest] [--events N]``. Uses the running local stack if Kafka
+``python -m stories.bench [--only ingest] [--events N]``. Uses the running local stack if Kafka
 answers on the configured port, else starts one (``infra.stack``) and stops it afterwards.
 
 Sections, in order: ``ingest`` (the generator vs Kafka's own ``ProducerPerformance``);
 ``serving`` (the API's reads/s and p99 under Locust over a pre-populated serving store, writes/s
 too); ``replay`` (full recompute vs a bare read and vs the parse step alone, 1x and 10x log);
-``keyed`` and ``scaling`` (``infra/bench_keyed.py``: the keyed speed layer; the processor's
-cost per micro-batch on 1x and 10x state); ``analytics`` (``infra/bench_analytics.py``: the keyed speed layer's
+``keyed`` and ``scaling`` (``stories/bench_keyed.py``: the keyed speed layer; the processor's
+cost per micro-batch on 1x and 10x state); ``analytics`` (``stories/bench_analytics.py``: the keyed speed layer's
 freshness with and without the analytics beside it, their own latency, state size and batch
-duration curves); ``cluster_scaling`` (``infra/bench_cluster.py``: the keyed speed layer with 1
+duration curves); ``cluster_scaling`` (``stories/bench_cluster.py``: the keyed speed layer with 1
 and 3 Kafka brokers, and on ``local`` Spark and 1 and 2 standalone workers); ``sealing``
-(``infra/bench_sealing.py``: the generator's and the API's write throughput with personal data
-sealed and in plaintext); ``catchup`` (``infra/bench_catchup.py``: the default 200k log caught up
+(``stories/bench_sealing.py``: the generator's and the API's write throughput with personal data
+sealed and in plaintext); ``catchup`` (``stories/bench_catchup.py``: the default 200k log caught up
 by the running speed layer fully fanned out and at the default threshold: events/s, Redis µs and
 commands per event). The README says how to read each figure.
 """
@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from contract.functions import connect as keyed_connect
 from infra.settings import Settings, get_settings
-from pipelines.speed.functions import connect as keyed_connect
 
 SECTIONS: dict[str, Callable[[BenchContext], dict]] = {}
 
@@ -236,7 +236,7 @@ def _populate_serving_store(settings: Settings, namespace: str, users: int, seed
     import orjson
 
     from app_sim import graph
-    from pipelines.serving import ServingStore, _pid, connect, timeline_member_of
+    from contract.serving import ServingStore, _pid, connect, timeline_member_of
 
     rng = np.random.default_rng(seed)
     edges = graph.follower_graph(users, 20.0, rng)
@@ -346,7 +346,7 @@ def serving(ctx: BenchContext) -> dict:
 
 def _drop_namespace(settings: Settings, namespace: str) -> None:
 
-    from pipelines.speed.functions import drop_namespace
+    from contract.functions import drop_namespace
 
     drop_namespace(keyed_connect(settings.redis_url), namespace)
 
@@ -441,7 +441,7 @@ def run(only: list[str] | None, events: int, settings: Settings | None = None, *
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m infra.bench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m stories.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--only", action="append", help="run only this section (repeatable)")
     p.add_argument("--events", type=int, default=1_000_000, help="events per ingest run (default 1M)")
     p.add_argument("--keyed-seconds", type=int, default=120, help="keyed: seconds at each fixed rate")
@@ -498,18 +498,18 @@ def main(argv: list[str] | None = None) -> int:
 
 # the keyed speed layer's, the analytics' and the batch layer's sections live in their own
 # modules; importing them registers them
-import infra.bench_analytics  # noqa: E402,F401
-import infra.bench_batch  # noqa: E402,F401
-import infra.bench_catchup  # noqa: E402,F401
-import infra.bench_cluster  # noqa: E402,F401
-import infra.bench_compacted  # noqa: E402,F401
-import infra.bench_erasure  # noqa: E402,F401
-import infra.bench_keyed  # noqa: E402,F401
-import infra.bench_sealing  # noqa: E402,F401
+import stories.bench_analytics  # noqa: E402,F401
+import stories.bench_batch  # noqa: E402,F401
+import stories.bench_catchup  # noqa: E402,F401
+import stories.bench_cluster  # noqa: E402,F401
+import stories.bench_compacted  # noqa: E402,F401
+import stories.bench_erasure  # noqa: E402,F401
+import stories.bench_keyed  # noqa: E402,F401
+import stories.bench_sealing  # noqa: E402,F401
 
 if __name__ == "__main__":
     # run the imported module's main: `python -m` makes this file __main__, a second copy whose
-    # SECTIONS the keyed section (registered on infra.bench) would not be in
-    from infra.bench import main as _main
+    # SECTIONS the keyed section (registered on stories.bench) would not be in
+    from stories.bench import main as _main
 
     sys.exit(_main())

@@ -24,7 +24,7 @@ fold of the mode's span in Python (:func:`fold`, the view semantics of docs/view
 follows, live posts (a post is its author and its id), home timelines of the latest N, inbox with
 read flags, last status in log order; not the speed layer's code, so the log design's zero is a
 check, not a tautology), for the span's users only. The store is read as users read it: a home
-timeline through the API's read (:class:`pipelines.serving.ServingReader`, ``FCALL_RO
+timeline through the API's read (:class:`contract.serving.ServingReader`, ``FCALL_RO
 social_timeline``: the stored part merged with the posts of followed authors above the fan-out
 threshold), never the raw ``tl:`` keys, so where the threshold sits cannot make a correct store
 look wrong. The log design's state is ``replay``; dual mode's is ``dual``. Counted
@@ -48,7 +48,7 @@ Everything runs on a private stack (Kafka, Redis on free ports, state under
 ``var/reports/dual_write/latest.json``, ``latest.html`` (with the plots), ``divergences.png``,
 ``sweep.json``, ``sweep.png``.
 
-``python -m infra.dual_write [--users 30] [--run-time 15] [--seed 7] [--crash 5] [--race 150]
+``python -m stories.dual_write [--users 30] [--run-time 15] [--seed 7] [--crash 5] [--race 150]
 [--timeout 15] [--store-fail 20] [--sweep 0,3]`` (rates per mille; ``SOCIAL_FAULT_*`` variables,
 when set, replace these defaults).
 """
@@ -71,8 +71,8 @@ from pathlib import Path
 
 from app_sim.api.dual_write import FAILURE, FAULTS, corrected_time, journal_key
 from infra.settings import Settings, get_settings
-from infra.speed_layer_process import SpeedLayerProcess
 from pipelines.report import png_bytes
+from pipelines.speed_layer_process import SpeedLayerProcess
 
 MODES = ("log", "dual")
 TOPIC = "dw.events"  # both runs append here, one after the other; each mode's truth is its span
@@ -222,7 +222,7 @@ def read_timelines(r, namespace: str, users: Iterable[int], timeline_length: int
 
     import redis.asyncio
 
-    from pipelines.serving import ServingReader
+    from contract.serving import ServingReader
 
     async def read_all() -> dict[int, set[tuple[int, int]]]:
         kw = r.connection_pool.connection_kwargs
@@ -248,7 +248,7 @@ def read_timelines(r, namespace: str, users: Iterable[int], timeline_length: int
 
 def read_store(r, namespace: str, users: Iterable[int], timeline_length: int = 800) -> StoreState:
     """The parts of a namespace the comparison needs, for ``users`` (key layout:
-    ``pipelines/speed/functions.py``); the timelines read as the API reads them
+    ``contract/functions.py``); the timelines read as the API reads them
     (:func:`read_timelines`), never from the raw ``tl:`` keys."""
 
     def user_of(key: str) -> int:
@@ -471,9 +471,9 @@ def run(
     0 nothing is injected into it)."""
     from confluent_kafka import KafkaException
 
-    from app_sim.ids import wall_clock_ms
+    from contract.ids import wall_clock_ms
+    from contract.serving import connect
     from infra.stack import BACKBONE, Stack, StackError, create_topic, end_offsets
-    from pipelines.serving import connect
 
     sweep = tuple(x for x in sweep if x != 1)  # 1: the main runs
     specs = [RunSpec(m, m, rates, run_time_s, 1.0 if sweep else None) for m in MODES] + [
@@ -609,7 +609,7 @@ def run(
         fanout_threshold=base.fanout_threshold,
         metrics=METRIC_TEXT,
         truth=(
-            "an independent Python fold of each mode's span of the log (infra/dual_write.py: fold), "
+            "an independent Python fold of each mode's span of the log (stories/dual_write.py: fold), "
             "not the speed layer's code"
         ),
     )
@@ -839,7 +839,7 @@ def print_table(report: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     settings = get_settings()
-    p = argparse.ArgumentParser(prog="python -m infra.dual_write", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m stories.dual_write", description=__doc__.splitlines()[0])
     p.add_argument("--users", type=int, default=30, help="Locust users (30)")
     p.add_argument("--run-time", type=int, default=15, help="seconds of Locust per run (15)")
     p.add_argument("--seed", type=int, default=settings.fault_seed)

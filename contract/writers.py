@@ -4,7 +4,7 @@ Where it sits in the data flow::
 
     writer starts (API process, generator run, --inject, fault run)
         ──claim──> Kafka <events topic>.writers (compacted, 1 partition, kept forever)
-    writer runs: post_id / message_id / user_id snowflakes carry that worker id (app_sim/ids.py)
+    writer runs: post_id / message_id / user_id snowflakes carry that worker id (contract/ids.py)
         ──append──> Kafka social.events ──> speed layer ──> Redis, Delta
 
 Snowflakes are ``41 bits ms | 10 bits worker | 12 bits sequence``; two writers with the same
@@ -27,7 +27,7 @@ An id is never given back (a writer that stops leaves its claim): ids are unique
 the log, 1024 writers per log. When every id is claimed, or Kafka does not answer, the writer
 refuses to start with one line (:class:`WriterIdUnavailable`); the CLIs print it and exit non-zero.
 
-``python -m app_sim.writers`` lists the claims of the log (``--topic`` for another log).
+``python -m contract.writers`` lists the claims of the log (``--topic`` for another log).
 """
 
 from __future__ import annotations
@@ -44,12 +44,16 @@ from dataclasses import dataclass, replace
 
 import orjson
 
-from app_sim.ids import MAX_WORKER_ID
+from contract.ids import MAX_WORKER_ID
 from infra.settings import Settings, get_settings
+from infra.stack import ensure_writers_topic, writers_topic, writers_topic_configs
+
+# the registry topic: named, configured and created by the ground floor (the stack creates it too)
+registry_topic, topic_configs, ensure_topic = writers_topic, writers_topic_configs, ensure_writers_topic
 
 WORKER_IDS = MAX_WORKER_ID + 1  # 1024 worker ids per log
 
-_quiet = logging.getLogger("app_sim.writers.librdkafka")  # one clear line, not librdkafka's retries
+_quiet = logging.getLogger("contract.writers.librdkafka")  # one clear line, not librdkafka's retries
 _quiet.addHandler(logging.NullHandler())
 _quiet.propagate = False
 
@@ -68,38 +72,6 @@ class Claim:
     key: str
     topic: str
     offset: int
-
-
-def registry_topic(settings: Settings, events_topic: str | None = None) -> str:
-    """The registry of the log ``events_topic`` (default: the settings' event topic)."""
-    return settings.writers_topic or f"{events_topic or settings.events_topic}.writers"
-
-
-def topic_configs(settings: Settings) -> dict[str, str]:
-    """Compacted and kept forever: claims have unique keys, so the cleaner never removes one."""
-    return {
-        "cleanup.policy": "compact",
-        "retention.ms": "-1",
-        "retention.bytes": "-1",
-        "min.insync.replicas": str(settings.min_insync_replicas),
-        "unclean.leader.election.enable": "false",
-    }
-
-
-def ensure_topic(settings: Settings, events_topic: str | None = None, timeout_s: float = 30.0) -> str:
-    """Create the registry topic if it is missing (idempotent); returns its name."""
-    from infra.stack import create_topic
-
-    name = registry_topic(settings, events_topic)
-    create_topic(
-        settings,
-        name,
-        1,
-        topic_configs(settings),
-        replication_factor=settings.replication_factor,
-        timeout_s=timeout_s,
-    )
-    return name
 
 
 def claim_value(worker_id: int, kind: str) -> bytes:
@@ -167,7 +139,7 @@ class _Registry:
                 "acks": "all",
                 "enable.idempotence": True,
                 "message.timeout.ms": int(timeout_s * 1000),
-                "client.id": "app_sim.writers",
+                "client.id": "contract.writers",
                 "logger": _quiet,
             }
         )
@@ -330,7 +302,7 @@ def read_claims(settings: Settings, events_topic: str | None = None, timeout_s: 
 
 def main(argv: list[str] | None = None) -> int:
     settings = get_settings()
-    p = argparse.ArgumentParser(prog="python -m app_sim.writers", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m contract.writers", description=__doc__.splitlines()[0])
     p.add_argument("--topic", default=settings.events_topic, help="the event log whose registry to list")
     a = p.parse_args(argv)
     try:

@@ -5,7 +5,7 @@ namespace, each the same generated traffic: registrations and follows of 2,000 u
 measured), then ``analytics_rate`` events/s of the default mix for ``analytics_seconds``:
 
 1. the keyed speed layer alone (``python -m pipelines.speed_layer``, as in the
-   ``keyed`` section, :class:`infra.speed_layer_process.SpeedLayerProcess`);
+   ``keyed`` section, :class:`pipelines.speed_layer_process.SpeedLayerProcess`);
 2. the same, with every analytics query (:data:`pipelines.analytics.runner.QUERIES`) running
    beside it as ``make up``'s analytics service runs them (``python -m pipelines.analytics``: its
    own process and JVM at nice 10, the settings' trigger), and the three alert patterns injected every 15 s. The load
@@ -54,13 +54,13 @@ from pathlib import Path
 
 import redis
 
-from infra.bench import BenchContext, section
-from infra.bench_keyed import _pct, _wait_fences
+from contract.functions import connect as keyed_connect
 from infra.settings import Settings
-from infra.speed_layer_process import SpeedLayerProcess
 from pipelines.report import png_bytes
-from pipelines.speed.functions import connect as keyed_connect
 from pipelines.speed.processor import FRESHNESS_CAP_MS
+from pipelines.speed_layer_process import SpeedLayerProcess
+from stories.bench import BenchContext, section
+from stories.bench_keyed import _pct, _wait_fences
 
 ANALYTICS_LATENESS_S = 10  # so windows close within the run (the default, 120 s, would not)
 BOOT_USERS, BOOT_FOLLOWERS, GRAPH_SEED = 2_000, 20, 13
@@ -292,10 +292,10 @@ def speed_layer_phase(
     """One phase of a speed layer of its own: bootstrap, reset the histogram, ``rate`` events/s
     for ``seconds``; its freshness, lag and applied rate. With ``burst_events``, then that many
     events as fast as the generator sends them: the rate it drains a backlog at (its throughput).
-    Also the ``cluster_scaling`` section's (``infra/bench_cluster.py``) measurement."""
+    Also the ``cluster_scaling`` section's (``stories/bench_cluster.py``) measurement."""
     from app_sim.generator import produce
+    from contract import functions
     from infra.stack import end_offsets
-    from pipelines.speed import functions
     from pipelines.verify import keyed_freshness
 
     topic, ns = settings.events_topic, settings.views_namespace
@@ -432,7 +432,7 @@ def _thirds(values: list[float]) -> tuple[float | None, float | None]:
 def _reset_redis(r: redis.Redis, ns: str, timeout_s: float = 600) -> None:
     """Drop the first phase's namespace and rewrite the AOF, so the second phase starts from the
     same Redis as the first (a phase's own keys make the next phase's AOF rewrites heavier)."""
-    from pipelines.speed.functions import drop_namespace
+    from contract.functions import drop_namespace
 
     drop_namespace(r, ns)
     deadline = time.monotonic() + timeout_s
@@ -448,8 +448,8 @@ def _reset_redis(r: redis.Redis, ns: str, timeout_s: float = 600) -> None:
 
 @section("analytics")
 def analytics_section(ctx: BenchContext) -> dict:
+    from contract.functions import drop_namespace
     from pipelines.spark import build_spark
-    from pipelines.speed.functions import drop_namespace
 
     var = Path(tempfile.mkdtemp(prefix="bench-analytics-"))
     base = dataclasses.replace(ctx.settings, var_dir=var, analytics_lateness_s=ANALYTICS_LATENESS_S)

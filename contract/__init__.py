@@ -12,7 +12,7 @@ truth: every event type, field, constraint and partition key (``x-partition-key`
   flat per-type check lists (a few microseconds per event, fast enough for the HTTP API); a unit
   test checks it accepts exactly what a full JSON Schema validator accepts;
 - ``spark_schema()``: the pyspark ``StructType`` (union of all fields) for ``from_json``;
-- ``docs/events.md`` (``python -m app_sim.contract docs``).
+- ``docs/events.md`` (``python -m contract docs``).
 
 Reason codes (what the quarantine records; stable, the first failing check wins, in this order):
 
@@ -63,7 +63,7 @@ import orjson
 SCHEMA_PATH = Path(__file__).with_name("events.v1.schema.json")
 SCHEMA_VERSION = 1
 CLOCK_REASONS = ("clock_skew:sent_time", "clock_skew:device_time")
-DOCS_PATH = Path(__file__).resolve().parents[2] / "docs" / "events.md"
+DOCS_PATH = Path(__file__).resolve().parents[1] / "docs" / "events.md"
 
 # Rules a JSON Schema cannot express (they compare two fields), kept next to the schema as data
 # so the Spark side can turn each into a Column expression: reason, types, field, other field
@@ -192,7 +192,7 @@ def _event_type_specs() -> dict[str, EventTypeSpec]:
 
 
 MAX_TEXT_LENGTH: int = _field_spec("text", schema()["$defs"]["text"], True, schema()).max_length
-# A sealed personal value (``$defs/sealed``; ``app_sim.keys`` seals and opens them).
+# A sealed personal value (``$defs/sealed``; ``contract.keys`` seals and opens them).
 SEALED_PREFIX = "sealed:v1:"
 SEALED_PATTERN: str = schema()["$defs"]["sealed"]["pattern"]
 SEALED_MAX_LENGTH: int = schema()["$defs"]["sealed"]["maxLength"]

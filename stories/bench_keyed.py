@@ -30,10 +30,10 @@ from pathlib import Path
 
 import redis
 
-from infra.bench import BenchContext, section
+from contract.functions import connect as keyed_connect
 from infra.settings import Settings
-from infra.speed_layer_process import SpeedLayerProcess
-from pipelines.speed.functions import connect as keyed_connect
+from pipelines.speed_layer_process import SpeedLayerProcess
+from stories.bench import BenchContext, section
 
 
 def _free_port() -> int:
@@ -70,7 +70,7 @@ def _redis_cpu(r: redis.Redis) -> float:
 
 
 def _wait_fences(r: redis.Redis, namespace: str, ends: dict[int, int], timeout_s: float) -> bool:
-    from pipelines.speed import functions
+    from contract import functions
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -153,7 +153,7 @@ def _fanout_ceiling(r: redis.Redis, namespace: str, seconds: float = 5.0, follow
         posts += len(batch)
     elapsed = time.perf_counter() - t0
     zadds = _commandstats(r).get("zadd", 0) - before
-    from pipelines.speed.functions import drop_namespace
+    from contract.functions import drop_namespace
 
     drop_namespace(r, namespace)
     return {
@@ -196,8 +196,8 @@ def _memory(r: redis.Redis, namespace: str) -> dict:
 @section("keyed")
 def keyed_section(ctx: BenchContext) -> dict:
     from app_sim.generator import GeneratorConfig, produce
+    from contract import functions
     from infra.stack import ApiServer
-    from pipelines.speed import functions
 
     namespace = f"bench_keyed_{ctx.run_id}".lower()
     topic = ctx.topic("keyed")
@@ -300,17 +300,17 @@ def keyed_section(ctx: BenchContext) -> dict:
         out.get(f"timeline_writes_per_s_{top}", 0) / max(ceiling["ceiling_timeline_writes_per_s"], 1), 3
     )
     out.update(_replay_vs_bare_read(ctx, settings, topic, namespace))
-    from pipelines.speed.functions import drop_namespace
+    from contract.functions import drop_namespace
 
     drop_namespace(r, namespace)
     return out
 
 
 def _replay_vs_bare_read(ctx: BenchContext, settings: Settings, topic: str, namespace: str) -> dict:
+    from contract.functions import drop_namespace
     from infra.stack import end_offsets
     from pipelines.replay import read_log, replay_keyed
     from pipelines.spark import build_spark
-    from pipelines.speed.functions import drop_namespace
 
     spark = build_spark("bench-keyed-replay", settings)
     ends = end_offsets(settings, topic)
@@ -367,7 +367,7 @@ def scaling_section(ctx: BenchContext) -> dict:
     import orjson
 
     from app_sim.generator import GeneratorConfig, generate
-    from pipelines.speed import functions
+    from contract import functions
     from pipelines.speed.processor import Processor, ProcessorConfig
 
     r = keyed_connect(ctx.settings.redis_url)

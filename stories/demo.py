@@ -22,7 +22,7 @@
 9. a summary (every line below, :data:`SUMMARY`), where to look, how to stop. Exit 1 unless the
    verify and the quality checks pass.
 
-``python -m infra.demo [--events N] [--users N] [--live-seconds S] [--no-airflow]``
+``python -m stories.demo [--events N] [--users N] [--live-seconds S] [--no-airflow]``
 (``--no-airflow`` calls the same entrypoints, ``python -m pipelines.verify`` /
 ``pipelines.quality``, without Airflow). The stack's ports and var dir are the settings'
 (``SOCIAL_KAFKA_PORT``, ``SOCIAL_REDIS_PORT``, ``SOCIAL_API_PORT``, ``SOCIAL_VAR_DIR``, ...):
@@ -41,9 +41,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from contract.functions import connect as keyed_connect
 from infra.reports import write_index
 from infra.settings import REPO_ROOT, Settings, get_settings
-from pipelines.speed.functions import connect as keyed_connect
 
 # A social app's pace: events per user per second of event time (a user acts every ~50 s on
 # average; activity is heavy-tailed, so the busiest users act every few seconds). The burst rule
@@ -92,7 +92,7 @@ def log_end_offsets(settings: Settings, topic: str) -> dict[int, int]:
 
 def serving_position(settings: Settings, namespace: str) -> dict[int, int]:
     """The serving path's position: the fences of the keyed state in Redis (partition -> next offset)."""
-    from pipelines.speed.functions import fences
+    from contract.functions import fences
 
     return fences(keyed_connect(settings.redis_url), namespace)
 
@@ -217,7 +217,7 @@ def has_speed_layer_service() -> bool:
 
 def freshness_histogram(settings: Settings, namespace: str) -> dict[int, int]:
     """The speed layer's freshness histogram (10 ms bucket -> events, received -> applied in Redis)."""
-    from pipelines.speed import functions
+    from contract import functions
 
     raw = keyed_connect(settings.redis_url).hgetall(functions.key(namespace, "freshness"))
     return {int(b): int(n) for b, n in raw.items()}
@@ -413,7 +413,7 @@ def _rate(n: int, seconds: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m infra.demo", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m stories.demo", description=__doc__.splitlines()[0])
     p.add_argument(
         "--events",
         type=int,
@@ -448,8 +448,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
 
     from app_sim.generator import GeneratorConfig, produce
+    from contract import namespaces
     from infra.stack import Stack
-    from pipelines import namespaces
     from pipelines.speed.processor import FRESHNESS_BUCKET_MS
 
     say("starting the stack (make up)")
@@ -672,7 +672,7 @@ def main(argv: list[str] | None = None) -> int:
     redis_cli = f"redis-cli -p {settings.redis_port}"
     hints = [
         ("make status", "what runs, pids, ports, logs; both lags, accounting, freshness"),
-        ("python -m infra.metrics", "Prometheus metrics on 127.0.0.1:9464/metrics (docs/metrics.md)"),
+        ("python -m pipelines.metrics", "Prometheus metrics on 127.0.0.1:9464/metrics (docs/metrics.md)"),
         (f"{redis_cli} get active_namespace", "the live views version"),
         (f"{redis_cli} hgetall {ns}:fence", "the log position the keyed state covers (its fences)"),
         (f"curl -s '127.0.0.1:{settings.api_port}/v1/health'", "the API"),

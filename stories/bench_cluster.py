@@ -2,8 +2,8 @@
 engines, one engine changed at a time, every configuration in one run.
 
 Four configurations, each a speed layer of its own (``python -m pipelines.speed_layer`` through
-:class:`infra.speed_layer_process.SpeedLayerProcess`) on its own topic and Redis namespace, each
-fed the same generated traffic by :func:`infra.bench_analytics.speed_layer_phase`: a bootstrap of
+:class:`pipelines.speed_layer_process.SpeedLayerProcess`) on its own topic and Redis namespace, each
+fed the same generated traffic by :func:`stories.bench_analytics.speed_layer_phase`: a bootstrap of
 2,000 users (not measured), ``cluster_rate`` events/s for ``cluster_seconds`` (freshness p50/p99
 from the processor's own histogram), then a burst of ``cluster_burst_events`` sent as fast as the
 generator goes (the events/s the speed layer drains a backlog at: its throughput). Where the time
@@ -40,8 +40,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from infra.bench import BenchContext, section
 from infra.settings import Settings
+from stories.bench import BenchContext, section
 
 BATCH_LINE = re.compile(r"keyed batch \d+: .* in ([\d.]+)s")
 ACK_PROBES = 200
@@ -127,11 +127,11 @@ def _engines(config: str, base: Settings, var: Path):
 
 @section("cluster_scaling")
 def cluster_scaling_section(ctx: BenchContext) -> dict:
-    from infra.bench_analytics import speed_layer_phase
-    from infra.bench_keyed import _pct
+    from contract.functions import connect as keyed_connect
+    from contract.functions import drop_namespace
     from infra.stack import create_topic, events_topic_configs
-    from pipelines.speed.functions import connect as keyed_connect
-    from pipelines.speed.functions import drop_namespace
+    from stories.bench_analytics import speed_layer_phase
+    from stories.bench_keyed import _pct
 
     r = keyed_connect(ctx.settings.redis_url)
     out: dict = {

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import redis
 
-from infra.bench import BenchContext, section
-from infra.speed_layer_process import SpeedLayerProcess
-from pipelines.speed.functions import connect as keyed_connect
+from contract.functions import connect as keyed_connect
+from pipelines.speed_layer_process import SpeedLayerProcess
+from stories.bench import BenchContext, section
 
 TARGET_EVENTS_PER_S = 12_000
 TARGET_REDIS_US_PER_EVENT = 60
@@ -49,7 +49,7 @@ def library_commands(r: redis.Redis) -> dict[str, int]:
 
 def wait_fences(r: redis.Redis, namespace: str, ends: dict[int, int], timeout_s: float) -> float | None:
     """Seconds until every fence reaches ``ends`` (None: not within the timeout)."""
-    from pipelines.speed import functions
+    from contract import functions
 
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout_s:
@@ -64,8 +64,8 @@ def catch_up(ctx: BenchContext, label: str, threshold: int, events: int) -> dict
     """One catch-up of the default log at ``threshold``; the speed layer is started first and
     waits for records, as a running stack does."""
     from app_sim.generator import GeneratorConfig, produce
+    from contract.functions import drop_namespace
     from infra.stack import end_offsets
-    from pipelines.speed.functions import drop_namespace
 
     namespace = f"bench_catchup_{label}_{ctx.run_id}".lower()
     topic = ctx.topic(f"catchup_{label}")

@@ -20,7 +20,7 @@ rewriting any of them.
   read (``None`` when the key is gone).
 
 Backups of the key store must honour erasures: a restored copy is older than some erasures, so
-``python -m app_sim.keys honour-erasures`` (run after any restore) deletes the keys of every user
+``python -m contract.keys honour-erasures`` (run after any restore) deletes the keys of every user
 the served views list as erased.
 """
 
@@ -42,7 +42,7 @@ from pathlib import Path
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from app_sim import contract
+import contract
 from infra.settings import Settings, get_settings
 
 PREFIX = contract.SEALED_PREFIX
@@ -306,7 +306,7 @@ def honour_erasures(settings: Settings) -> dict:
     """Delete the key of every user the served views list as erased (run after a restore)."""
     import redis
 
-    from pipelines import namespaces
+    from contract import namespaces
 
     client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
     ns = settings.views_namespace or client.get(namespaces.REDIS_KEY) or namespaces.active(settings)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app_sim import contract as c
+import contract as c
 
 
 def _constraints(f: c.FieldSpec) -> str:
@@ -33,7 +33,7 @@ def render() -> str:
     out = [
         "# Event contract v1 (`social.events`)",
         "",
-        "<!-- Generated from app_sim/contract/events.v1.schema.json by `python -m app_sim.contract docs`."
+        "<!-- Generated from contract/events.v1.schema.json by `python -m contract docs`."
         " Do not edit by hand: a unit test fails when this file is stale. -->",
         "",
         s["description"],
@@ -53,7 +53,7 @@ def render() -> str:
     window = s["$defs"]["envelope"]["x-clock-window"]
     out += [
         "",
-        "## Clock window (`x-clock-window`, `app_sim.contract.CLOCK_WINDOW`)",
+        "## Clock window (`x-clock-window`, `contract.CLOCK_WINDOW`)",
         "",
         window["description"],
         "",
@@ -68,7 +68,7 @@ def render() -> str:
     personal = sorted({f"`{f}`" for t in c.EVENT_TYPES for f in c.personal_fields(t)})
     out += [
         "",
-        "## Sealed personal data (`$defs/sealed`, `app_sim.keys`)",
+        "## Sealed personal data (`$defs/sealed`, `contract.keys`)",
         "",
         sealed["description"],
         "",
@@ -105,7 +105,7 @@ def render() -> str:
         "",
         "## Validation and quarantine reason codes",
         "",
-        "`app_sim.contract.validate(obj)` returns the first failing check's reason code; invalid events",
+        "`contract.validate(obj)` returns the first failing check's reason code; invalid events",
         "have no effect and land in the quarantine with that reason. Checks run in this order:",
         "",
     ]

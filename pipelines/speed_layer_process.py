@@ -1,8 +1,8 @@
 """The keyed speed layer (and its archiver) as child processes, the way ``make up`` runs them.
 
 One harness for everything that needs a speed layer of its own beside the stack: the integration
-tests (``tests/integration/conftest.py``), the dual-write experiment (``infra/dual_write.py``) and
-the benchmarks (``infra/bench_keyed.py``, ``infra/bench_analytics.py``). Each process gets its own
+tests (``tests/integration/conftest.py``), the dual-write experiment (``stories/dual_write.py``) and
+the benchmarks (``stories/bench_keyed.py``, ``stories/bench_analytics.py``). Each process gets its own
 session (process group), so a stop or a crash takes the Python driver and its JVM together.
 """
 
@@ -67,7 +67,7 @@ class SpeedLayerProcess:
         _kill9(self.archiver)
 
     def store(self):
-        from pipelines.serving import ServingStore, connect
+        from contract.serving import ServingStore, connect
 
         return ServingStore(connect(self.settings.redis_url), self.namespace)
 

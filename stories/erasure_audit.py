@@ -130,9 +130,9 @@ def write_control(
     import orjson
     from confluent_kafka import Producer
 
-    from app_sim import contract
+    import contract
     from app_sim.generator import producer_config
-    from app_sim.ids import new_event_id, wall_clock_ms
+    from contract.ids import new_event_id, wall_clock_ms
 
     now = wall_clock_ms()
     events = []
@@ -156,7 +156,7 @@ def search(
 ) -> dict:
     import functools
 
-    from app_sim.keys import still_opens
+    from contract.keys import still_opens
     from pipelines import erasure_audit as ea
 
     out: dict = {"canary": {}, "control": {}}
@@ -225,9 +225,9 @@ def audit(
     import redis
 
     from app_sim.generator import GeneratorConfig, produce
-    from app_sim.keys import KeyStore, Sealer
-    from infra.speed_layer_process import SpeedLayerProcess
+    from contract.keys import KeyStore, Sealer
     from infra.stack import ApiServer, end_offsets
+    from pipelines.speed_layer_process import SpeedLayerProcess
 
     topic, ns = settings.events_topic, settings.views_namespace
     roots = roots or [Path(settings.var_dir)]  # every store the stack writes

@@ -1,7 +1,7 @@
 """The Redis serving store: the keyed state the speed layer maintains, read by the app API.
 
 The state is written only by the speed layer's Redis functions (:mod:`pipelines.speed`; the key
-layout is documented in :mod:`pipelines.speed.functions`). This module holds the read side the
+layout is documented in :mod:`contract.functions`). This module holds the read side the
 API serves from (:class:`ServingReader`) and the dumps ``verify`` compares (:class:`ServingStore`).
 Every read returns ``as_of``: the fences (partition -> next offset) the state covers, read in
 the same pipelined round trip as the data and before it, so the data covers at least ``as_of``.
@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import redis
 import redis.asyncio
 
-from pipelines.speed import functions
+from contract import functions
 
 PAD = 19  # int64 post ids zero-padded: lexicographic order == numeric order for equal scores
 
@@ -44,7 +44,7 @@ def connect(url: str) -> redis.Redis:
     return redis.Redis.from_url(url, decode_responses=True, socket_timeout=30)
 
 
-key = functions.key  # one owner of the key layout: pipelines.speed.functions
+key = functions.key  # one owner of the key layout: contract.functions
 
 
 class ServingStore:

@@ -1,7 +1,7 @@
 """``make bench`` section ``erasure``: the issue's erasure at scale (docs/erasure.md).
 
 A user with 10,000 events in a log of ``--erasure-log-events`` (1M) events: ``make erasure-audit``'s
-scenario (``infra/erasure_audit.py``, on a scratch stack of its own under ``var/bench_erasure/``)
+scenario (``stories/erasure_audit.py``, on a scratch stack of its own under ``var/bench_erasure/``)
 with a world of 100 generator users and a canary who writes ``10,000 - 8`` posts through the API
 beside its 8 other events. After the speed layer, the archive and compaction caught up with the
 whole log, the canary erases itself (``DELETE /v1/users/me``), and the clock runs until the search
@@ -19,7 +19,7 @@ Target (issue 20): the erasure is complete, the audit clean, within 10 minutes o
 
 from __future__ import annotations
 
-from infra.bench import BenchContext, section
+from stories.bench import BenchContext, section
 
 CANARY_EVENTS = 10_000
 CANARY_OTHER_EVENTS = 8  # registration, status, 3 follows, 3 messages (act_out_canary)
@@ -29,7 +29,7 @@ TARGET_S = 600
 
 @section("erasure")
 def erasure_section(ctx: BenchContext) -> dict:
-    from infra.erasure_audit import scratch_audit
+    from stories.erasure_audit import scratch_audit
 
     world = ctx.erasure_log_events - CANARY_EVENTS - FRIEND_EVENTS - 3  # 2 control records, the erasure
     report = scratch_audit(

@@ -692,7 +692,7 @@ local function social_cut(keys, args)
   return out
 end
 
--- The home timeline read (pipelines/serving.py): tl:u (the fanned-out part) merged with the posts
+-- The home timeline read (contract/serving.py): tl:u (the fanned-out part) merged with the posts
 -- of the celebrities u follows (merged at read time: the hybrid rule), newest first by (score,
 -- member), the first `limit` post bodies, and the fence they cover, read in one atomic step.
 -- `FCALL_RO social_timeline 0 <ns> <user> <limit>` -> {{partition, next offset, ...}, {body...}}.
