@@ -2,7 +2,8 @@
 
 Use ``get_settings(**overrides)``: a keyword argument > an environment variable > the default.
 ``Settings(...)`` alone ignores the environment (handy in unit tests).
-Every setting is documented here and in the README table (a unit test keeps the two in sync).
+Every setting is documented here and in the table of docs/configuration.md (a unit test keeps the
+two in sync).
 """
 
 from __future__ import annotations
@@ -445,7 +446,7 @@ def _coerce(type_name, raw: str, env: str):
 
 
 def settings_table() -> list[tuple[str, str, str]]:
-    """(environment variable, default, meaning) for every setting, for the README and `make help`."""
+    """(environment variable, default, meaning) for every setting, for docs/configuration.md."""
     rows = []
     for f in fields(Settings):
         default = f.default
@@ -475,7 +476,8 @@ def get_settings(**overrides) -> Settings:
     return Settings(**values)
 
 
-README_START, README_END = "<!-- settings:start -->", "<!-- settings:end -->"
+README_START, README_END = "<!-- settings:start -->", "<!-- settings:end -->"  # in CONFIGURATION_DOC
+CONFIGURATION_DOC = REPO_ROOT / "docs" / "configuration.md"
 
 
 def readme_table() -> str:
@@ -484,8 +486,8 @@ def readme_table() -> str:
     return "\n".join(lines)
 
 
-def sync_readme(path: Path = REPO_ROOT / "README.md") -> bool:
-    """Rewrite the settings table of the README; True when it changed."""
+def sync_readme(path: Path = CONFIGURATION_DOC) -> bool:
+    """Rewrite the settings table of docs/configuration.md; True when it changed."""
     text = path.read_text()
     head, rest = text.split(README_START, 1)
     _, tail = rest.split(README_END, 1)
@@ -496,4 +498,4 @@ def sync_readme(path: Path = REPO_ROOT / "README.md") -> bool:
 
 
 if __name__ == "__main__":
-    print("README settings table", "updated" if sync_readme() else "already up to date")
+    print("docs/configuration.md settings table", "updated" if sync_readme() else "already up to date")
