@@ -59,8 +59,7 @@ from infra.settings import Settings
 from pipelines.report import png_bytes
 from pipelines.speed.processor import FRESHNESS_CAP_MS
 from pipelines.speed_layer_process import SpeedLayerProcess
-from stories.bench import BenchContext, section
-from stories.bench_keyed import _pct, _wait_fences
+from stories.bench_common import BenchContext, _pct, _wait_fences, section
 
 ANALYTICS_LATENESS_S = 10  # so windows close within the run (the default, 120 s, would not)
 BOOT_USERS, BOOT_FOLLOWERS, GRAPH_SEED = 2_000, 20, 13

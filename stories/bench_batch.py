@@ -25,7 +25,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from stories.bench import BenchContext, _fill, section
+from stories.bench_common import BenchContext, _fill, section
 
 
 def _stages(spark, top: int = 8) -> list[dict]:

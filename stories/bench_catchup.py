@@ -27,7 +27,7 @@ import redis
 
 from contract.functions import connect as keyed_connect
 from pipelines.speed_layer_process import SpeedLayerProcess
-from stories.bench import BenchContext, section
+from stories.bench_common import BenchContext, section
 
 TARGET_EVENTS_PER_S = 12_000
 TARGET_REDIS_US_PER_EVENT = 60

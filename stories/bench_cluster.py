@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 from infra.settings import Settings
-from stories.bench import BenchContext, section
+from stories.bench_common import BenchContext, section
 
 BATCH_LINE = re.compile(r"keyed batch \d+: .* in ([\d.]+)s")
 ACK_PROBES = 200
@@ -131,7 +131,7 @@ def cluster_scaling_section(ctx: BenchContext) -> dict:
     from contract.functions import drop_namespace
     from infra.stack import create_topic, events_topic_configs
     from stories.bench_analytics import speed_layer_phase
-    from stories.bench_keyed import _pct
+    from stories.bench_common import _pct
 
     r = keyed_connect(ctx.settings.redis_url)
     out: dict = {

@@ -25,7 +25,7 @@ from pathlib import Path
 import redis
 
 from contract.functions import connect as keyed_connect
-from stories.bench import BenchContext, _fill, section
+from stories.bench_common import BenchContext, _fill, section
 
 SEGMENT_MS = 1000
 CLEAN_WAIT_S = 120
@@ -95,7 +95,8 @@ def _freshness_with(ctx: BenchContext, publish: bool) -> dict:
     from contract.functions import drop_namespace, key
     from infra.stack import end_offsets
     from pipelines.verify import keyed_freshness
-    from stories.bench_keyed import _SpeedLayer, _wait_fences
+    from stories.bench_common import _wait_fences
+    from stories.bench_keyed import _SpeedLayer
 
     tag = "on" if publish else "off"
     namespace = f"bench_compacted_ab_{tag}_{ctx.run_id}".lower()

@@ -19,7 +19,7 @@ Target (issue 20): the erasure is complete, the audit clean, within 10 minutes o
 
 from __future__ import annotations
 
-from stories.bench import BenchContext, section
+from stories.bench_common import BenchContext, section
 
 CANARY_EVENTS = 10_000
 CANARY_OTHER_EVENTS = 8  # registration, status, 3 follows, 3 messages (act_out_canary)

@@ -23,7 +23,6 @@ One run, side by side on one broker and one Redis (docs/architecture.md, "The ke
 from __future__ import annotations
 
 import dataclasses
-import socket
 import threading
 import time
 from pathlib import Path
@@ -33,20 +32,7 @@ import redis
 from contract.functions import connect as keyed_connect
 from infra.settings import Settings
 from pipelines.speed_layer_process import SpeedLayerProcess
-from stories.bench import BenchContext, section
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    v = sorted(values)
-    return round(v[min(len(v) - 1, int(q * len(v)))], 1)
+from stories.bench_common import BenchContext, _free_port, _pct, _wait_fences, section
 
 
 def _commandstats(r: redis.Redis) -> dict[str, int]:
@@ -67,18 +53,6 @@ def _library_commands(before: dict[str, int], after: dict[str, int]) -> dict[str
 def _redis_cpu(r: redis.Redis) -> float:
     cpu = r.info("cpu")
     return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
-
-
-def _wait_fences(r: redis.Redis, namespace: str, ends: dict[int, int], timeout_s: float) -> bool:
-    from contract import functions
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        f = functions.fences(r, namespace)
-        if all(f.get(p, 0) >= o for p, o in ends.items()):
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def _read_your_write(base: str, token: str, n: int, timeout_s: float = 30.0) -> dict:

@@ -35,8 +35,7 @@ import statistics
 import time
 from pathlib import Path
 
-from stories.bench import BenchContext, section
-from stories.bench_keyed import _free_port
+from stories.bench_common import BenchContext, _free_port, section
 
 _TICKS = os.sysconf("SC_CLK_TCK")
 

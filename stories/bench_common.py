@@ -1,0 +1,124 @@
+"""What ``make bench``'s sections share: the registry, the run's context and a few helpers.
+
+:mod:`stories.bench` (the runner, with the ``ingest`` and ``serving`` sections) and every section
+module (``stories/bench_*.py``) import from here; this module imports no section, so no import
+runs in a circle. A section is a function ``(BenchContext) -> dict`` registered with
+``@section(name)``; sections run in registration order.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import redis
+
+from infra.settings import Settings
+
+SECTIONS: dict[str, Callable[[BenchContext], dict]] = {}
+
+
+def section(name: str):
+    """Register a benchmark section (runs in registration order)."""
+
+    def register(fn):
+        SECTIONS[name] = fn
+        return fn
+
+    return register
+
+
+@dataclass
+class BenchContext:
+    settings: Settings
+    events: int
+    run_id: str = field(default_factory=lambda: datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ"))
+    topics: list[str] = field(default_factory=list)
+    serving_users: int = 50
+    serving_seconds: int = 30
+    freshness_p99_target_ms: int = 5_000
+    ryw_writes: int = 50  # keyed: read-your-write samples, idle and under load
+    ryw_settle_s: float = 30.0  # keyed: quiet time after the catch-up before the idle samples
+    ryw_load_rate: int = 5_000
+    keyed_rates: tuple[int, ...] = (1_000, 5_000, 10_000)
+    keyed_seconds: int = 120
+    scaling_state_events: int = 20_000
+    scaling_probe_events: int = 5_000
+    analytics_rate: int = 2_000  # the issue's target rate for the analytics beside the speed layer
+    analytics_seconds: int = 120  # per phase; the curves cover the second one
+    analytics_alone_seconds: int | None = None  # the first phase's, if shorter (a long curves run)
+    compacted_batch: int = 500  # compacted topics: records per partition per micro-batch
+    compacted_ab_rate: int = 2_000  # compacted topics: the speed layer's load, publisher off and on
+    compacted_ab_seconds: int = 30
+    batch_events: int = 1_000_000  # the batch layer's 10x log; 1x and 3x are a tenth and 3 tenths
+    cluster_rate: int = 1_000  # cluster_scaling: the fixed rate each configuration's freshness is at
+    cluster_seconds: int = 60
+    cluster_burst_events: int = 60_000  # cluster_scaling: the backlog whose drain is the throughput
+    sealing_api_seconds: int = 15  # sealing: each API write run (off, on, off, on)
+    sealing_api_concurrency: int = 32  # sealing: asyncio clients posting at once
+    erasure_log_events: int = 1_000_000  # erasure: the log the 10,000-event user is erased from
+    catchup_events: int = 200_000  # catchup: the generator's default log, caught up at two thresholds
+
+    @property
+    def analytics_first_phase_s(self) -> int:
+        """The analytics bench's first phase (without the analytics), in seconds."""
+        return self.analytics_alone_seconds or self.analytics_seconds
+
+    def topic(self, purpose: str, partitions: int | None = None) -> str:
+        """A fresh topic for this run (deleted at the end), with the event topic's partition count."""
+        from infra.stack import create_topic
+
+        name = f"bench.{purpose}.{self.run_id}".lower()
+        create_topic(self.settings, name, partitions or self.settings.events_partitions)
+        self.topics.append(name)
+        return name
+
+    def cleanup(self) -> None:
+        from infra.stack import delete_topic
+
+        for name in self.topics:
+            try:
+                delete_topic(self.settings, name)
+            except Exception as exc:  # cleanup must not hide the results
+                print(f"warning: could not delete topic {name}: {exc}", file=sys.stderr)
+
+
+# --- helpers the sections share -------------------------------------------------------------------------
+
+
+def _fill(ctx: BenchContext, purpose: str, events: int, users: int, **gen) -> tuple[str, object]:
+    from app_sim.generator import GeneratorConfig, produce
+
+    topic = ctx.topic(purpose)
+    cfg = GeneratorConfig(users=users, seed=3, **gen)
+    summary = produce(events, cfg, topic=topic, bootstrap=ctx.settings.kafka_bootstrap, progress=False)
+    return topic, summary
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    v = sorted(values)
+    return round(v[min(len(v) - 1, int(q * len(v)))], 1)
+
+
+def _wait_fences(r: redis.Redis, namespace: str, ends: dict[int, int], timeout_s: float) -> bool:
+    from contract import functions
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        f = functions.fences(r, namespace)
+        if all(f.get(p, 0) >= o for p, o in ends.items()):
+            return True
+        time.sleep(0.05)
+    return False
