@@ -1,6 +1,8 @@
 """Typed settings for every part of the stack, in one place.
 
 Use ``get_settings(**overrides)``: a keyword argument > an environment variable > the default.
+The environment is read and validated by pydantic-settings (a model built from the fields below);
+a value it cannot take is a one-line ValueError naming the variable.
 ``Settings(...)`` alone ignores the environment (handy in unit tests).
 Every setting is documented here and in the table of docs/configuration.md (a unit test keeps the
 two in sync).
@@ -10,7 +12,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, fields
+from functools import cache
 from pathlib import Path
+from typing import get_type_hints
+
+from pydantic import Field, ValidationError, create_model
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PROFILES = ("local", "cluster")
@@ -431,20 +438,6 @@ class Settings:
         return Path(self.var_dir) / "airflow"
 
 
-def _coerce(type_name, raw: str, env: str):
-    kind = type_name if isinstance(type_name, str) else getattr(type_name, "__name__", str(type_name))
-    try:
-        if kind == "int":
-            return int(raw)
-        if kind == "float":
-            return float(raw)
-        if kind == "Path":
-            return Path(raw)
-        return raw
-    except ValueError as exc:
-        raise ValueError(f"{env}={raw!r}: expected {kind}") from exc
-
-
 def settings_table() -> list[tuple[str, str, str]]:
     """(environment variable, default, meaning) for every setting, for docs/configuration.md."""
     rows = []
@@ -456,18 +449,56 @@ def settings_table() -> list[tuple[str, str, str]]:
     return rows
 
 
+class _Environment(BaseSettings):
+    """The environment is the one source besides the arguments (no .env file, no secrets directory);
+    the names are case sensitive and an empty variable counts as unset (the default stays)."""
+
+    model_config = SettingsConfigDict(case_sensitive=True, env_ignore_empty=True, extra="ignore")
+
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings
+    ):
+        return (init_settings, env_settings)
+
+
+@cache
+def _environment_model() -> type[_Environment]:
+    """A pydantic-settings model of the settings: one field per setting, read from its variable."""
+    hints = get_type_hints(Settings)
+    return create_model(
+        "SettingsEnvironment",
+        __base__=_Environment,
+        **{f.name: (hints[f.name], Field(f.default, alias=f.metadata["env"])) for f in fields(Settings)},
+    )
+
+
+def _from_environment(skip=()) -> dict:
+    """The settings given by environment variables, validated; a bad value is a one-line ValueError.
+
+    The settings named in ``skip`` (given as arguments) are not read: their defaults stand in.
+    """
+    model = _environment_model()
+    try:
+        read = model(**{f.metadata["env"]: f.default for f in fields(Settings) if f.name in skip})
+    except ValidationError as exc:
+        hints = get_type_hints(Settings)
+        by_env = {f.metadata["env"]: f.name for f in fields(Settings)}
+        problems = []
+        for error in exc.errors():
+            env = str(error["loc"][0])
+            kind = getattr(hints.get(by_env.get(env)), "__name__", "a valid value")
+            problems.append(f"{env}={error['input']!r}: expected {kind}")
+        raise ValueError("; ".join(problems)) from None
+    return {name: getattr(read, name) for name in read.model_fields_set if name not in skip}
+
+
 def get_settings(**overrides) -> Settings:
     """Settings with precedence: keyword argument > environment variable > default."""
-    values = {}
-    for f in fields(Settings):
-        if f.name in overrides:
-            values[f.name] = overrides.pop(f.name)
-            continue
-        raw = os.environ.get(f.metadata["env"])
-        if raw:
-            values[f.name] = _coerce(f.type, raw, f.metadata["env"])
-    if overrides:
-        raise TypeError(f"unknown settings: {sorted(overrides)}")
+    unknown = set(overrides) - {f.name for f in fields(Settings)}
+    if unknown:
+        raise TypeError(f"unknown settings: {sorted(unknown)}")
+    values = {**_from_environment(skip=overrides), **overrides}
     if values.get("profile") == "cluster":
         # the cluster profile's own brokers and master, unless the bootstrap or master was given
         probe = Settings(**values)
