@@ -34,30 +34,30 @@ $(STAMP): pyproject.toml uv.lock .python-version | $(UV)
 	@touch $(STAMP)
 
 setup: deps ## install Python deps, fetch + verify JVM jars, dump the Spark class archive, ensure redis-server (idempotent)
-	@$(PY) -m pipelines.spark class-archive
+	@$(PY) -m social spark class-archive
 
 deps: $(STAMP) ## setup without the class archive (make test dumps it beside the first tests)
-	@$(PY) -m infra.jars fetch
-	@$(PY) -m infra.stack ensure-redis
+	@$(PY) -m social jars fetch
+	@$(PY) -m social ensure-redis
 
 up: setup ## start Kafka (KRaft), Redis, the speed layer and the API on 127.0.0.1
-	@$(PY) -m infra.stack up
+	@$(PY) -m social up
 
 down: ## stop exactly what `make up` started
-	@test -x $(PY) && $(PY) -m infra.stack down || true
+	@test -x $(PY) && $(PY) -m social down || true
 
 status: ## what is running, and the headline metrics (lag, freshness, accounting: docs/metrics.md)
-	@$(PY) -m infra.stack status
-	@$(PY) -m pipelines.metrics --summary
+	@$(PY) -m social status
+	@$(PY) -m social metrics --summary
 
 airflow: setup ## the Airflow UI with the DAGs (scheduler + API server) in the foreground: http://127.0.0.1:8080, no login
-	@$(PY) -m infra.airflow standalone
+	@$(PY) -m social airflow standalone
 
 # The demo's size: DEMO_EVENTS (history, 200000), DEMO_USERS (1000), DEMO_LIVE_SECONDS (30), or
 # DEMO_ARGS="--no-airflow ..." (python -m stories.demo --help); tests/integration/test_demo.py runs
 # it small on a stack of its own.
 demo: setup ## the whole story end to end on a fresh machine (DEMO_EVENTS=N for another size)
-	@$(PY) -m stories.demo $(DEMO_ARGS)
+	@$(PY) -m social demo $(DEMO_ARGS)
 
 # The integration tests start many short Spark jobs, each in its own JVM: without the C2 compiler
 # each spends less CPU compiling than it would gain (flushall-restore test 214 s vs 266 s). The
@@ -112,7 +112,7 @@ INTEGRATION := $(SHORT_JOBS) $(PY) -m pytest tests/integration -n $(INTEGRATION_
 # tests began ~45 s later when setup dumped it first (2026-11-26 night: setup 84 s of a 21.2-min run).
 test: deps ## unit + integration tests against the real local stack (side by side)
 	@mkdir -p var
-	@( $(PY) -m pipelines.spark class-archive && \
+	@( $(PY) -m social spark class-archive && \
 	  $(UNIT_JVM) $(SMALL_DATA) $(PY) -m pytest tests/unit $(PYTEST_ARGS) ) > var/test-unit.log 2>&1 & unit=$$!; \
 	$(INTEGRATION) $(PYTEST_ARGS); integration=$$?; \
 	wait $$unit; unit=$$?; \
@@ -141,31 +141,31 @@ test-integration: setup ## tests against the real local stack (INTEGRATION_WORKE
 	$(INTEGRATION) $(PYTEST_ARGS)
 
 bench: setup ## side-by-side benchmarks -> var/reports/bench/latest.json
-	@$(PY) -m stories.bench
+	@$(PY) -m social bench
 
 tail: setup ## the event log, record by record (Kafka's console consumer; TAIL_ARGS=--from-beginning)
-	@$(PY) -m infra.tail $(TAIL_ARGS)
+	@$(PY) -m social tail $(TAIL_ARGS)
 
 history: setup ## Spark History Server over var/spark-events (finished jobs): http://127.0.0.1:18080
-	@$(PY) -m infra.history
+	@$(PY) -m social history
 
 reports: setup ## var/reports/index.html: every report with its time and verdict
-	@$(PY) -m infra.reports
+	@$(PY) -m social reports
 
 load: setup ## headless Locust run (locust.conf, LOCUST_*); fails when the serving target is missed -> var/reports/load/
-	@$(PY) -m app_sim.load -- $(LOCUST_ARGS)
+	@$(PY) -m social load -- $(LOCUST_ARGS)
 
 load-steps: setup ## step load: where the read target stops holding, plotted -> var/reports/load/steps.html
-	@$(PY) -m app_sim.load --steps -- $(LOCUST_ARGS)
+	@$(PY) -m social load --steps -- $(LOCUST_ARGS)
 
 dual-write: setup ## dual writes (the anti-pattern) vs. the log, same workload and faults -> var/reports/dual_write/
-	@$(PY) -m stories.dual_write $(DUAL_WRITE_ARGS)
+	@$(PY) -m social dual-write $(DUAL_WRITE_ARGS)
 
 compare: setup ## Lambda (batch layer) vs Kappa (replay) on one generated log -> var/reports/compare/
-	@$(PY) -m stories.compare $(COMPARE_ARGS)
+	@$(PY) -m social compare $(COMPARE_ARGS)
 
 erasure-audit: setup ## erase a canary user on a scratch stack, then search every store for it -> var/reports/erasure_audit/
-	@$(PY) -m stories.erasure_audit $(AUDIT_ARGS)
+	@$(PY) -m social erasure-audit $(AUDIT_ARGS)
 
 lint: setup ## ruff
 	$(PY) -m ruff check .
