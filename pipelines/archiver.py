@@ -54,7 +54,7 @@ from tenacity import Retrying, before_sleep_log, stop_after_attempt, wait_expone
 
 from contract import functions, namespaces
 from infra.settings import Settings, get_settings
-from pipelines.lake import Lake, covers, latest_metadata
+from pipelines.lake import Archive, Lake, archived, covers, latest_metadata
 from pipelines.parse import parse_records, received_date
 from pipelines.speed import changelog
 from pipelines.speed.stream import commit_positions
@@ -70,37 +70,6 @@ CHANGELOG_DDL = (
     "partition INT, offset BIGINT, seq BIGINT, disposition STRING, reason STRING, changes STRING, "
     "timeline STRING"
 )
-
-
-@dataclass(frozen=True)
-class Archive:
-    archive_id: int
-    start_offsets: dict[int, int]
-    end_offsets: dict[int, int]
-    seq: int
-
-    def metadata(self) -> dict:
-        return {
-            "archive_id": self.archive_id,
-            "start_offsets": {str(p): o for p, o in self.start_offsets.items()},
-            "end_offsets": {str(p): o for p, o in self.end_offsets.items()},
-            "seq": self.seq,
-        }
-
-    @classmethod
-    def from_metadata(cls, m: dict) -> Archive:
-        return cls(
-            archive_id=int(m["archive_id"]),
-            start_offsets={int(p): int(o) for p, o in m["start_offsets"].items()},
-            end_offsets={int(p): int(o) for p, o in m["end_offsets"].items()},
-            seq=int(m["seq"]),
-        )
-
-
-def archived(lake_dir: Path, namespace: str) -> Archive | None:
-    """The last complete archive (its ``archives`` row committed), from the Delta log alone."""
-    m = latest_metadata(Path(lake_dir) / namespace / "archives", "archive_id")
-    return Archive.from_metadata(m) if m else None
 
 
 def unfinished(lake_dir: Path, namespace: str, after: Archive | None) -> Archive | None:

@@ -28,7 +28,7 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from infra.settings import Settings
-from pipelines.lake import BatchOutput, Lake, committed_position
+from pipelines.lake import BatchOutput, Lake, archived, committed_position
 from pipelines.tables import TABLES
 
 TIMELINE_KEY = TABLES["home_timeline"].keys  # (user, author, post): a post is (author, post)
@@ -172,8 +172,6 @@ def _merge_hist(rows) -> dict[str, int]:
 
 def compact_once(spark, lake: Lake, settings: Settings) -> int | None:
     """Fold the archives not compacted yet into the views; returns the archive id reached (or None)."""
-    from pipelines.archiver import archived
-
     target = archived(settings.lake_dir, lake.namespace)
     done = committed_position(settings.lake_dir, lake.namespace)
     lo = done[0] if done else -1

@@ -97,6 +97,41 @@ def committed_position(lake_dir: Path, namespace: str) -> tuple[int, dict[int, i
     return int(meta["batch_id"]), {int(p): int(o) for p, o in meta["end_offsets"].items()}
 
 
+@dataclass(frozen=True)
+class Archive:
+    """One archive of the archiver (:mod:`pipelines.archiver`): per partition the log range
+    [start, end) it covers, the changelog sequence number of its cut, its id; every commit of it
+    carries these in its ``userMetadata``."""
+
+    archive_id: int
+    start_offsets: dict[int, int]
+    end_offsets: dict[int, int]
+    seq: int
+
+    def metadata(self) -> dict:
+        return {
+            "archive_id": self.archive_id,
+            "start_offsets": {str(p): o for p, o in self.start_offsets.items()},
+            "end_offsets": {str(p): o for p, o in self.end_offsets.items()},
+            "seq": self.seq,
+        }
+
+    @classmethod
+    def from_metadata(cls, m: dict) -> Archive:
+        return cls(
+            archive_id=int(m["archive_id"]),
+            start_offsets={int(p): int(o) for p, o in m["start_offsets"].items()},
+            end_offsets={int(p): int(o) for p, o in m["end_offsets"].items()},
+            seq=int(m["seq"]),
+        )
+
+
+def archived(lake_dir: Path, namespace: str) -> Archive | None:
+    """The last complete archive (its ``archives`` row committed), from the Delta log alone."""
+    m = latest_metadata(Path(lake_dir) / namespace / "archives", "archive_id")
+    return Archive.from_metadata(m) if m else None
+
+
 def side_by_side(writes, workers: int = 4) -> None:
     """Writes of different tables, side by side: each commits independently, and a Delta commit
     is mostly driver-side latency (snapshot, log write, post-commit), which overlaps well."""
