@@ -21,6 +21,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PROFILES = ("local", "cluster")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 def _setting(env: str, default, doc: str):
@@ -116,6 +117,11 @@ class Settings:
     var_dir: Path = _setting("SOCIAL_VAR_DIR", REPO_ROOT / "var", "all runtime state: logs, data, reports")
     jars_dir: Path = _setting(
         "SOCIAL_JARS_DIR", REPO_ROOT / ".cache" / "jars", "fetched, checksum-verified JVM jars"
+    )
+    log_level: str = _setting(
+        "SOCIAL_LOG_LEVEL",
+        "INFO",
+        "level of the Python services' and jobs' logs (infra/logs.py): DEBUG, INFO, WARNING, ERROR or CRITICAL",
     )
     spark_master: str = _setting(
         "SOCIAL_SPARK_MASTER",
@@ -386,6 +392,8 @@ class Settings:
     def __post_init__(self) -> None:
         if self.profile not in PROFILES:
             raise ValueError(f"SOCIAL_PROFILE={self.profile!r}: expected one of {', '.join(PROFILES)}")
+        if self.log_level.upper() not in LOG_LEVELS:
+            raise ValueError(f"SOCIAL_LOG_LEVEL={self.log_level!r}: expected one of {', '.join(LOG_LEVELS)}")
         if self.profile == "cluster" and self.cluster_brokers < 1:
             raise ValueError(f"SOCIAL_CLUSTER_BROKERS={self.cluster_brokers}: expected at least 1")
 

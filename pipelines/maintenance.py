@@ -39,6 +39,7 @@ from datetime import datetime
 from pathlib import Path
 
 from contract import namespaces
+from infra import logs
 from infra.settings import Settings, get_settings
 
 log = logging.getLogger("maintenance")
@@ -282,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--dry-run", action="store_true", help="say what would be done")
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logs.configure("maintenance")
     out = run(
         get_settings(),
         args.step or STEPS,

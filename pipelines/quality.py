@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from infra import logs
 from infra.settings import REPO_ROOT, Settings, get_settings
 
 log = logging.getLogger("quality")
@@ -542,7 +543,7 @@ def main(argv: list[str] | None = None) -> int:
         "--batch", action="store_true", help="check the batch layer's views of the namespace (<ns>-batch)"
     )
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logs.configure("quality")
     logging.getLogger("great_expectations").setLevel(logging.WARNING)
     settings = get_settings()
     namespace = args.namespace

@@ -42,6 +42,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from contract import namespaces
+from infra import logs
 from infra.settings import Settings, get_settings
 
 log = logging.getLogger("rebuild")
@@ -294,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--no-restart", action="store_true")
     sub.add_parser("status", help="live namespace, namespaces on disk, switch history")
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logs.configure("rebuild")
     settings = get_settings()
     try:
         if args.command == "run":

@@ -35,6 +35,7 @@ import redis
 from pyspark.sql import functions as F
 
 from contract import functions, namespaces
+from infra import logs
 from infra.settings import Settings, get_settings
 from pipelines.archiver import BRONZE_DISPOSITION
 from pipelines.batch_layer.definition import QUARANTINED, below
@@ -268,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         help="first write the (new) namespace's Delta tables from these batch views, then restore",
     )
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logs.configure("restore")
     settings = get_settings()
     namespace = args.namespace or namespaces.active(settings)
     spark = build_spark(f"restore-{namespace}", settings)

@@ -19,6 +19,7 @@ import sys
 import time
 
 from contract import functions, namespaces
+from infra import logs
 from infra.settings import Settings, get_settings
 from pipelines.spark import build_spark
 from pipelines.speed import stream as keyed
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--topic", help="event topic (default: SOCIAL_EVENTS_TOPIC)")
     p.add_argument("--available-now", action="store_true", help="process what is in the log, then stop")
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logs.configure("speed_layer")
     try:
         run(
             get_settings(),

@@ -34,6 +34,7 @@ from pyspark.sql import functions as F
 
 from contract import namespaces
 from contract.functions import connect as keyed_connect
+from infra import logs
 from infra.settings import Settings, get_settings
 from pipelines.batch_layer.definition import QUARANTINED, REJECTED, BatchViews, below
 from pipelines.batch_layer.job import Archive, batch_config, views_at
@@ -425,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
         help="only the keyed state in Redis vs its replay (no Delta views)",
     )
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logs.configure("verify")
     try:
         return _run(args)
     except Exception as exc:  # noqa: BLE001 - a failure is one line to the user; the trace is logged

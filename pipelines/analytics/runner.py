@@ -36,6 +36,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 
 from contract import namespaces
+from infra import logs
 from infra.settings import Settings, get_settings
 from pipelines.analytics import joins, rules, source, windows
 from pipelines.analytics.config import AnalyticsConfig
@@ -386,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--available-now", action="store_true", help="process what is in the log, then stop")
     p.add_argument("--max-offsets", type=int, help="records per micro-batch (default: the speed layer's)")
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logs.configure("analytics")
     run(
         get_settings(),
         namespace=args.namespace,
