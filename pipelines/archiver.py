@@ -53,6 +53,7 @@ from pyspark.sql import functions as F
 from tenacity import Retrying, before_sleep_log, stop_after_attempt, wait_exponential
 
 from contract import functions, namespaces
+from infra import logs
 from infra.settings import Settings, get_settings
 from pipelines.lake import Archive, Lake, archived, covers, latest_metadata
 from pipelines.parse import parse_records, received_date
@@ -382,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--topic", help="event topic (default: SOCIAL_EVENTS_TOPIC)")
     p.add_argument("--once", action="store_true", help="archive what Redis holds now, compact, and stop")
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logs.configure("archiver")
     run(get_settings(), namespace=args.namespace, topic=args.topic, once=args.once)
     return 0
 
