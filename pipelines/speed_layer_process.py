@@ -222,18 +222,9 @@ def _wait_group(pgid: int, deadline: float) -> None:
 
 def _live_members(pgid: int) -> list[int]:
     """The group's processes that are not zombies (an orphan's zombie waits for init to reap it)."""
-    members = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = Path(entry.path, "stat").read_text()
-        except OSError:
-            continue  # gone meanwhile
-        state, _ppid, pgrp = stat[stat.rindex(")") + 2 :].split()[:3]
-        if int(pgrp) == pgid and state != "Z":
-            members.append(int(entry.name))
-    return members
+    from infra.processes import group_members
+
+    return group_members(pgid)
 
 
 def _kill9(proc: subprocess.Popen | None) -> None:
