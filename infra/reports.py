@@ -9,12 +9,12 @@ or, when it has none, the file's modification time (UTC).
 from __future__ import annotations
 
 import argparse
-import html
 import json
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
+from infra.html import render
 from infra.settings import Settings, get_settings
 
 # name, machine-readable file, page a person opens (relative to the reports dir), verdict of the JSON
@@ -65,19 +65,9 @@ def write_index(settings: Settings | None = None) -> Path:
     for e in entries(reports_dir):
         text, css = _verdict(e["verdict"])
         rows.append(
-            f"<tr><td><a href='{html.escape(e['href'])}'>{html.escape(e['name'])}</a></td>"
-            f"<td>{html.escape(str(e['time']))}</td><td class='{css}'>{html.escape(text)}</td></tr>"
+            {"href": e["href"], "name": e["name"], "time": str(e["time"]), "verdict": text, "css": css}
         )
-    page = (
-        "<!doctype html><html><head><meta charset='utf-8'><title>reports</title><style>"
-        "body{font-family:system-ui,sans-serif;margin:2rem auto;max-width:50rem}"
-        "td,th{border:1px solid #ddd;padding:.35rem .6rem;text-align:left} table{border-collapse:collapse}"
-        ".ok{color:#137333;font-weight:600}.bad{color:#b3261e;font-weight:600}.muted{color:#666}"
-        "</style></head><body><h1>Reports</h1>"
-        "<table><tr><th>report</th><th>time (UTC)</th><th>verdict</th></tr>"
-        + ("".join(rows) or "<tr><td colspan=3>no reports yet</td></tr>")
-        + "</table></body></html>\n"
-    )
+    page = render("reports_index.html.j2", rows=rows)
     index = reports_dir / "index.html"
     tmp = index.with_suffix(".tmp")
     tmp.write_text(page)
