@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import heapq
+import math
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -179,155 +180,195 @@ class EventGenerator:
         if unknown:
             raise ValueError(f"mix: unknown activity types {sorted(unknown)}")
 
-    # -- the whole run --------------------------------------------------------------------------
     def records(self) -> Iterator[tuple[bytes, dict | bytes, str | None]]:
-        cfg = self.config
-        rng = np.random.default_rng(cfg.seed)
-        U = cfg.users
+        """The run in log order: its world drawn from the seed, then the phases of the module docstring."""
+        run = _Run(self.n_events, self.config, self.counts)
+        self._offsets = run.offsets  # each device's clock offset (ms), by user id
+        yield from run.registrations()
+        yield from run.follow_graph()
+        yield from run.activity()
+        yield from run.end_of_run()
+
+
+class _Run:
+    """The state of one run of an :class:`EventGenerator`, updated in log order.
+
+    Built by drawing the world from the seed, in this order (the output depends on it): the
+    follower graph, the devices, the users' activity weights, the texts, the injection slots. Each
+    phase then draws its randomness a chunk at a time (:meth:`chunks`), and what is valid next
+    (a post to delete, an edge to undo, a message to read) depends on what was written before.
+    """
+
+    def __init__(self, n_events: int, cfg: GeneratorConfig, counts: Counts):
+        self.cfg = cfg
+        self.counts = counts
+        self.rng = rng = np.random.default_rng(cfg.seed)
+        U = self.users = cfg.users
         if U < 2:
             raise ValueError("need at least 2 users")
-        grng = rng if cfg.graph_seed is None else np.random.default_rng(cfg.graph_seed)
-        pop = graph.popularity(U, grng)
-        edges = graph.follower_graph(U, cfg.mean_followers, grng, popularity_p=pop)
-        edges = edges[grng.permutation(len(edges))]
+        pop, edges = self._follower_graph()
         bootstrap = U + len(edges) if cfg.emit_bootstrap else 0
-        if bootstrap > self.n_events:
+        if bootstrap > n_events:
             raise ValueError(
-                f"{self.n_events} events cannot hold the bootstrap of {U} registrations and {len(edges)} "
+                f"{n_events} events cannot hold the bootstrap of {U} registrations and {len(edges)} "
                 f"follows (mean {cfg.mean_followers}); raise --events or lower --users/--mean-followers"
             )
-        self.counts.follow_edges = len(edges)
-        activity = self.n_events - bootstrap
+        counts.follow_edges = len(edges)
+        self.activity_slots = n_events - bootstrap
+        self._devices()
+        self._activity_weights(pop)
+        self.texts = _text_pool(rng, 1024, contract.MAX_TEXT_LENGTH)
+        self.keys = [str(u).encode() for u in range(U + 1)]
+        self.inject = self._injection_slots(n_events)
+        self._mix()
 
-        # Per-user state: device clock offsets, offline-prone devices, activity weights.
+        for t in contract.EVENT_TYPES:
+            counts.per_type[t] = 0
+        self.flake = Snowflake(BROKER_FREE_WORKER_ID if cfg.worker_id is None else cfg.worker_id)
+        self.realtime = cfg.realtime
+        self.step_ms = 1000.0 / max(cfg.sim_events_per_user_s * U, 1e-9)
+        self.sim_now = float(cfg.start_ms)
+
+        # State that decides what is valid next (updated in log order).
+        self.edge_list: list[tuple[int, int]] = [(int(a), int(b)) for a, b in edges.tolist()]
+        self.edge_set = set(self.edge_list)
+        self.mutual = graph.mutual_pairs(edges, U).tolist()
+        self.live_posts: list[tuple[int, int]] = []  # (post_id, author)
+        self.recent_msgs: list[tuple[int, int]] = []  # (message_id, recipient), last 1024 written
+        self.pending_reads: list[tuple[int, int, int]] = []  # heap of (due_ms, message_id, recipient)
+        self.recent_valid: list[tuple[bytes, dict]] = []  # ring of written valid records, for duplicates
+        self.buffers: dict[int, list[dict]] = {}  # offline device -> buffered events, in order
+        self.offline_until: dict[int, int] = {}
+        self.flush_heap: list[tuple[int, int]] = []  # (comes back at, user)
+        self.erased: set[int] = set(cfg.erased_users)  # users whose user_erased is in the log
+        self.erng = np.random.default_rng([cfg.seed, 20]) if cfg.erasure_share > 0 else None
+
+    # -- the world, drawn once ----------------------------------------------------------------------
+    def _follower_graph(self) -> tuple[np.ndarray, np.ndarray]:
+        """Popularity and the follow edges in the order they are written (``graph_seed``: an earlier world's)."""
+        cfg = self.cfg
+        grng = self.rng if cfg.graph_seed is None else np.random.default_rng(cfg.graph_seed)
+        pop = graph.popularity(cfg.users, grng)
+        edges = graph.follower_graph(cfg.users, cfg.mean_followers, grng, popularity_p=pop)
+        return pop, edges[grng.permutation(len(edges))]
+
+    def _devices(self) -> None:
+        """Each device's clock offset (a few large) and whether it sometimes goes offline (item 3)."""
+        cfg, rng, U = self.cfg, self.rng, self.users
         offsets = rng.normal(0.0, cfg.skew_sd_ms, U + 1)
         big = rng.random(U + 1) < cfg.large_skew_share
         offsets[big] = rng.normal(0.0, cfg.large_skew_sd_ms, int(big.sum()))
         offsets[0] = 0
-        self._offsets = offsets.astype(np.int64).tolist()
-        self._offline_prone = (rng.random(U + 1) < cfg.offline_share).tolist()
-        act = rng.lognormal(0.0, 1.0, U)
-        # Inverse-CDF sampling (rng.choice(p=...) would rebuild the CDF on every chunk).
-        act_cdf = np.cumsum(act / act.sum())
-        act_cdf[-1] = 1.0
-        pop_cdf = np.cumsum(pop)
-        pop_cdf[-1] = 1.0
-        max_text = contract.MAX_TEXT_LENGTH
-        texts = _text_pool(rng, 1024, max_text)
-        n_texts = len(texts)
-        keys = [str(u).encode() for u in range(U + 1)]
+        self.offsets = offsets.astype(np.int64).tolist()
+        self.offline_prone = (rng.random(U + 1) < cfg.offline_share).tolist()
 
-        # Exact injection slots among the activity slots (counted, reproducible).
-        n_inv = int(round(cfg.invalid_share * self.n_events))
-        n_dup = int(round(cfg.duplicate_share * self.n_events))
-        if n_inv + n_dup > activity:
+    def _activity_weights(self, pop: np.ndarray) -> None:
+        """Who acts (heavy-tailed activity) and who is followed (popularity), as CDFs to sample."""
+        act = self.rng.lognormal(0.0, 1.0, self.users)
+        # Inverse-CDF sampling (rng.choice(p=...) would rebuild the CDF on every chunk).
+        self.act_cdf = np.cumsum(act / act.sum())
+        self.act_cdf[-1] = 1.0
+        self.pop_cdf = np.cumsum(pop)
+        self.pop_cdf[-1] = 1.0
+
+    def _injection_slots(self, n_events: int) -> dict[int, str]:
+        """Activity slot -> injected kind: exact counts of invalid records and duplicates (item 4)."""
+        cfg = self.cfg
+        n_inv = int(round(cfg.invalid_share * n_events))
+        n_dup = int(round(cfg.duplicate_share * n_events))
+        if n_inv + n_dup > self.activity_slots:
             raise ValueError("invalid + duplicate shares exceed the activity part of the run")
-        slots = rng.permutation(activity)[: n_inv + n_dup]
+        slots = self.rng.permutation(self.activity_slots)[: n_inv + n_dup]
         kinds = list(INVALID_KINDS)
         inject: dict[int, str] = {int(s): kinds[i % len(kinds)] for i, s in enumerate(slots[:n_inv])}
         inject.update({int(s): DUPLICATE for s in slots[n_inv:]})
+        return inject
 
-        mix_names = list(cfg.mix)
-        mix_p = np.array([cfg.mix[t] for t in mix_names], dtype=np.float64)
-        mix_p /= mix_p.sum()
-        mix_codes = np.array([_TYPE_CODES[t] for t in mix_names])
+    def _mix(self) -> None:
+        mix = self.cfg.mix
+        names = list(mix)
+        self.mix_p = np.array([mix[t] for t in names], dtype=np.float64)
+        self.mix_p /= self.mix_p.sum()
+        self.mix_codes = np.array([_TYPE_CODES[t] for t in names])
 
-        counts = self.counts
-        per_type = counts.per_type
-        for t in contract.EVENT_TYPES:
-            per_type[t] = 0
-        flake = Snowflake(BROKER_FREE_WORKER_ID if cfg.worker_id is None else cfg.worker_id)
-        realtime = cfg.realtime
-        step_ms = 1000.0 / max(cfg.sim_events_per_user_s * U, 1e-9)
-        sim_now = float(cfg.start_ms)
-        offs = self._offsets
+    # -- randomness and the clock ---------------------------------------------------------------------
+    def chunks(self, total: int) -> Iterator[dict[str, list]]:
+        """Yield per-chunk pre-drawn randomness as plain lists (cheap to index)."""
+        cfg, rng, U = self.cfg, self.rng, self.users
+        done = 0
+        while done < total:
+            c = min(cfg.chunk, total - done)
+            yield {
+                "dt": rng.exponential(self.step_ms, c).tolist(),
+                "eid": event_ids(rng, c),
+                "net": rng.integers(5, 150, c).tolist(),
+                "prep": rng.integers(0, 400, c).tolist(),
+                "type": self.mix_codes[rng.choice(len(self.mix_codes), c, p=self.mix_p)].tolist(),
+                "actor": (np.searchsorted(self.act_cdf, rng.random(c), side="right") + 1).tolist(),
+                "target": (np.searchsorted(self.pop_cdf, rng.random(c), side="right") + 1).tolist(),
+                "target2": (np.searchsorted(self.pop_cdf, rng.random(c), side="right") + 1).tolist(),
+                "text": rng.integers(0, len(self.texts), c).tolist(),
+                "u1": rng.random(c).tolist(),
+                "u2": rng.random(c).tolist(),
+                "read_delay": rng.lognormal(np.log(cfg.read_median_ms), 1.2, c).astype(np.int64).tolist(),
+                "offline_ms": rng.lognormal(np.log(cfg.offline_median_ms), 1.0, c).astype(np.int64).tolist(),
+                "other": rng.integers(1, U + 1, c).tolist(),
+            }
+            done += c
 
-        # State that decides what is valid next (updated in log order).
-        edge_list: list[tuple[int, int]] = [(int(a), int(b)) for a, b in edges.tolist()]
-        edge_set = set(edge_list)
-        mutual = graph.mutual_pairs(edges, U).tolist()
-        live_posts: list[tuple[int, int]] = []  # (post_id, author)
-        recent_msgs: list[tuple[int, int]] = []  # (message_id, recipient), last 1024 written
-        pending_reads: list[tuple[int, int, int]] = []  # heap of (due_ms, message_id, recipient)
-        recent_valid: list[tuple[bytes, dict]] = []  # ring of written valid records, for duplicates
-        buffers: dict[int, list[dict]] = {}  # offline device -> buffered events, in order
-        offline_until: dict[int, int] = {}
-        flush_heap: list[tuple[int, int]] = []  # (comes back at, user)
-        erased: set[int] = set(cfg.erased_users)  # users whose user_erased is in the log
-        erng = np.random.default_rng([cfg.seed, 20]) if cfg.erasure_share > 0 else None
+    def clock(self, dt: float) -> int:
+        """The server clock of the next record: simulated, ``dt`` ms later (item 3), or the wall clock."""
+        if self.realtime:
+            return time.time_ns() // 1_000_000
+        self.sim_now += dt
+        return int(self.sim_now)
 
-        def rejected(ev: dict) -> str | None:
-            """``user_erased`` for a record keyed by a user erased earlier in the log."""
-            if not erased:
-                return None
-            key_user = ev["recipient_id"] if ev["type"] == "message_sent" else ev["user_id"]
-            return ERASED if key_user in erased else None
+    # -- after each record ----------------------------------------------------------------------------
+    def rejected(self, ev: dict) -> str | None:
+        """``user_erased`` for a record keyed by a user erased earlier in the log."""
+        if not self.erased:
+            return None
+        key_user = ev["recipient_id"] if ev["type"] == "message_sent" else ev["user_id"]
+        return ERASED if key_user in self.erased else None
 
-        def settle(key: bytes, ev: dict, injected: str | None, now: int, read_delay: int, u1: float) -> None:
-            counts.records += 1
-            if injected is None:
-                after_write(key, ev, now, read_delay, u1)
+    def settle(
+        self, key: bytes, ev: dict, injected: str | None, now: int, read_delay: int, u1: float
+    ) -> None:
+        self.counts.records += 1
+        if injected is None:
+            self.after_write(key, ev, now, read_delay, u1)
+        else:
+            self.counts.invalid[injected] = self.counts.invalid.get(injected, 0) + 1
+
+    def after_write(self, key: bytes, ev: dict, now: int, read_delay: int, u1: float) -> None:
+        """Bookkeeping once a valid event is in the log (order matters for later validity)."""
+        t = ev["type"]
+        self.counts.per_type[t] += 1
+        if t == "user_erased":
+            self.erased.add(ev["user_id"])
+        recent_valid = self.recent_valid
+        if len(recent_valid) < 256:
+            recent_valid.append((key, ev))
+        else:
+            recent_valid[int(u1 * 256) % 256] = (key, ev)
+        if t == "message_sent":
+            m = (ev["message_id"], ev["recipient_id"])
+            if len(self.recent_msgs) < 1024:
+                self.recent_msgs.append(m)
             else:
-                counts.invalid[injected] = counts.invalid.get(injected, 0) + 1
+                self.recent_msgs[int(u1 * 1024) % 1024] = m
+            if u1 < self.cfg.read_prob:
+                heapq.heappush(self.pending_reads, (now + read_delay, ev["message_id"], ev["recipient_id"]))
 
-        def chunks(total: int):
-            """Yield per-chunk pre-drawn randomness as plain lists (cheap to index)."""
-            done = 0
-            while done < total:
-                c = min(cfg.chunk, total - done)
-                yield {
-                    "dt": rng.exponential(step_ms, c).tolist(),
-                    "eid": event_ids(rng, c),
-                    "net": rng.integers(5, 150, c).tolist(),
-                    "prep": rng.integers(0, 400, c).tolist(),
-                    "type": mix_codes[rng.choice(len(mix_codes), c, p=mix_p)].tolist(),
-                    "actor": (np.searchsorted(act_cdf, rng.random(c), side="right") + 1).tolist(),
-                    "target": (np.searchsorted(pop_cdf, rng.random(c), side="right") + 1).tolist(),
-                    "target2": (np.searchsorted(pop_cdf, rng.random(c), side="right") + 1).tolist(),
-                    "text": rng.integers(0, n_texts, c).tolist(),
-                    "u1": rng.random(c).tolist(),
-                    "u2": rng.random(c).tolist(),
-                    "read_delay": rng.lognormal(np.log(cfg.read_median_ms), 1.2, c).astype(np.int64).tolist(),
-                    "offline_ms": rng.lognormal(np.log(cfg.offline_median_ms), 1.0, c)
-                    .astype(np.int64)
-                    .tolist(),
-                    "other": rng.integers(1, U + 1, c).tolist(),
-                }
-                done += c
-
-        def clock(dt: float) -> int:
-            nonlocal sim_now
-            if realtime:
-                return time.time_ns() // 1_000_000
-            sim_now += dt
-            return int(sim_now)
-
-        def after_write(key: bytes, ev: dict, now: int, read_delay: int, u1: float) -> None:
-            """Bookkeeping once a valid event is in the log (order matters for later validity)."""
-            t = ev["type"]
-            per_type[t] += 1
-            if t == "user_erased":
-                erased.add(ev["user_id"])
-            if len(recent_valid) < 256:
-                recent_valid.append((key, ev))
-            else:
-                recent_valid[int(u1 * 256) % 256] = (key, ev)
-            if t == "message_sent":
-                m = (ev["message_id"], ev["recipient_id"])
-                if len(recent_msgs) < 1024:
-                    recent_msgs.append(m)
-                else:
-                    recent_msgs[int(u1 * 1024) % 1024] = m
-                if u1 < cfg.read_prob:
-                    heapq.heappush(pending_reads, (now + read_delay, ev["message_id"], ev["recipient_id"]))
-
-        # ---- 1. registrations ------------------------------------------------------------------
-        gen_index = 0
-        for ch in chunks(U):
+    # -- 1. the bootstrap: registrations, then the follower graph ---------------------------------------
+    def registrations(self) -> Iterator[tuple[bytes, dict, None]]:
+        """``users`` ``user_registered`` events (drawn, clock included, even when not emitted)."""
+        emit, keys, offs = self.cfg.emit_bootstrap, self.keys, self.offsets
+        u = 0
+        for ch in self.chunks(self.users):
             for i in range(len(ch["eid"])):
-                gen_index += 1
-                u = gen_index
-                now = clock(ch["dt"][i])
+                u += 1
+                now = self.clock(ch["dt"][i])
                 sent = now + offs[u] - ch["net"][i]
                 ev = {
                     "event_id": ch["eid"][i],
@@ -340,18 +381,20 @@ class EventGenerator:
                     "handle": f"u{u}",
                     "display_name": f"User {u}",
                 }
-                if cfg.emit_bootstrap:
+                if emit:
                     yield keys[u], ev, None
-                    counts.records += 1
-                    after_write(keys[u], ev, now, 0, ch["u1"][i])
+                    self.counts.records += 1
+                    self.after_write(keys[u], ev, now, 0, ch["u1"][i])
 
-        # ---- 2. the follower graph ---------------------------------------------------------------
+    def follow_graph(self) -> Iterator[tuple[bytes, dict, None]]:
+        """A ``followed`` event per edge of the graph, in random order (drawn even when not emitted)."""
+        emit, keys, offs, edges = self.cfg.emit_bootstrap, self.keys, self.offsets, self.edge_list
         pos = 0
-        for ch in chunks(len(edge_list)):
+        for ch in self.chunks(len(edges)):
             for i in range(len(ch["eid"])):
-                a, b = edge_list[pos]
+                a, b = edges[pos]
                 pos += 1
-                now = clock(ch["dt"][i])
+                now = self.clock(ch["dt"][i])
                 sent = now + offs[a] - ch["net"][i]
                 ev = {
                     "event_id": ch["eid"][i],
@@ -363,174 +406,170 @@ class EventGenerator:
                     "received_time": now,
                     "followee_id": b,
                 }
-                if cfg.emit_bootstrap:
+                if emit:
                     yield keys[a], ev, None
-                    counts.records += 1
-                    after_write(keys[a], ev, now, 0, ch["u1"][i])
+                    self.counts.records += 1
+                    self.after_write(keys[a], ev, now, 0, ch["u1"][i])
 
-        # ---- 3. activity ----------------------------------------------------------------------------
+    # -- 2. activity: the steady mix, with the injected records ---------------------------------------
+    def activity(self) -> Iterator[tuple[bytes, dict | bytes, str | None]]:
+        """Each slot: devices coming back online first, then an injected record or an action."""
         slot = 0
-        offline_prone = self._offline_prone
-        for ch in chunks(activity):
-            c_eid, c_dt, c_net, c_prep = ch["eid"], ch["dt"], ch["net"], ch["prep"]
-            c_type, c_actor, c_target, c_target2 = ch["type"], ch["actor"], ch["target"], ch["target2"]
-            c_text, c_u1, c_u2, c_read, c_off, c_other = (
-                ch["text"],
-                ch["u1"],
-                ch["u2"],
-                ch["read_delay"],
-                ch["offline_ms"],
-                ch["other"],
-            )
-            for i in range(len(c_eid)):
-                now = clock(c_dt[i])
-                net = c_net[i]
-                u1 = c_u1[i]
-                # Devices coming back online flush their buffers first, in order.
-                while flush_heap and flush_heap[0][0] <= now:
-                    _, fu = heapq.heappop(flush_heap)
-                    for ev in buffers.pop(fu, ()):
-                        ev["sent_time"] = now + offs[fu] - net
-                        ev["received_time"] = now
-                        k = contract.record_key(ev)
-                        inj = rejected(ev)
-                        yield k, ev, inj
-                        settle(k, ev, inj, now, c_read[i], u1)
-                    offline_until.pop(fu, None)
-
-                kind = inject.get(slot)
+        keys = self.keys
+        for ch in self.chunks(self.activity_slots):
+            for i in range(len(ch["eid"])):
+                now = self.clock(ch["dt"][i])
+                if self.flush_heap and self.flush_heap[0][0] <= now:
+                    yield from self._flush(now, now, ch["net"][i], ch["read_delay"][i], ch["u1"][i])
+                kind = self.inject.get(slot)
                 slot += 1
                 if kind is not None:
-                    if kind == DUPLICATE and recent_valid:
-                        k, ev = recent_valid[int(u1 * len(recent_valid))]
-                        yield k, ev, DUPLICATE
-                        counts.records += 1
-                        counts.duplicates += 1
-                        continue
-                    k, value, reason = self._invalid(
-                        kind,
-                        c_eid[i],
-                        now,
-                        c_actor[i],
-                        c_other[i],
-                        net,
-                        live_posts,
-                        recent_msgs,
-                        flake,
-                        texts,
-                    )
-                    if reason in ("not_own_post", "not_in_inbox"):  # stateful: decided after erasure
-                        reason = rejected(value) or reason
-                    yield k, value, reason
-                    counts.records += 1
-                    counts.invalid[reason] = counts.invalid.get(reason, 0) + 1
+                    yield from self._injected(kind, ch, i, now)
                     continue
+                t, u, ev = self._action(ch, i, now)
+                if self._stamp(ev, u, ch, i, now):
+                    k = keys[ev["recipient_id"]] if t == _T_MSG else keys[u]
+                    inj = self.rejected(ev)
+                    yield k, ev, inj
+                    self.settle(k, ev, inj, now, ch["read_delay"][i], ch["u1"][i])
 
-                t = c_type[i]
-                u = c_actor[i]
-                ev = None
-                if erng is not None and erng.random() < cfg.erasure_share:
-                    t = _T_ERASE
-                    ev = {"type": "user_erased", "user_id": u}
-                elif t == _T_READ:
-                    if pending_reads and pending_reads[0][0] <= now:
-                        _, mid, rcpt = heapq.heappop(pending_reads)
-                        ev = {"type": "message_read", "user_id": rcpt, "message_id": mid}
-                        u = rcpt
-                    else:
-                        t = _T_POST
-                elif t == _T_DELETE:
-                    if live_posts:
-                        j = int(u1 * len(live_posts))
-                        pid, u = live_posts[j]
-                        live_posts[j] = live_posts[-1]
-                        live_posts.pop()
-                        ev = {"type": "post_deleted", "user_id": u, "post_id": pid}
-                    else:
-                        t = _T_POST
-                elif t == _T_UNFOLLOW:
-                    if edge_list:
-                        j = int(u1 * len(edge_list))
-                        a, b = edge_list[j]
-                        edge_list[j] = edge_list[-1]
-                        edge_list.pop()
-                        edge_set.discard((a, b))
-                        u = a
-                        ev = {"type": "unfollowed", "user_id": a, "followee_id": b}
-                    else:
-                        t = _T_FOLLOW
-                if t == _T_FOLLOW:
-                    v = c_target[i]
-                    if v == u or (u, v) in edge_set:
-                        v = c_target2[i]
-                    if v == u or (u, v) in edge_set:
-                        t = _T_POST  # already follows both picks: posts instead
-                    else:
-                        edge_list.append((u, v))
-                        edge_set.add((u, v))
-                        ev = {"type": "followed", "user_id": u, "followee_id": v}
-                elif t == _T_MSG:
-                    if mutual and c_u2[i] < cfg.mutual_message_share:
-                        a, b = mutual[int(c_u2[i] / cfg.mutual_message_share * len(mutual)) % len(mutual)]
-                        u, r = (a, b) if u1 < 0.5 else (b, a)
-                    else:
-                        r = c_other[i]
-                        if r == u:
-                            r = r % U + 1
-                    ev = {
-                        "type": "message_sent",
-                        "user_id": u,
-                        "message_id": flake.next_id(now),
-                        "recipient_id": r,
-                        "text": texts[c_text[i]],
-                    }
-                elif t == _T_STATUS:
-                    ev = {"type": "status_updated", "user_id": u, "text": texts[c_text[i]]}
-                if t == _T_POST:
-                    pid = flake.next_id(now)
-                    live_posts.append((pid, u))
-                    ev = {"type": "post_created", "user_id": u, "post_id": pid, "text": texts[c_text[i]]}
+    def _action(self, ch: dict[str, list], i: int, now: int) -> tuple[int, int, dict]:
+        """The slot's action: (type code, actor, event without its id and times).
 
-                off = offs[u]
-                ev["event_id"] = c_eid[i]
-                ev["schema_version"] = 1
-                sent = now + off - net
-                ev["device_time"] = sent - c_prep[i]
-                if offline_prone[u]:
-                    back = offline_until.get(u)
-                    if back is None and u1 < cfg.offline_start_prob:
-                        back = now + c_off[i]
-                        offline_until[u] = back
-                        heapq.heappush(flush_heap, (back, u))
-                    if back is not None:
-                        ev["sent_time"] = None  # stamped at the flush
-                        ev["received_time"] = None
-                        buffers.setdefault(u, []).append(ev)
-                        counts.offline_buffered += 1
-                        continue
-                ev["sent_time"] = sent
-                ev["received_time"] = now
-                k = keys[ev["recipient_id"]] if t == _T_MSG else keys[u]
-                inj = rejected(ev)
-                yield k, ev, inj
-                settle(k, ev, inj, now, c_read[i], u1)
+        An erasure draw comes first (item 5); then the mix's type, kept valid by the state: a read
+        with nothing due, a delete with no live post, or a follow of two users already followed
+        becomes a post, an unfollow with no edge left a follow.
+        """
+        cfg = self.cfg
+        t = ch["type"][i]
+        u = ch["actor"][i]
+        u1 = ch["u1"][i]
+        ev = None
+        if self.erng is not None and self.erng.random() < cfg.erasure_share:
+            t = _T_ERASE
+            ev = {"type": "user_erased", "user_id": u}
+        elif t == _T_READ:
+            if self.pending_reads and self.pending_reads[0][0] <= now:
+                _, mid, rcpt = heapq.heappop(self.pending_reads)
+                ev = {"type": "message_read", "user_id": rcpt, "message_id": mid}
+                u = rcpt
+            else:
+                t = _T_POST
+        elif t == _T_DELETE:
+            live_posts = self.live_posts
+            if live_posts:
+                j = int(u1 * len(live_posts))
+                pid, u = live_posts[j]
+                live_posts[j] = live_posts[-1]
+                live_posts.pop()
+                ev = {"type": "post_deleted", "user_id": u, "post_id": pid}
+            else:
+                t = _T_POST
+        elif t == _T_UNFOLLOW:
+            edge_list = self.edge_list
+            if edge_list:
+                j = int(u1 * len(edge_list))
+                a, b = edge_list[j]
+                edge_list[j] = edge_list[-1]
+                edge_list.pop()
+                self.edge_set.discard((a, b))
+                u = a
+                ev = {"type": "unfollowed", "user_id": a, "followee_id": b}
+            else:
+                t = _T_FOLLOW
+        if t == _T_FOLLOW:
+            v = ch["target"][i]
+            if v == u or (u, v) in self.edge_set:
+                v = ch["target2"][i]
+            if v == u or (u, v) in self.edge_set:
+                t = _T_POST  # already follows both picks: posts instead
+            else:
+                self.edge_list.append((u, v))
+                self.edge_set.add((u, v))
+                ev = {"type": "followed", "user_id": u, "followee_id": v}
+        elif t == _T_MSG:
+            u2, mutual = ch["u2"][i], self.mutual
+            if mutual and u2 < cfg.mutual_message_share:
+                a, b = mutual[int(u2 / cfg.mutual_message_share * len(mutual)) % len(mutual)]
+                u, r = (a, b) if u1 < 0.5 else (b, a)
+            else:
+                r = ch["other"][i]
+                if r == u:
+                    r = r % self.users + 1
+            ev = {
+                "type": "message_sent",
+                "user_id": u,
+                "message_id": self.flake.next_id(now),
+                "recipient_id": r,
+                "text": self.texts[ch["text"][i]],
+            }
+        elif t == _T_STATUS:
+            ev = {"type": "status_updated", "user_id": u, "text": self.texts[ch["text"][i]]}
+        if t == _T_POST:
+            pid = self.flake.next_id(now)
+            self.live_posts.append((pid, u))
+            ev = {"type": "post_created", "user_id": u, "post_id": pid, "text": self.texts[ch["text"][i]]}
+        return t, u, ev
 
-        # ---- 4. end of run: every device still offline comes back now --------------------------------
-        now = clock(0.0)
-        while flush_heap:
-            _, fu = heapq.heappop(flush_heap)
-            for ev in buffers.pop(fu, ()):
-                ev["sent_time"] = now + offs[fu] - 20
+    def _stamp(self, ev: dict, u: int, ch: dict[str, list], i: int, now: int) -> bool:
+        """The event's id and device times; False when its device is offline: buffered, not sent (item 3)."""
+        ev["event_id"] = ch["eid"][i]
+        ev["schema_version"] = 1
+        sent = now + self.offsets[u] - ch["net"][i]
+        ev["device_time"] = sent - ch["prep"][i]
+        if self.offline_prone[u]:
+            back = self.offline_until.get(u)
+            if back is None and ch["u1"][i] < self.cfg.offline_start_prob:
+                back = now + ch["offline_ms"][i]
+                self.offline_until[u] = back
+                heapq.heappush(self.flush_heap, (back, u))
+            if back is not None:
+                ev["sent_time"] = None  # stamped at the flush
+                ev["received_time"] = None
+                self.buffers.setdefault(u, []).append(ev)
+                self.counts.offline_buffered += 1
+                return False
+        ev["sent_time"] = sent
+        ev["received_time"] = now
+        return True
+
+    def _flush(self, up_to: float, now: int, net: int, read_delay: int, u1: float):
+        """Devices back online by ``up_to`` send their buffers, in order, sent and received ``now``."""
+        offs = self.offsets
+        while self.flush_heap and self.flush_heap[0][0] <= up_to:
+            _, fu = heapq.heappop(self.flush_heap)
+            for ev in self.buffers.pop(fu, ()):
+                ev["sent_time"] = now + offs[fu] - net
                 ev["received_time"] = now
                 k = contract.record_key(ev)
-                inj = rejected(ev)
+                inj = self.rejected(ev)
                 yield k, ev, inj
-                settle(k, ev, inj, now, 0, 0.999)
+                self.settle(k, ev, inj, now, read_delay, u1)
+            self.offline_until.pop(fu, None)
 
-    def _invalid(self, kind, eid, now, actor, other, net, live_posts, recent_msgs, flake, texts):
+    def _injected(self, kind: str, ch: dict[str, list], i: int, now: int):
+        """A duplicate (an exact re-send of a recent valid record) or an invalid record (item 4)."""
+        counts = self.counts
+        if kind == DUPLICATE and self.recent_valid:
+            k, ev = self.recent_valid[int(ch["u1"][i] * len(self.recent_valid))]
+            yield k, ev, DUPLICATE
+            counts.records += 1
+            counts.duplicates += 1
+            return
+        k, value, reason = self._invalid(
+            kind, ch["eid"][i], now, ch["actor"][i], ch["other"][i], ch["net"][i]
+        )
+        if reason in ("not_own_post", "not_in_inbox"):  # stateful: decided after erasure
+            reason = self.rejected(value) or reason
+        yield k, value, reason
+        counts.records += 1
+        counts.invalid[reason] = counts.invalid.get(reason, 0) + 1
+
+    def _invalid(self, kind, eid, now, actor, other, net):
         """One injected invalid record: (key, value, reason it must be quarantined with)."""
+        flake, texts, users = self.flake, self.texts, self.users
         u = actor
-        sent = now + self._offsets[u] - net
+        sent = now + self.offsets[u] - net
         base = {
             "event_id": eid,
             "type": "post_created",
@@ -542,7 +581,7 @@ class EventGenerator:
         }
         key = str(u).encode()
         if other == u:
-            other = other % self.config.users + 1
+            other = other % users + 1
         if kind == "bad_json":
             ev = {**base, "post_id": flake.next_id(now), "text": texts[0]}
             return key, orjson.dumps(ev)[:-9], INVALID_KINDS[kind]
@@ -559,21 +598,27 @@ class EventGenerator:
             return key, {**base, "post_id": flake.next_id(now), "text": text}, INVALID_KINDS[kind]
         if kind == "not_own_post":
             pid = flake.next_id(now)  # never created: also not the user's own post
-            if live_posts:
-                pid, author = live_posts[(other * 7919) % len(live_posts)]
+            if self.live_posts:
+                pid, author = self.live_posts[(other * 7919) % len(self.live_posts)]
                 if author == u:
-                    u = author % self.config.users + 1
+                    u = author % users + 1
                     key = str(u).encode()
             return key, {**base, "type": "post_deleted", "user_id": u, "post_id": pid}, INVALID_KINDS[kind]
         if kind == "not_in_inbox":
             mid = flake.next_id(now)  # never sent
-            if recent_msgs:
-                mid, rcpt = recent_msgs[(other * 7919) % len(recent_msgs)]
+            if self.recent_msgs:
+                mid, rcpt = self.recent_msgs[(other * 7919) % len(self.recent_msgs)]
                 if rcpt == u:
-                    u = rcpt % self.config.users + 1
+                    u = rcpt % users + 1
                     key = str(u).encode()
             return key, {**base, "type": "message_read", "user_id": u, "message_id": mid}, INVALID_KINDS[kind]
         raise ValueError(kind)
+
+    # -- the end of the run ----------------------------------------------------------------------------
+    def end_of_run(self) -> Iterator[tuple[bytes, dict, str | None]]:
+        """Every device still offline comes back now and sends its buffer."""
+        now = self.clock(0.0)
+        yield from self._flush(math.inf, now, 20, 0, 0.999)
 
 
 def generate(
@@ -619,20 +664,10 @@ class Summary:
 
 
 def producer_config(bootstrap: str) -> dict:
-    """Durable (acks=all, idempotent) and tuned for throughput (big lz4 batches)."""
-    return {
-        "bootstrap.servers": bootstrap,
-        "acks": "all",
-        "enable.idempotence": True,
-        "compression.type": "lz4",
-        "linger.ms": 20,
-        "batch.size": 1_000_000,
-        "batch.num.messages": 100_000,
-        "queue.buffering.max.messages": 2_000_000,
-        "queue.buffering.max.kbytes": 1_048_576,
-        "delivery.report.only.error": True,  # success callbacks would cost a Python call per event
-        "client.id": "app_sim.generator",
-    }
+    """The project's durable producer (acks=all, idempotent) tuned for throughput (big lz4 batches)."""
+    from infra import clients
+
+    return clients.producer_config(bootstrap, "app_sim.generator", clients.THROUGHPUT)
 
 
 def produce(

@@ -72,7 +72,7 @@ def kafka_consumer(bootstrap: str, group_id: str, overrides: Mapping[str, Any] |
 
 
 def redis_client(url: str, socket_timeout: float = REDIS_SOCKET_TIMEOUT_S, **kwargs):
-    """A ``redis.Redis`` for ``url`` with :data:`REDIS_SOCKET_TIMEOUT_S` (a probe passes a short one)."""
+    """A ``redis.Redis`` for ``url`` with a :data:`REDIS_SOCKET_TIMEOUT_S` read timeout."""
     import redis
 
     return redis.Redis.from_url(url, socket_timeout=socket_timeout, **kwargs)

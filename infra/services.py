@@ -22,7 +22,6 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from infra import processes
-from infra.clients import redis_client
 from infra.jars import JarsError, kafka_classpath, require_java, spark_java_home
 from infra.kafka_admin import admin_client, create_topic, ensure_writers_topic, events_topic_configs
 from infra.processes import StackError, _who_listens, port_free, port_listening, settings_env
@@ -418,7 +417,8 @@ class RedisServer(Service):
     def wait_ready(self, deadline: float) -> None:
         import redis
 
-        client = redis_client(f"redis://127.0.0.1:{self.settings.redis_port}", socket_timeout=1)
+        # a readiness probe polled every 0.1 s, not a client of the data: a 1 s read timeout
+        client = redis.Redis(host="127.0.0.1", port=self.settings.redis_port, socket_timeout=1)
         while True:
             if not self.is_running():
                 raise self._died()

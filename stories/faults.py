@@ -32,6 +32,7 @@ import orjson
 
 from app_sim.generator import EventGenerator, GeneratorConfig
 from contract import writers
+from infra import clients
 from infra.settings import Settings
 from infra.stack import KafkaBroker, admin_client, end_offsets
 
@@ -67,16 +68,13 @@ class FaultRun:
 
 
 def producer_config(bootstrap: str, acks: str, idempotence: bool) -> dict:
-    """The generator's producer, with the guarantee under test; success reports on (they are counted)."""
-    return {
-        "bootstrap.servers": bootstrap,
+    """The project's producer with the guarantee under test; success reports on (they are counted)."""
+    overrides = {
         "acks": acks,
         "enable.idempotence": idempotence,
-        "linger.ms": 5,
-        "compression.type": "lz4",
         "delivery.timeout.ms": 120_000,  # long enough to ride out a leader election
-        "client.id": "faults",
     }
+    return clients.producer_config(bootstrap, "faults", overrides)
 
 
 def leader_of(settings: Settings, topic: str, partition: int) -> int:
@@ -103,16 +101,11 @@ def kill9(broker: KafkaBroker) -> int:
 
 def read_ids(settings: Settings, topic: str, timeout_s: float = 120.0) -> Counter:
     """Every event id in the topic, with how often it is there (a full read to the end offsets)."""
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import TopicPartition
 
     ends = end_offsets(settings, topic)
-    consumer = Consumer(
-        {
-            "bootstrap.servers": settings.kafka_bootstrap,
-            "group.id": f"faults-read-{time.time_ns()}",
-            "enable.auto.commit": False,
-            "auto.offset.reset": "earliest",
-        }
+    consumer = clients.kafka_consumer(
+        settings.kafka_bootstrap, f"faults-read-{time.time_ns()}", {"auto.offset.reset": "earliest"}
     )
     consumer.assign([TopicPartition(topic, p, 0) for p, end in ends.items() if end > 0])
     left = {p: end for p, end in ends.items() if end > 0}

@@ -23,6 +23,7 @@ import orjson
 from confluent_kafka import KafkaException, Producer
 
 import contract
+from infra import clients
 
 _quiet = logging.getLogger("app_sim.api.librdkafka")
 _quiet.addHandler(logging.NullHandler())
@@ -48,20 +49,10 @@ class Appended:
 
 
 def producer_config(bootstrap: str, timeout_ms: int) -> dict:
-    """Durable and latency-minded: acks=all, idempotent, a short linger (requests batch anyway)."""
-    return {
-        "bootstrap.servers": bootstrap,
-        "acks": "all",
-        "enable.idempotence": True,
-        "compression.type": "lz4",
-        "linger.ms": 2,
-        "message.timeout.ms": timeout_ms,
-        # request.timeout.ms must not exceed message.timeout.ms (librdkafka checks it)
-        "request.timeout.ms": min(timeout_ms, 30_000),
-        "socket.connection.setup.timeout.ms": min(timeout_ms, 30_000),
-        "client.id": "app_sim.api",
-        "logger": _quiet,
-    }
+    """The project's durable producer (acks=all, idempotent), latency-minded: a short linger
+    (requests batch anyway) and every record reported within ``timeout_ms``."""
+    overrides = {"linger.ms": 2, **clients.delivery_timeouts(timeout_ms), "logger": _quiet}
+    return clients.producer_config(bootstrap, "app_sim.api", overrides)
 
 
 class EventLog:

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 import redis
 
 from contract.functions import key
+from infra import clients
 from infra.settings import Settings
 from pipelines.speed import changelog
 
@@ -99,17 +100,13 @@ def ensure_topics(settings: Settings, events_topic: str, namespace: str) -> Topi
 
 
 def producer_config(bootstrap: str) -> dict:
-    """Durable like every producer of the project (acks=all, idempotent); Java's key partitioner,
-    so a Java or Kafka Streams producer of the same keys picks the same partitions."""
-    return {
-        "bootstrap.servers": bootstrap,
-        "acks": "all",
-        "enable.idempotence": True,
+    """The project's durable producer (acks=all, idempotent) with Java's key partitioner, so a
+    Java or Kafka Streams producer of the same keys picks the same partitions."""
+    overrides = {
         "compression.type": "zstd",  # the topics are kept, not streamed: size over CPU
-        "linger.ms": 5,
         "partitioner": "murmur2_random",
-        "client.id": "speed_layer.compacted",
     }
+    return clients.producer_config(bootstrap, "speed_layer.compacted", overrides)
 
 
 # --- what to produce (pure: unit-tested on hand-written entries) ----------------------------------
@@ -227,7 +224,7 @@ class Publisher:
         from confluent_kafka import Producer
 
         self.settings, self.namespace = settings, namespace
-        self.r = client or redis.Redis.from_url(settings.redis_url, socket_timeout=60)
+        self.r = client or clients.redis_client(settings.redis_url)
         self.topics = ensure_topics(settings, events_topic, namespace)
         self.producer = Producer(producer_config(settings.kafka_bootstrap))
         self.timeout_s = 30.0
