@@ -1,4 +1,4 @@
-"""The cluster profile's layout (README: Scaling out), worked out by hand from the settings."""
+"""The cluster profile's layout (docs/cluster-and-faults.md), worked out by hand from the settings."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ No Docker engine runs here or in CI, so nothing is started: the file is loaded b
 library `docker compose` itself loads files with: parsed, validated against the Compose
 Specification schema, interpolated, normalized), pinned in tests/compose/compose_check/go.sum and
 built from the Go module proxy once per session (tests/compose/compose_check/main.go). For each
-`docker compose ... up` the README and the file's header document, the services that command
+`docker compose ... up` docs/compose.md and the file's header document, the services that command
 starts are checked: every image is built by the project's one `build:` section or is a public
 image, no two services bind one host port, and they are the services `make up` starts for the
 same profile (infra/stack.py), with the same commands and health checks on the same endpoints.
@@ -43,7 +43,7 @@ GO_CACHE = REPO_ROOT / ".tools" / "go"  # module and build caches: a second sess
 PROJECT = "kappa-social"
 PROJECT_IMAGE = "kappa-social:local"
 
-# What the README and the file's header document, one `up` per profile, and the `make up` each is.
+# What docs/compose.md and the file's header document, one `up` per profile, and the `make up` each is.
 UP_COMMANDS = {
     "docker compose --profile local up --build": {"profile": "local", "airflow": False},
     "docker compose --profile local --profile airflow up --build": {"profile": "local", "airflow": True},
@@ -118,15 +118,15 @@ def parse_command(command: str) -> tuple[list[str], str, list[str]]:
 
 @cache
 def documented() -> dict[str, set[str]]:
-    """Every `docker compose ...` command the README and the compose file's header comments show."""
-    readme = (REPO_ROOT / "README.md").read_text()
+    """Every `docker compose ...` command docs/compose.md and the compose file's header comments show."""
+    page = (REPO_ROOT / "docs" / "compose.md").read_text()
     header = []
     for line in COMPOSE_FILE.read_text().splitlines():
         if not line.startswith("#"):
             break
         header.append(line.lstrip("# "))
-    found = {"README.md": set(), COMPOSE_FILE.name: set()}
-    for where, text in (("README.md", readme), (COMPOSE_FILE.name, "\n".join(header))):
+    found = {"docs/compose.md": set(), COMPOSE_FILE.name: set()}
+    for where, text in (("docs/compose.md", page), (COMPOSE_FILE.name, "\n".join(header))):
         for match in re.finditer(r"docker compose [^`#\n]+", text):
             found[where].add(re.sub(r"\s+", " ", match.group(0)).strip().rstrip(".,;:)"))
     return found
