@@ -14,12 +14,13 @@ Pure presentation: nothing here reads storage or imports Spark.
 from __future__ import annotations
 
 import base64
-import html
 import io
 import json
 import os
 from pathlib import Path
 from typing import Any
+
+from infra.html import render as render_page
 
 FRESHNESS_CAP_MS = 120_000  # the speed layer's cap on a recorded delay (pipelines/speed/processor.py)
 
@@ -36,51 +37,46 @@ pre{background:#f7f7f7;padding:.5rem;overflow-x:auto;font-size:.8rem;margin:0}
 """
 
 
-def _e(value: Any) -> str:
-    return html.escape(str(value))
-
-
-def _ok(flag: Any) -> str:
-    if flag is None:
-        return '<span class="muted">n/a</span>'
-    return '<span class="ok">ok</span>' if flag else '<span class="bad">MISMATCH</span>'
-
-
 def _num(value: Any) -> str:
+    """A figure as the page shows it: thousands separated, one decimal, "-" for none."""
     if isinstance(value, bool) or value is None:
-        return _e("-" if value is None else value)
+        return str("-" if value is None else value)
     if isinstance(value, int):
         return f"{value:,}"
     if isinstance(value, float):
         return f"{value:,.1f}"
-    return _e(value)
+    return str(value)
 
 
-def _kv_table(data: dict) -> str:
+def _json(value: Any, limit: int | None = 4000) -> str:
+    return json.dumps(value, indent=1, default=str)[:limit]
+
+
+def _kv_rows(data: dict) -> list[tuple[str, str, Any]]:
+    """(key, how the cell shows: json / ok / text, value) for a table of one dict."""
     rows = []
     for key, value in data.items():
         if isinstance(value, dict | list):
-            cell = f"<pre>{_e(json.dumps(value, indent=1, default=str)[:4000])}</pre>"
+            rows.append((key, "json", _json(value)))
         elif key == "ok":
-            cell = _ok(value)
+            rows.append((key, "ok", value))
         else:
-            cell = _num(value)
-        rows.append(f"<tr><th>{_e(key)}</th><td>{cell}</td></tr>")
-    return "<table>" + "".join(rows) + "</table>"
+            rows.append((key, "text", _num(value)))
+    return rows
 
 
-def _views_table(views: dict) -> str:
-    head = "<tr><th>view</th><th>rows live</th><th>rows recomputed</th><th>mismatches</th><th></th><th>examples</th></tr>"
-    rows = []
-    for name, v in views.items():
-        examples = v.get("examples") or []
-        ex = f"<pre>{_e(json.dumps(examples[:5], indent=1, default=str))}</pre>" if examples else ""
-        rows.append(
-            f"<tr><td>{_e(name)}</td><td class='num'>{_num(v.get('live_rows'))}</td>"
-            f"<td class='num'>{_num(v.get('recomputed_rows'))}</td><td class='num'>{_num(v.get('mismatches'))}</td>"
-            f"<td>{_ok(v.get('ok'))}</td><td>{ex}</td></tr>"
-        )
-    return "<table>" + head + "".join(rows) + "</table>"
+def _view_rows(views: dict) -> list[dict]:
+    return [
+        {
+            "name": name,
+            "live_rows": _num(v.get("live_rows")),
+            "recomputed_rows": _num(v.get("recomputed_rows")),
+            "mismatches": _num(v.get("mismatches")),
+            "ok": v.get("ok"),
+            "examples": _json((v.get("examples") or [])[:5], None) if v.get("examples") else "",
+        }
+        for name, v in views.items()
+    ]
 
 
 def _count(part: Any) -> int | None:
@@ -174,36 +170,6 @@ def _failed_examples(report: dict, anchor: str) -> list:
     ][:8]
 
 
-def _checks_section(report: dict) -> str:
-    rows = []
-    failed = []
-    for c in checks(report):
-        if c["ok"] is None:
-            outcome = f"<span class='muted'>skipped: {_e(c['skipped'] or 'not run')}</span>"
-        else:
-            outcome = _ok(c["ok"])
-        count = "" if c["count"] is None else f"{_num(c['count'])} {_e(c['unit'])}"
-        rows.append(
-            f"<tr><td><a href='#{c['anchor']}'>{_e(c['name'])}</a></td><td>{outcome}</td>"
-            f"<td class='num'>{count}</td></tr>"
-        )
-        if c["ok"] is False:
-            ex = _failed_examples(report, c["anchor"])
-            failed.append(
-                f"<h3 class='bad'>{_e(c['name'])}: {count or 'failed'}</h3>"
-                + (f"<pre>{_e(json.dumps(ex, indent=1, default=str)[:4000])}</pre>" if ex else "")
-                + f"<p class='muted'>details: <a href='#{c['anchor']}'>below</a></p>"
-            )
-    head = "<tr><th>comparison</th><th>outcome</th><th>disagreements</th></tr>"
-    return (
-        "<h2>What was checked</h2><table>"
-        + head
-        + "".join(rows)
-        + "</table>"
-        + ("<h2 class='bad'>What failed</h2>" + "".join(failed) if failed else "")
-    )
-
-
 def freshness_plot(freshness: dict, keyed: dict | None = None) -> str | None:
     """A PNG (base64) of the freshness of both paths, or None when there is nothing to plot.
 
@@ -272,110 +238,76 @@ def png_bytes(fig) -> bytes:
 
 
 def render(report: dict) -> str:
-    """The verify report as a self-contained HTML page."""
-    ok = bool(report.get("ok"))
+    """The verify report as a self-contained HTML page (infra/templates/verify.html.j2)."""
     position = report.get("position") or {}
     freshness = report.get("freshness") or {}
-    parts = [
-        "<!doctype html><html><head><meta charset='utf-8'>",
-        f"<title>verify {_e(report.get('namespace', ''))}: {'ok' if ok else 'MISMATCH'}</title>",
-        f"<style>{_CSS}</style></head><body>",
-        "<h1>Live views vs. a replay of the log</h1>",
-        f"<p><span class='verdict {'ok' if ok else 'bad'}'>{'OK: live state equals the recompute' if ok else 'MISMATCH: ' + _e(', '.join(c['name'] for c in checks(report) if c['ok'] is False) or 'see below')}</span></p>",
-        _checks_section(report),
-        "<h2>Position</h2>",
-        "<table>",
-        f"<tr><th>namespace</th><td>{_e(report.get('namespace', '-'))}</td></tr>",
-        f"<tr><th>log position P (batch)</th><td>{_e(position.get('batch_id', '-'))}</td></tr>",
-        f"<tr><th>end offsets (partition: next offset)</th><td><pre>{_e(json.dumps(position.get('end_offsets', {})))}</pre></td></tr>",
-        f"<tr><th>generated at</th><td>{_e(report.get('generated_at', '-'))}</td></tr>",
-        "</table>",
-        "<h2 id='views'>Views (row for row at P)</h2>",
-        _views_table(report.get("views") or {}),
-    ]
-    serving = report.get("serving") or {}
-    if serving:
-        per_view = {k: v for k, v in serving.items() if isinstance(v, dict) and "live_rows" in v}
-        rest = {k: v for k, v in serving.items() if k not in per_view}
-        parts.append("<h2 id='serving'>Serving store (Redis) vs. Delta</h2>")
-        if per_view:
-            parts.append(
-                _views_table(per_view)
-                .replace("rows recomputed", "rows in Delta")
-                .replace("rows live", "rows in Redis")
-            )
-        if rest:
-            parts.append(_kv_table(rest))
     keyed = report.get("keyed") or {}
-    if keyed:
-        parts.append("<h2 id='keyed'>Keyed state (Redis) vs. its replay at the same position</h2>")
-        families = keyed.get("families")
-        if isinstance(families, dict) and families:
-            parts.append(
-                _views_table(
-                    {
-                        n: {"live_rows": v.get("keys"), "recomputed_rows": None, **v}
-                        for n, v in families.items()
-                    }
-                )
-                .replace("rows recomputed", "")
-                .replace("rows live", "keys")
-                .replace("<th>view</th>", "<th>key family</th>")
-            )
-        parts.append(_kv_table({k: v for k, v in keyed.items() if k not in ("families", "freshness")}))
-    batch_layer = report.get("batch_layer") or {}
-    if batch_layer:
-        parts.append("<h2 id='batch_layer'>Keyed state (Redis) vs. the batch layer</h2>")
-        parts.append(_kv_table(batch_layer))
-    if report.get("accounting"):
-        parts += [
-            "<h2 id='accounting'>Accounting: events read = applied + duplicates + quarantined</h2>",
-            _kv_table(report["accounting"]),
-        ]
     keyed_fresh = keyed.get("freshness") or {}
-    parts.append("<h2 id='freshness'>Freshness</h2>")
-    parts.append(
-        f"<p>serving path (received -> applied in Redis): p50 {_num(keyed_fresh.get('p50_ms'))} ms, "
-        f"p99 {_num(keyed_fresh.get('p99_ms'))} ms over {_num(keyed_fresh.get('events'))} events; "
-        f"archive (received -> visible in the Delta views): p50 {_num(freshness.get('p50_ms'))} ms, "
-        f"p99 {_num(freshness.get('p99_ms'))} ms over {_num(freshness.get('events'))} events "
-        "<span class='muted'>(events written on a simulated clock count from their simulated receive "
-        "time; the speed layer caps a delay at 120 s)</span></p>"
-    )
-    if (keyed_fresh.get("p50_ms") or 0) >= FRESHNESS_CAP_MS:
-        parts.append(
-            "<p class='muted'>Most events reached Redis more than 120 s after their server receive time "
-            "(the speed layer's cap): they were written on a simulated clock (the generator's default, "
-            "the demo's history) or applied after a long pause, so these figures say how old the log "
-            "is, not how fresh the serving path is. The demo measures that on its live events "
-            "(<code>var/reports/demo/summary.json</code>); <code>make bench</code> on a live stream.</p>"
-        )
-    png = freshness_plot(freshness, keyed_fresh)
-    if png:
-        parts.append(f"<img alt='freshness' src='data:image/png;base64,{png}'>")
-    else:
-        parts.append("<p class='muted'>No freshness to plot: no event has been applied yet.</p>")
-    extra = {
-        k: v
-        for k, v in report.items()
-        if k
-        not in {
-            "ok",
-            "namespace",
-            "position",
-            "views",
-            "serving",
-            "keyed",
-            "batch_layer",
-            "accounting",
-            "freshness",
-            "generated_at",
-        }
+    serving = report.get("serving") or {}
+    all_checks = checks(report)
+    for c in all_checks:
+        c["count_text"] = "" if c["count"] is None else f"{_num(c['count'])} {c['unit']}"
+        if c["ok"] is False:
+            examples = _failed_examples(report, c["anchor"])
+            c["examples"] = _json(examples) if examples else ""
+    per_view = {k: v for k, v in serving.items() if isinstance(v, dict) and "live_rows" in v}
+    families = keyed.get("families")
+    known = {
+        "ok",
+        "namespace",
+        "position",
+        "views",
+        "serving",
+        "keyed",
+        "batch_layer",
+        "accounting",
+        "freshness",
+        "generated_at",
     }
-    if extra:
-        parts += ["<h2 id='more'>More</h2>", _kv_table(extra)]
-    parts.append("</body></html>")
-    return "\n".join(parts)
+    return render_page(
+        "verify.html.j2",
+        passed=bool(report.get("ok")),
+        namespace=report.get("namespace", ""),
+        failed_names=", ".join(c["name"] for c in all_checks if c["ok"] is False),
+        checks=all_checks,
+        failed=[c for c in all_checks if c["ok"] is False],
+        position={
+            "namespace": report.get("namespace", "-"),
+            "batch_id": position.get("batch_id", "-"),
+            "end_offsets": json.dumps(position.get("end_offsets", {})),
+            "generated_at": report.get("generated_at", "-"),
+        },
+        views=_view_rows(report.get("views") or {}),
+        serving={
+            "views": _view_rows(per_view),
+            "rest": _kv_rows({k: v for k, v in serving.items() if k not in per_view}),
+        }
+        if serving
+        else None,
+        keyed={
+            "families": _view_rows(
+                {n: {"live_rows": v.get("keys"), "recomputed_rows": None, **v} for n, v in families.items()}
+            )
+            if isinstance(families, dict)
+            else [],
+            "rest": _kv_rows({k: v for k, v in keyed.items() if k not in ("families", "freshness")}),
+        }
+        if keyed
+        else None,
+        batch_layer=_kv_rows(report.get("batch_layer") or {}),
+        accounting=_kv_rows(report.get("accounting") or {}),
+        fresh={
+            "keyed_p50": _num(keyed_fresh.get("p50_ms")),
+            "keyed_p99": _num(keyed_fresh.get("p99_ms")),
+            "keyed_events": _num(keyed_fresh.get("events")),
+            "delta_p50": _num(freshness.get("p50_ms")),
+            "delta_p99": _num(freshness.get("p99_ms")),
+            "delta_events": _num(freshness.get("events")),
+            "capped": (keyed_fresh.get("p50_ms") or 0) >= FRESHNESS_CAP_MS,
+        },
+        png=freshness_plot(freshness, keyed_fresh),
+        more=_kv_rows({k: v for k, v in report.items() if k not in known}),
+    )
 
 
 def write_html(report: dict, path: str | os.PathLike) -> Path:
