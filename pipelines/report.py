@@ -24,18 +24,6 @@ from infra.html import render as render_page
 
 FRESHNESS_CAP_MS = 120_000  # the speed layer's cap on a recorded delay (pipelines/speed/processor.py)
 
-_CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;max-width:70rem;color:#222}
-h1{font-size:1.5rem} h2{font-size:1.15rem;margin-top:2rem}
-table{border-collapse:collapse;margin:.5rem 0;width:100%} th,td{border:1px solid #ddd;padding:.35rem .6rem;text-align:left;vertical-align:top}
-th{background:#f5f5f5} td.num{text-align:right;font-variant-numeric:tabular-nums}
-.ok{color:#137333;font-weight:600} .bad{color:#b3261e;font-weight:600}
-.verdict{display:inline-block;padding:.3rem .8rem;border-radius:.3rem;color:#fff}
-.verdict.ok{background:#137333;color:#fff} .verdict.bad{background:#b3261e;color:#fff}
-pre{background:#f7f7f7;padding:.5rem;overflow-x:auto;font-size:.8rem;margin:0}
-.muted{color:#666;font-size:.85rem}
-"""
-
 
 def _num(value: Any) -> str:
     """A figure as the page shows it: thousands separated, one decimal, "-" for none."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import html
 import io
 import json
 import sys
@@ -22,10 +21,10 @@ from pathlib import Path
 from pyspark.sql import functions as F
 
 from contract import namespaces
+from infra.html import render as render_page
 from infra.settings import Settings, get_settings
 from pipelines.analytics.joins import time_to_read_per_hour
 from pipelines.analytics.runner import Paths
-from pipelines.report import _CSS
 
 # Why a table can have no rows yet (the page says it instead of showing an empty table).
 WINDOWED = "rows appear once the watermark (the latest event time seen minus the allowed lateness, {lateness} s) passes a window's end"
@@ -52,13 +51,14 @@ TABLES = (
 
 
 def _png(fig) -> str:
+    """The figure as a base64 PNG, for an image embedded in the page."""
     import matplotlib.pyplot as plt
 
     buf = io.BytesIO()
     fig.tight_layout()
     fig.savefig(buf, format="png", dpi=90)
     plt.close(fig)
-    return f'<img alt="" src="data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()}">'
+    return base64.b64encode(buf.getvalue()).decode()
 
 
 def _figure():
@@ -186,13 +186,12 @@ def _plots(data: dict) -> list[tuple[str, str]]:
 
 
 def render(data: dict, namespace: str) -> str:
-    e = html.escape
+    """The analytics page (infra/templates/analytics.html.j2)."""
     why = data.get("empty_because", {})
-    rows = "".join(
-        f"<tr><td>{e(k)}</td><td class=num>{'-' if v is None else f'{v:,}'}</td>"
-        f"<td class=muted>{e(why.get(k, '')) if not v else ''}</td></tr>"
+    tables = [
+        {"name": k, "rows": "-" if v is None else f"{v:,}", "why": why.get(k, "") if not v else ""}
         for k, v in data["tables"].items()
-    )
+    ]
     origin = data.get("alerts_by_origin", {})
     injected = ", ".join(str(u) for u in data.get("injected_users", [])) or "none named"
     facts = {
@@ -203,14 +202,13 @@ def render(data: dict, namespace: str) -> str:
         "late events": data.get("late_events", 0),
         "unread after 24 h": data.get("unread_after_24h", 0),
     }
-    fact_rows = "".join(f"<tr><td>{e(k)}</td><td>{e(json.dumps(v))}</td></tr>" for k, v in facts.items())
-    body = "".join(f"<h2>{e(title)}</h2>{img}" for title, img in _plots(data))
-    return (
-        f"<!doctype html><html><head><meta charset=utf-8><title>analytics {e(namespace)}</title>"
-        f"<style>{_CSS}</style></head><body><h1>Stream analytics ({e(namespace)})</h1>"
-        f"<p class=muted>generated {datetime.now(UTC).isoformat(timespec='seconds')}; windows appear once "
-        "the watermark closes them; definitions: pipelines/analytics/</p>"
-        f"<table><tr><th>table</th><th>rows</th><th>why none</th></tr>{rows}</table><table>{fact_rows}</table>{body}</body></html>"
+    return render_page(
+        "analytics.html.j2",
+        namespace=namespace,
+        generated_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        tables=tables,
+        facts=[(k, json.dumps(v)) for k, v in facts.items()],
+        plots=_plots(data),
     )
 
 
