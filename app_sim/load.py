@@ -27,6 +27,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from infra.html import render as render_page
 from infra.settings import REPO_ROOT, Settings, get_settings
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
@@ -250,16 +251,8 @@ def plot_steps(table: list[dict], max_read_p99_ms: float, out_dir: Path) -> Path
     png = out_dir / "steps.png"
     fig.savefig(png)
     plt.close(fig)
-    rows = "".join(
-        f"<tr><td>{r['step']}</td><td>{r['users']}</td><td>{r['per_s']}</td><td>{r['p99_ms']:.0f}</td>"
-        f"<td>{'yes' if r['within_target'] else 'NO'}</td></tr>"
-        for r in table
-    )
     (out_dir / "steps.html").write_text(
-        "<!doctype html><meta charset='utf-8'><title>step load</title><h1>Step load</h1>"
-        f"<img alt='steps' src='data:image/png;base64,{base64.b64encode(png.read_bytes()).decode()}'>"
-        "<table border=1 cellpadding=4><tr><th>step</th><th>users</th><th>requests/s</th>"
-        f"<th>p99 ms</th><th>within target</th></tr>{rows}</table>"
+        render_page("load_steps.html.j2", png=base64.b64encode(png.read_bytes()).decode(), table=table)
     )
     return png
 
