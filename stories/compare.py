@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import html
 import json
 import shutil
 import sys
@@ -29,6 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from contract.functions import connect as keyed_connect
+from infra.html import render as render_page
 from infra.settings import REPO_ROOT, Settings, get_settings
 
 SCHEDULE_S = 3600  # the batch_layer DAG runs hourly (dags/batch_layer.py)
@@ -294,24 +294,16 @@ def write(report: dict, directory: Path) -> Path:
             f"{lam['code_lines']['total']} more ({lam['code_lines_lambda_total']} with the speed layer)",
         ),
     ]
-    table = "".join(
-        f"<tr><th>{html.escape(str(a_))}</th><td>{html.escape(str(b))}</td><td>{html.escape(str(c))}</td></tr>"
-        for a_, b, c in rows
+    page = render_page(
+        "compare.html.j2",
+        events=report["events"],
+        run_id=report["run_id"],
+        rows=[tuple(str(x) for x in row) for row in rows],
+        png=base64.b64encode(png.read_bytes()).decode(),
+        agreement=a,
+        advice=report["advice"],
+        freshness_source=str(k["freshness"].get("source")),
     )
-    views = "".join(
-        f"<tr><td>{html.escape(n)}</td><td>{v['live_rows']}</td><td>{v['batch_rows']}</td><td>{v['mismatches']}</td></tr>"
-        for n, v in a["views"].items()
-    )
-    img = base64.b64encode(png.read_bytes()).decode()
-    page = f"""<!doctype html><meta charset="utf-8"><title>Lambda vs Kappa</title>
-<style>body{{font-family:sans-serif;max-width:960px;margin:2em auto}}td,th{{padding:2px 10px;text-align:right}}</style>
-<h1>Lambda vs Kappa on one log ({report["events"]:,} events, run {report["run_id"]})</h1>
-<table><tr><th></th><th>Kappa (replay)</th><th>Lambda (batch layer)</th></tr>{table}</table>
-<img src="data:image/png;base64,{img}" alt="recompute, freshness, code">
-<h2>Agreement: {a["rows_compared"]:,} rows compared, {a["disagreements"]} disagreements</h2>
-<table><tr><th>view</th><th>keyed (Kappa)</th><th>batch (Lambda)</th><th>disagreements</th></tr>{views}</table>
-<h2>Which to pick</h2><ul>{"".join(f"<li>{html.escape(s)}</li>" for s in report["advice"])}</ul>
-<p>Freshness source: {html.escape(str(k["freshness"].get("source")))}</p>"""
     (directory / "latest.html").write_text(page)
     return directory / "latest.json"
 
