@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import html
 import json
 import os
 import shutil
@@ -70,6 +69,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from app_sim.api.dual_write import FAILURE, FAULTS, corrected_time, journal_key
+from infra.html import render as render_page
 from infra.settings import Settings, get_settings
 from pipelines.report import png_bytes
 from pipelines.speed_layer_process import SpeedLayerProcess
@@ -706,101 +706,86 @@ def plot_sweep(report: dict) -> bytes:
         plt.close(fig)
 
 
-def render_sweep(report: dict, png: bytes) -> str:
+def _by_metric(counts: dict) -> str:
+    return ", ".join(f"{k}: {v}" for k, v in counts.items() if v)
+
+
+def _sweep(report: dict, png: bytes) -> dict | None:
+    """The sweep's part of the page (None when the run had no sweep)."""
     if "sweep" not in report:
-        return ""
-    e = html.escape
+        return None
     curves = sweep_by_fault(report)
-    rows = []
-    for f in FAULTS:
-        for c in curves[f]:
-            rows.append(
-                f"<tr><td>{e(f)}</td><td>{e(FAILURE[f])}</td><td class=num>{c['scale']:g}</td>"
-                f"<td class=num>{c['permille']}</td><td class=num>{c['injected']}</td>"
-                f"<td class=num>{c['dual_writes']}</td><td class=num>{c['dual']}</td>"
-                f"<td class=num>{c['dual_per_1000_writes']}</td><td class=num>{c['log_total']}</td></tr>"
-            )
-    un = [
-        f"{p['scale']:g}x: {p['by_fault']['unattributed']}"
-        for p in report["sweep"]["points"]
-        if p["mode"] == "dual"
-    ]
-    return f"""<h2>Fault-rate sweep</h2>
-<p>Dual mode at each multiple ({e(", ".join(f"{x:g}" for x in report["sweep"]["scales"]))}) of
-the rates above (1: the runs above; crash no higher than 1x: each crash restarts an API worker, and
-more of them starve the workload), the log design at each nonzero one, all four faults on together,
-{report["sweep"]["run_time_s"]} s of Locust per run (fresh users each time). Dual writes diverge in proportion to the fault rate; the log design
-shows zero at every rate. A divergence touched by two faults counts for both; divergences no fault
-touched (the dual writes' own races), per scale: {e(", ".join(un))}.</p>
-<img alt='sweep' src='data:image/png;base64,{base64.b64encode(png).decode()}'>
-<table><tr><th>fault</th><th>failure</th><th>scale</th><th>per mille</th><th>injected (dual)</th>
-<th>writes (dual)</th><th>divergences it touched (dual)</th><th>per 1,000 writes</th>
-<th>divergences, the log (all)</th></tr>{"".join(rows)}</table>
-<p class=muted>Machine-readable: sweep.json.</p>"""
+    return {
+        "scales": ", ".join(f"{x:g}" for x in report["sweep"]["scales"]),
+        "run_time_s": report["sweep"]["run_time_s"],
+        "unattributed": ", ".join(
+            f"{p['scale']:g}x: {p['by_fault']['unattributed']}"
+            for p in report["sweep"]["points"]
+            if p["mode"] == "dual"
+        ),
+        "png": base64.b64encode(png).decode(),
+        "rows": [
+            {**c, "fault": f, "failure": FAILURE[f], "scale": f"{c['scale']:g}"}
+            for f in FAULTS
+            for c in curves[f]
+        ],
+    }
 
 
 def render(report: dict, png: bytes, sweep_png: bytes = b"") -> str:
-    e = html.escape
-    rows = []
-    for m in METRICS:
-        cells = "".join(
-            f"<td class=num>{report['modes'][mode][when]['counts'][m]}</td>"
-            for mode in MODES
-            for when in ("before_repair", "after_repair")
-        )
-        rows.append(f"<tr><td>{e(METRIC_TEXT[m])}</td>{cells}</tr>")
-    faults = []
-    for f in FAULTS:
-        dual = report["modes"]["dual"]
-        touched = sum(dual["before_repair"]["by_fault"][f].values())
-        faults.append(
-            f"<tr><td>{e(f)}</td><td>{e(FAILURE[f])}</td><td class=num>{report['fault_permille'][f]}</td>"
-            f"<td class=num>{report['modes']['log']['faults_injected'][f]}</td>"
-            f"<td class=num>{dual['faults_injected'][f]}</td><td class=num>{touched}</td>"
-            f"<td>{e(', '.join(f'{k}: {v}' for k, v in dual['before_repair']['by_fault'][f].items() if v))}</td></tr>"
-        )
-    un = report["modes"]["dual"]["before_repair"]["by_fault"]["unattributed"]
-    faults.append(
-        "<tr><td>none injected</td><td>a race of the dual writes themselves</td><td></td><td></td><td></td>"
-        f"<td class=num>{sum(un.values())}</td><td>{e(', '.join(f'{k}: {v}' for k, v in un.items() if v))}</td></tr>"
+    """The page (infra/templates/dual_write.html.j2)."""
+    modes = report["modes"]
+    dual = modes["dual"]
+    unattributed = dual["before_repair"]["by_fault"]["unattributed"]
+    return render_page(
+        "dual_write.html.j2",
+        locust_users=report["locust_users"],
+        locust_run_time_s=report["locust_run_time_s"],
+        seed=report["seed"],
+        truth=report["truth"],
+        fanout_threshold=report.get("fanout_threshold", "-"),
+        seconds=report["seconds"],
+        phases=", ".join(f"{k} {v} s" for k, v in report["phases_s"].items()),
+        generated_at=report["generated_at"],
+        metrics=[
+            (
+                METRIC_TEXT[m],
+                [
+                    modes[mode][when]["counts"][m]
+                    for mode in MODES
+                    for when in ("before_repair", "after_repair")
+                ],
+            )
+            for m in METRICS
+        ],
+        png=base64.b64encode(png).decode(),
+        faults=[
+            {
+                "fault": f,
+                "failure": FAILURE[f],
+                "permille": report["fault_permille"][f],
+                "injected_log": modes["log"]["faults_injected"][f],
+                "injected_dual": dual["faults_injected"][f],
+                "touched": sum(dual["before_repair"]["by_fault"][f].values()),
+                "by_metric": _by_metric(dual["before_repair"]["by_fault"][f]),
+            }
+            for f in FAULTS
+        ],
+        unattributed={"touched": sum(unattributed.values()), "by_metric": _by_metric(unattributed)},
+        modes=[
+            {
+                "mode": mode,
+                "span": json.dumps(d["log_span"]),
+                "namespace": d["namespace"],
+                "events": d["events"],
+                "duplicates": d["duplicates"],
+                "requests": d["locust"]["requests"],
+                "failures": d["locust"]["failures"],
+            }
+            for mode, d in modes.items()
+        ],
+        sweep=_sweep(report, sweep_png),
     )
-    modes = "".join(
-        f"<tr><td>{mode}</td><td>{e(json.dumps(d['log_span']))}</td><td>{e(d['namespace'])}</td><td class=num>{d['events']}</td>"
-        f"<td class=num>{d['duplicates']}</td><td class=num>{d['locust']['requests']}</td>"
-        f"<td class=num>{d['locust']['failures']}</td></tr>"
-        for mode, d in report["modes"].items()
-    )
-    css = (
-        "body{font-family:system-ui,sans-serif;margin:2rem auto;max-width:70rem;color:#222}"
-        "table{border-collapse:collapse;margin:.5rem 0}th,td{border:1px solid #ddd;padding:.3rem .6rem}"
-        "th{background:#f5f5f5}td.num{text-align:right}.muted{color:#666}"
-    )
-    return f"""<!doctype html><html><head><meta charset='utf-8'><title>dual writes vs. the log</title>
-<style>{css}</style></head><body>
-<h1>Dual writes vs. the log as the source of truth</h1>
-<p>The same Locust workload ({report["locust_users"]} users, {report["locust_run_time_s"]} s) and the same
-seeded faults (seed {report["seed"]}) against the API in both write modes. Truth: {e(report["truth"])}.
-Repair: the namespace rebuilt from the log, by the speed layer from offset 0 into a fresh namespace
-(<code>replay</code>), which also is the log design's own store. Both stores are read as the API
-reads them (timelines through <code>social_timeline</code>: the stored part merged with followed
-authors above the fan-out threshold, {report.get("fanout_threshold", "-")} here). Run took {report["seconds"]} s
-({e(", ".join(f"{k} {v} s" for k, v in report["phases_s"].items()))}),
-{e(report["generated_at"])}.</p>
-<h2>Divergences from the log</h2>
-<table><tr><th>metric</th><th>log, before repair</th><th>log, after repair</th><th>dual, before repair</th>
-<th>dual, after repair</th></tr>{"".join(rows)}</table>
-<img alt='divergences' src='data:image/png;base64,{base64.b64encode(png).decode()}'>
-<h2>Which failure each count is (dual mode, before repair)</h2>
-<p class=muted>A divergence is credited to every injected fault that touched its inbox, post, follow or
-status (one touched by two faults counts for both).</p>
-<table><tr><th>fault</th><th>failure</th><th>per mille</th><th>injected, log mode</th><th>injected, dual mode</th>
-<th>divergences it touched</th><th>by metric</th></tr>{"".join(faults)}</table>
-<h2>Runs</h2>
-<table><tr><th>mode</th><th>span of dw.events (partition: offset)</th><th>namespace</th><th>events in the log</th><th>duplicates</th>
-<th>requests</th><th>failed requests</th></tr>{modes}</table>
-{render_sweep(report, sweep_png)}
-<p class=muted>Machine-readable: latest.json (examples of each divergence included).</p>
-</body></html>"""
 
 
 def write_report(report: dict, out_dir: Path) -> Path:
