@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
-import html
 import json
 import secrets
 import shutil
@@ -38,6 +37,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from infra.html import render as render_page
 from infra.settings import Settings, get_settings
 
 
@@ -357,14 +357,22 @@ def _pipeline_extras(settings: Settings, topic: str, ns: str) -> dict:
 
 
 def render(report: dict) -> str:
+    """The audit's page (infra/templates/erasure_audit.html.j2)."""
     rows = []
     for phase in ("before", "after"):
         for store, f in sorted(report[phase]["canary"].items()):
-            ctl = report[phase]["control"].get(store, {}).get("plaintext", 0)
             rows.append(
-                f"<tr><td>{phase}</td><td>{html.escape(store)}</td><td>{f['files']:,}</td><td>{f['bytes']:,}</td>"
-                f"<td>{f['decoded_containers']:,}</td><td>{f['plaintext']}</td><td>{f['sealed']}</td>"
-                f"<td>{f['readable']}</td><td>{ctl}</td></tr>"
+                {
+                    "phase": phase,
+                    "store": store,
+                    "files": f"{f['files']:,}",
+                    "bytes": f"{f['bytes']:,}",
+                    "decoded": f"{f['decoded_containers']:,}",
+                    "plaintext": f["plaintext"],
+                    "sealed": f["sealed"],
+                    "readable": f["readable"],
+                    "control": report[phase]["control"].get(store, {}).get("plaintext", 0),
+                }
             )
     e = report["erasure"]
     purged = (
@@ -372,23 +380,20 @@ def render(report: dict) -> str:
         if "purged_and_vacuumed_s" in e
         else ""
     )
-    verdict = "CLEAN" if report["ok"] else "NOT CLEAN"
-    return f"""<!doctype html><meta charset="utf-8"><title>erasure audit: {verdict}</title>
-<style>body{{font:14px system-ui;margin:2em}}td,th{{padding:2px 8px;text-align:right}}td:nth-child(2){{text-align:left}}</style>
-<h1>Erasure audit: {verdict}</h1>
-<p>Canary user {report["canary_user"]} (canary SHA-256 {report["canary_sha256"][:16]}...), topic
-<code>{html.escape(report["topic"])}</code>, namespace <code>{html.escape(report["namespace"])}</code>.
-Erasure accepted (and the key deleted) in {e["accepted_s"]} s, applied by the speed layer after
-{e["applied_by_speed_layer_s"]} s, archived after {e["archived_and_compacted_s"]} s{purged}; the search
-after it gave its verdict {e.get("audit_clean_s", "?")} s after the request. The log: {report.get("log_events", 0):,}
-events, {report.get("canary_events", 0):,} of them the canary's. Verify after the
-erasure: {"ok" if report["verify"]["ok"] else "FAILED"}.</p>
-<p><b>plaintext</b>: files holding a canary string; <b>sealed</b>: values sealed with the canary's key;
-<b>readable</b>: those that still open; <b>control</b>: files holding the raw producer's plaintext
-(the search does see plaintext where there is some).</p>
-<table><tr><th>phase</th><th>store</th><th>files</th><th>bytes</th><th>decoded</th><th>plaintext</th>
-<th>sealed</th><th>readable</th><th>control</th></tr>{"".join(rows)}</table>
-"""
+    return render_page(
+        "erasure_audit.html.j2",
+        verdict="CLEAN" if report["ok"] else "NOT CLEAN",
+        canary_user=report["canary_user"],
+        canary_sha256=report["canary_sha256"][:16],
+        topic=report["topic"],
+        namespace=report["namespace"],
+        e=e,
+        purged=purged,
+        log_events=f"{report.get('log_events', 0):,}",
+        canary_events=f"{report.get('canary_events', 0):,}",
+        verify_ok=report["verify"]["ok"],
+        rows=rows,
+    )
 
 
 def write_report(report: dict, settings: Settings) -> Path:
