@@ -1,4 +1,4 @@
-# The Makefile is the interface: CI runs exactly these targets (.ci/run -> make test).
+# The Makefile is the interface: CI runs exactly these targets (.ci/run -> make lint, make test).
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
@@ -167,9 +167,10 @@ compare: setup ## Lambda (batch layer) vs Kappa (replay) on one generated log ->
 erasure-audit: setup ## erase a canary user on a scratch stack, then search every store for it -> var/reports/erasure_audit/
 	@$(PY) -m social erasure-audit $(AUDIT_ARGS)
 
-lint: setup ## ruff
+lint: $(STAMP) ## ruff (check, format) and the floors (lint-imports: [tool.importlinter] in pyproject.toml)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	.venv/bin/lint-imports
 
 fmt: setup
 	$(PY) -m ruff format .
