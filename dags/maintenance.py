@@ -50,7 +50,7 @@ def maintenance():
     # vacuum after optimize: the files a compaction replaced become vacuumable after the retention
     compacted = _step("optimize")
     vacuumed = _step("vacuum")
-    compacted >> vacuumed >> [_step("namespaces"), _step("reports"), _step("checkpoints")]
+    compacted >> vacuumed >> [_step("namespaces"), _step("reports"), _step("checkpoints"), _step("logs")]
 
 
 maintenance()

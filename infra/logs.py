@@ -65,3 +65,30 @@ def configure(
     root.addHandler(handler)
     root.setLevel(level.upper() if isinstance(level, str) else level or get_settings().log_level.upper())
     return logging.getLogger(service)
+
+
+def cap_redirected(log_dir: Path, *, max_bytes: int = MAX_BYTES, dry_run: bool = False) -> dict[str, int]:
+    """Bound the files the stack redirects a service's stdout and stderr into (``var/log/*.log``:
+    the JVMs', redis-server's and the Python services' own output), which no handler can rotate:
+    the child holds the file open. The stack opens them in append mode (``O_APPEND``), so a copy
+    then a truncate in place is safe: each write lands at the new end. A file over ``max_bytes``
+    is copied to ``<name>.1`` (replacing the previous copy) and emptied, so a service's output
+    takes at most twice ``max_bytes``. Returns ``{file name: bytes moved}`` for the files capped."""
+    import shutil
+
+    capped: dict[str, int] = {}
+    if not log_dir.exists():
+        return capped
+    for path in sorted(log_dir.rglob("*.log")):
+        if not path.is_file():
+            continue
+        size = path.stat().st_size
+        if size <= max_bytes:
+            continue
+        capped[str(path.relative_to(log_dir))] = size
+        if dry_run:
+            continue
+        shutil.copyfile(path, path.with_name(path.name + ".1"))
+        with path.open("r+b") as f:
+            f.truncate(0)
+    return capped

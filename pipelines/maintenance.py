@@ -22,6 +22,8 @@ Steps, each idempotent and safe while the speed layer runs:
   older than ``SOCIAL_REPORT_RETENTION_DAYS`` (``latest.*`` and Data Docs' index are kept).
 - ``checkpoints``: Spark checkpoints whose namespace no longer exists, and temporary files that
   crashed writers leave in checkpoints.
+- ``logs``: every service's redirected output under ``var/log/`` bounded: a file over 10 MB is
+  copied to ``<name>.1`` and emptied in place (:func:`infra.logs.cap_redirected`).
 
 ``python -m pipelines.maintenance [--step NAME ...] [--dry-run]``; prints what it did as JSON.
 """
@@ -44,7 +46,7 @@ from infra.settings import Settings, get_settings
 
 log = logging.getLogger("maintenance")
 
-STEPS = ("optimize", "vacuum", "namespaces", "reports", "checkpoints")
+STEPS = ("optimize", "vacuum", "namespaces", "reports", "checkpoints", "logs")
 ON_REQUEST = ("purge",)  # not in the daily run: it races the speed layer's MERGEs
 APPEND_ONLY = ("events_bronze", "quarantine", "changelog", "archives", "batches")
 SAFE_RETENTION_HOURS = 168
@@ -265,6 +267,8 @@ def run(
             out[step] = prune_reports(settings, dry_run=dry_run)
         elif step == "checkpoints":
             out[step] = checkpoint_hygiene(settings, dry_run=dry_run)
+        elif step == "logs":
+            out[step] = {"capped": logs.cap_redirected(settings.log_dir, dry_run=dry_run)}
         log.info("%s done in %.1fs", step, time.monotonic() - started)
     return out
 

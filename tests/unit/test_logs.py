@@ -73,3 +73,25 @@ def test_an_unknown_level_names_the_variable(monkeypatch):
     monkeypatch.setenv("SOCIAL_LOG_LEVEL", "verbose")
     with pytest.raises(ValueError, match="SOCIAL_LOG_LEVEL='verbose'"):
         get_settings()
+
+
+def test_redirected_output_is_capped_in_place(tmp_path):
+    """A service's redirected stdout (opened in append mode by the stack) over the limit is copied
+    to <name>.1 and emptied; the writer's next write lands at the start of the emptied file."""
+    from infra.logs import cap_redirected
+
+    log_dir = tmp_path / "log"
+    log_dir.mkdir()
+    small = log_dir / "redis.log"
+    small.write_bytes(b"x" * 100)
+    big = log_dir / "kafka.log"
+    with big.open("ab") as writer:  # as the stack opens it for the child
+        writer.write(b"a" * 5000)
+        writer.flush()
+        assert cap_redirected(log_dir, max_bytes=1000) == {"kafka.log": 5000}
+        writer.write(b"b" * 10)
+        writer.flush()
+    assert big.read_bytes() == b"b" * 10
+    assert (log_dir / "kafka.log.1").read_bytes() == b"a" * 5000
+    assert small.read_bytes() == b"x" * 100
+    assert cap_redirected(log_dir, max_bytes=1000) == {}
