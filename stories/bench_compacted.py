@@ -94,9 +94,9 @@ def _freshness_with(ctx: BenchContext, publish: bool) -> dict:
     from app_sim.generator import GeneratorConfig, produce
     from contract.functions import drop_namespace, key
     from infra.stack import end_offsets
+    from pipelines.speed_layer_process import SpeedLayerProcess
     from pipelines.verify import keyed_freshness
     from stories.bench_common import _wait_fences
-    from stories.bench_keyed import _SpeedLayer
 
     tag = "on" if publish else "off"
     namespace = f"bench_compacted_ab_{tag}_{ctx.run_id}".lower()
@@ -109,12 +109,14 @@ def _freshness_with(ctx: BenchContext, publish: bool) -> dict:
         var_dir=Path(ctx.settings.var_dir) / "bench" / f"compacted-{tag}",
     )
     r = keyed_connect(settings.redis_url)
-    sl = _SpeedLayer(settings, topic, namespace, Path(settings.var_dir) / "speed_layer.log")
+    sl = SpeedLayerProcess(
+        settings, topic, namespace, Path(settings.var_dir) / "speed_layer.log", archive=False
+    ).start()
     try:
         boot = GeneratorConfig(users=1000, seed=5, graph_seed=5, mean_followers=15, realtime=True)
         produce(20_000, boot, topic=topic, bootstrap=settings.kafka_bootstrap, progress=False)
         if not _wait_fences(r, namespace, end_offsets(settings, topic), 600):
-            raise RuntimeError(f"the speed layer did not catch up; see {sl.log.name}")
+            raise RuntimeError(f"the speed layer did not catch up; see {sl.log_path}")
         r.delete(key(namespace, "freshness"))
         gen = GeneratorConfig(
             users=1000, seed=9, graph_seed=5, mean_followers=15, realtime=True, emit_bootstrap=False
