@@ -69,7 +69,7 @@ demo: setup ## the whole story end to end on a fresh machine (DEMO_EVENTS=N for 
 # Both runs' data is tiny, so adaptive execution (re-planned after every stage) and code generation
 # (Janino and the JIT compiling each new plan) cost more than they save: a verify of 4,000 events
 # 61 -> 41 s, 73 -> 43 JVM CPU-seconds; the unit run alone 5:04 -> 4:18
-# (docs/test-suite-time.md). SOCIAL_SPARK_CONF wins too.
+# (docs/testing.md). SOCIAL_SPARK_CONF wins too.
 # For the same reason their shuffles get one partition per core, not the stack's 4: a private
 # stack, alternating, two rounds each (2026-11-26): a compaction 20.1 -> 15.4 CPU-s, a verify of
 # 4,000 events 26.5 -> 22.8, an archive of 1,000 events 5.5 -> 4.5. And Delta rebuilds a table's

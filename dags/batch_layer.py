@@ -23,7 +23,7 @@ hybrid fan-out rule, inbox, unread counts, status, users, celebrities, the dispo
 record and the accounting) recomputed set-wise from the Delta archive (`events_bronze`,
 `quarantine`) up to the log position P it covers, into the namespace `<ns>-batch`, with P in
 every Delta commit's `userMetadata`. Its staleness is this schedule plus its run time (see the
-README, "Lambda vs Kappa").
+docs/experiments.md, "Lambda vs Kappa").
 
 Then the cross-check: the live keyed state in Redis against the batch layer at the live state's
 position; a disagreement fails the run (no retries: a verdict) and names view, key, both values.

@@ -46,7 +46,7 @@ def airflow_env(settings: Settings | None = None, base: dict | None = None) -> d
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{settings.airflow_port}/execution/",
             # 127.0.0.1 unless told otherwise (the compose container binds 0.0.0.0)
             "AIRFLOW__API__HOST": env.get("AIRFLOW__API__HOST", "127.0.0.1"),
-            # a local, single-person Airflow: no login (README: Airflow); DAGs still start paused
+            # a local, single-person Airflow: no login (docs/running.md: make airflow); DAGs still start paused
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
             "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(home / "logs"),
             "SOCIAL_VAR_DIR": str(settings.var_dir),

@@ -50,7 +50,7 @@ def require_java() -> str:
 # The JDK of the Spark JVMs. 25 is the first LTS with an ahead-of-time cache (JEP 483/514), which a
 # driver maps with every class its training run loaded, the JDK's and the application's alike. A
 # cold verify on 12,000 events, side by side, three runs each: 116.7-123.5 CPU-s on 17 with its
-# AppCDS archive, 98.4-103.7 on 25 with its cache (README: Spark driver start).
+# AppCDS archive, 98.4-103.7 on 25 with its cache (docs/performance.md: Spark driver start).
 SPARK_JDK = 25
 JVM_HOMES = Path("/usr/lib/jvm")
 

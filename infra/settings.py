@@ -31,7 +31,8 @@ def _setting(env: str, default, doc: str):
 # What the views mean by default (docs/views.md), shared by the settings, the speed layer's
 # ProcessorConfig and the batch layer's BatchConfig, so the three cannot drift apart.
 TIMELINE_LENGTH = 800
-FANOUT_THRESHOLD = 10  # 10 meets the 5,000 events/s targets on 2 cores (README: The fan-out threshold)
+# 10 meets the 5,000 events/s targets on 2 cores (docs/performance.md: The fan-out threshold)
+FANOUT_THRESHOLD = 10
 DEDUP_WINDOW_MS = 24 * 3600 * 1000
 DEDUP_GRACE_MS = 3600 * 1000
 
@@ -43,7 +44,7 @@ class Settings:
         "local",
         "`local`: one Kafka broker, Spark `local[*]`; `cluster`: three KRaft brokers (replication 3, "
         "`min.insync.replicas=2`) and a Spark standalone master with SOCIAL_SPARK_WORKERS workers "
-        "(README: The cluster profile)",
+        "(docs/cluster-and-faults.md)",
     )
     kafka_bootstrap: str = _setting(
         "SOCIAL_KAFKA_BOOTSTRAP",
@@ -190,13 +191,13 @@ class Settings:
         "",
         "extra Spark confs of every session, `key=value` separated by spaces, applied last; `make test` "
         "turns adaptive execution and code generation off for its integration run (the Makefile says "
-        "why; docs/test-suite-time.md)",
+        "why; docs/testing.md)",
     )
     spark_java_home: str = _setting(
         "SOCIAL_SPARK_JAVA_HOME",
         "",
         "the JDK of the Spark drivers and the standalone cluster; empty = a JDK 25 under "
-        "/usr/lib/jvm if one is installed (its ahead-of-time class cache: README, Spark driver start), "
+        "/usr/lib/jvm if one is installed (its ahead-of-time class cache: docs/performance.md, Spark driver start), "
         "else JAVA_HOME or the `java` on PATH (17 or 21; AppCDS archive)",
     )
     spark_class_archive: int = _setting(
@@ -215,7 +216,7 @@ class Settings:
         "SOCIAL_FANOUT_THRESHOLD",
         FANOUT_THRESHOLD,
         "authors with more followers are merged at read time (social_timeline), not fanned out on write; "
-        "10 meets the 5,000 events/s targets on 2 cores (README: The fan-out threshold)",
+        "10 meets the 5,000 events/s targets on 2 cores (docs/performance.md: The fan-out threshold)",
     )
     dedup_window_ms: int = _setting(
         "SOCIAL_DEDUP_WINDOW_MS", DEDUP_WINDOW_MS, "an event_id seen again within this window is a duplicate"
@@ -289,7 +290,7 @@ class Settings:
         "a replay (verify, rebuild, bench) reads the log in rounds of at most this many records, every "
         "partition advanced alike, as the live stream does: the partitions stay close in log position",
     )
-    # Compacted topics for bootstrapping (pipelines/speed/compacted.py, README "Compacted topics")
+    # Compacted topics for bootstrapping (pipelines/speed/compacted.py, docs/compacted-topics.md)
     compacted_topics: int = _setting(
         "SOCIAL_COMPACTED_TOPICS",
         1,

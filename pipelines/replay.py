@@ -73,7 +73,7 @@ def replay_keyed(
     the rounds (:func:`rounds`) advance every partition alike, so the replay applies the log in
     an order close to the live stream's. The state does not depend on that order (docs/views.md),
     but the work does: a whole partition applied before the next one's follows arrive makes each
-    of those follows backfill the followee's every post (README: The keyed speed layer's figures).
+    of those follows backfill the followee's every post (docs/performance.md: The keyed speed layer).
     Returns the summed counts and the number of rounds.
     """
     from infra.stack import watermarks

@@ -1,6 +1,6 @@
 """The verify report as one readable HTML page (``var/reports/verify/latest.html``).
 
-``verify`` writes its result as JSON (the report contract in the README) and calls
+``verify`` writes its result as JSON (the report contract: docs/reports.md) and calls
 :func:`write_html` with the same dict. The page leads with the verdict and every comparison with
 its outcome, the failed ones first with their examples (:func:`checks`); then the log position
 P, one row per view (rows live, rows recomputed, mismatches, examples), the serving-store check,

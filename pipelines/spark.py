@@ -20,7 +20,7 @@ from infra.settings import REPO_ROOT, Settings, get_settings
 # The class archive: the classes a Spark driver with Delta loads at start (~25,000), parsed and
 # verified once into a file that every later driver maps read-only instead of loading each class
 # from its jar again. On JDK 25 an ahead-of-time cache (JEP 483), on older JDKs an AppCDS archive.
-# See :func:`class_archive` and the README.
+# See :func:`class_archive` and docs/performance.md (Spark driver start).
 CLASS_ARCHIVE_DIR = REPO_ROOT / ".cache" / "cds"
 
 
@@ -132,7 +132,7 @@ def build_spark(
     )
     if not testing:
         # Event logs of every job (the speed layer, verify, replays, ...) for the Spark History
-        # Server after the application ended: `make history` (README: Reading the reports).
+        # Server after the application ended: `make history` (docs/reports.md).
         events = Path(settings.var_dir) / "spark-events"
         events.mkdir(parents=True, exist_ok=True)
         builder = (
@@ -152,7 +152,7 @@ def build_spark(
             .config("spark.databricks.delta.snapshotPartitions", "2")
         )
     if settings.spark_master.startswith("spark://"):
-        # A standalone cluster (the cluster profile, README: The cluster profile): executors in
+        # A standalone cluster (the cluster profile, docs/cluster-and-faults.md): executors in
         # the workers' JVMs reach the driver on 127.0.0.1, and each application takes at most
         # spark_app_cores slots, or the first one started would hold every core of the cluster.
         builder = (

@@ -20,7 +20,7 @@ and 3 Kafka brokers, and on ``local`` Spark and 1 and 2 standalone workers); ``s
 (``stories/bench_sealing.py``: the generator's and the API's write throughput with personal data
 sealed and in plaintext); ``catchup`` (``stories/bench_catchup.py``: the default 200k log caught up
 by the running speed layer fully fanned out and at the default threshold: events/s, Redis µs and
-commands per event). The README says how to read each figure.
+commands per event). docs/reports.md says how to read each figure.
 """
 
 from __future__ import annotations

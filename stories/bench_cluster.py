@@ -28,7 +28,7 @@ the Spark cluster are started for the section (``infra.stack``, the cluster prof
 free ports and a scratch ``var/``) and stopped after it; Redis is the bench's.
 
 On a 2-core machine the absolute figures are small and the workers share the cores with the
-driver, Kafka and Redis: the curve and the ratios are what count (README, "The cluster profile").
+driver, Kafka and Redis: the curve and the ratios are what count (docs/cluster-and-faults.md).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ the whole topic back and compares it with the producer's delivery reports, event
 With ``acks=all``, ``enable.idempotence`` and ``min.insync.replicas=2`` on 3 replicas both must
 be 0 whatever single broker dies; with ``acks=1`` a leader acknowledges before its followers
 copied the write, so a leader killed at the wrong moment takes acknowledged writes with it.
-The report of each run is a JSON file under ``var/reports/faults/`` (README: Fault runs).
+The report of each run is a JSON file under ``var/reports/faults/`` (docs/cluster-and-faults.md: Fault runs).
 """
 
 from __future__ import annotations

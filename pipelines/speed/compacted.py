@@ -79,7 +79,7 @@ def topic_names(events_topic: str, namespace: str) -> Topics:
 
 
 def topic_configs(settings: Settings) -> dict[str, str]:
-    """The compacted topics' configs (each a setting, see the README's settings table)."""
+    """The compacted topics' configs (each a setting, see docs/configuration.md)."""
     return {
         "cleanup.policy": "compact",
         "delete.retention.ms": str(settings.compacted_delete_retention_ms),

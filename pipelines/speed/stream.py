@@ -11,7 +11,7 @@ the fences (per-partition next offsets) Redis holds, with a fresh checkpoint eac
 lost its last writes (a restart from its append-only file), its fences rolled back with its
 state and the log is re-applied from there; if nothing was lost, the fences skip nothing twice.
 
-Latency knobs, in one place (each a setting, see infra/settings.py and the README):
+Latency knobs, in one place (each a setting, see infra/settings.py and docs/configuration.md):
 - ``kafka.fetch.max.wait.ms`` (``SOCIAL_KAFKA_FETCH_MAX_WAIT_MS``, 10 ms): the Kafka consumer's
   wait for data inside every micro-batch; Kafka's default (500 ms) is a floor under every batch;
 - the trigger (``SOCIAL_TRIGGER_INTERVAL``, ``0 seconds``): the next micro-batch starts as soon

@@ -3,7 +3,7 @@
 A generator writes for a bounded time while a broker dies; afterwards every event id the producer
 saw acknowledged must be in the log exactly once (acks=all, idempotence, replication 3,
 min.insync.replicas=2), and with acks=1 the run counts what a killed leader took with it.
-Each run writes var/reports/faults/<name>.json (README: Fault runs).
+Each run writes var/reports/faults/<name>.json (docs/cluster-and-faults.md: Fault runs).
 
 `make test` runs each for SOCIAL_FAULT_RUN_S=10 seconds; `make test-faults` for 60.
 """
