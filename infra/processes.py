@@ -3,7 +3,7 @@
 A service's pid file (``run/<service>.pid``) holds its pid, the ports it was started for and the
 process's start time. A process is taken for ours only when it is alive, its command line holds
 the service's marker and it began when the pid file says: a pid reused by another process (even
-one of the same kind, such as another stack's broker) is never signalled. Process facts come from
+one of the same kind, such as another stack's broker) is not taken for ours, so never signalled. Process facts come from
 psutil (https://psutil.readthedocs.io), not from parsing ``/proc`` or ``ss``.
 """
 
