@@ -364,18 +364,20 @@ class _Run:
     def registrations(self) -> Iterator[tuple[bytes, dict, None]]:
         """``users`` ``user_registered`` events (drawn, clock included, even when not emitted)."""
         emit, keys, offs = self.cfg.emit_bootstrap, self.keys, self.offsets
+        clock, after_write, counts = self.clock, self.after_write, self.counts
         u = 0
         for ch in self.chunks(self.users):
-            for i in range(len(ch["eid"])):
+            c_eid, c_dt, c_net, c_prep, c_u1 = ch["eid"], ch["dt"], ch["net"], ch["prep"], ch["u1"]
+            for i in range(len(c_eid)):
                 u += 1
-                now = self.clock(ch["dt"][i])
-                sent = now + offs[u] - ch["net"][i]
+                now = clock(c_dt[i])
+                sent = now + offs[u] - c_net[i]
                 ev = {
-                    "event_id": ch["eid"][i],
+                    "event_id": c_eid[i],
                     "type": "user_registered",
                     "schema_version": 1,
                     "user_id": u,
-                    "device_time": sent - ch["prep"][i],
+                    "device_time": sent - c_prep[i],
                     "sent_time": sent,
                     "received_time": now,
                     "handle": f"u{u}",
@@ -383,67 +385,85 @@ class _Run:
                 }
                 if emit:
                     yield keys[u], ev, None
-                    self.counts.records += 1
-                    self.after_write(keys[u], ev, now, 0, ch["u1"][i])
+                    counts.records += 1
+                    after_write(keys[u], ev, now, 0, c_u1[i])
 
     def follow_graph(self) -> Iterator[tuple[bytes, dict, None]]:
         """A ``followed`` event per edge of the graph, in random order (drawn even when not emitted)."""
         emit, keys, offs, edges = self.cfg.emit_bootstrap, self.keys, self.offsets, self.edge_list
+        clock, after_write, counts = self.clock, self.after_write, self.counts
         pos = 0
         for ch in self.chunks(len(edges)):
-            for i in range(len(ch["eid"])):
+            c_eid, c_dt, c_net, c_prep, c_u1 = ch["eid"], ch["dt"], ch["net"], ch["prep"], ch["u1"]
+            for i in range(len(c_eid)):
                 a, b = edges[pos]
                 pos += 1
-                now = self.clock(ch["dt"][i])
-                sent = now + offs[a] - ch["net"][i]
+                now = clock(c_dt[i])
+                sent = now + offs[a] - c_net[i]
                 ev = {
-                    "event_id": ch["eid"][i],
+                    "event_id": c_eid[i],
                     "type": "followed",
                     "schema_version": 1,
                     "user_id": a,
-                    "device_time": sent - ch["prep"][i],
+                    "device_time": sent - c_prep[i],
                     "sent_time": sent,
                     "received_time": now,
                     "followee_id": b,
                 }
                 if emit:
                     yield keys[a], ev, None
-                    self.counts.records += 1
-                    self.after_write(keys[a], ev, now, 0, ch["u1"][i])
+                    counts.records += 1
+                    after_write(keys[a], ev, now, 0, c_u1[i])
 
     # -- 2. activity: the steady mix, with the injected records ---------------------------------------
     def activity(self) -> Iterator[tuple[bytes, dict | bytes, str | None]]:
-        """Each slot: devices coming back online first, then an injected record or an action."""
+        """Each slot: devices coming back online first, then an injected record or an action.
+
+        The hot path: the chunk's columns and the methods are bound to locals once per chunk.
+        """
         slot = 0
-        keys = self.keys
+        keys, offs, offline_prone = self.keys, self.offsets, self.offline_prone
+        inject, flush_heap = self.inject, self.flush_heap
+        clock, action, rejected, settle = self.clock, self._action, self.rejected, self.settle
         for ch in self.chunks(self.activity_slots):
-            for i in range(len(ch["eid"])):
-                now = self.clock(ch["dt"][i])
-                if self.flush_heap and self.flush_heap[0][0] <= now:
-                    yield from self._flush(now, now, ch["net"][i], ch["read_delay"][i], ch["u1"][i])
-                kind = self.inject.get(slot)
+            c_eid, c_dt, c_net, c_prep = ch["eid"], ch["dt"], ch["net"], ch["prep"]
+            c_type, c_actor, c_u1, c_read = ch["type"], ch["actor"], ch["u1"], ch["read_delay"]
+            for i in range(len(c_eid)):
+                now = clock(c_dt[i])
+                net = c_net[i]
+                u1 = c_u1[i]
+                if flush_heap and flush_heap[0][0] <= now:
+                    yield from self._flush(now, now, net, c_read[i], u1)
+                kind = inject.get(slot)
                 slot += 1
                 if kind is not None:
                     yield from self._injected(kind, ch, i, now)
                     continue
-                t, u, ev = self._action(ch, i, now)
-                if self._stamp(ev, u, ch, i, now):
-                    k = keys[ev["recipient_id"]] if t == _T_MSG else keys[u]
-                    inj = self.rejected(ev)
-                    yield k, ev, inj
-                    self.settle(k, ev, inj, now, ch["read_delay"][i], ch["u1"][i])
+                t, u, ev = action(c_type[i], c_actor[i], u1, now, ch, i)
+                ev["event_id"] = c_eid[i]
+                ev["schema_version"] = 1
+                sent = now + offs[u] - net
+                ev["device_time"] = sent - c_prep[i]
+                if offline_prone[u] and self._buffered(ev, u, now, u1, ch["offline_ms"][i]):
+                    continue  # its device is offline: sent when it comes back
+                ev["sent_time"] = sent
+                ev["received_time"] = now
+                k = keys[ev["recipient_id"]] if t == _T_MSG else keys[u]
+                inj = rejected(ev)
+                yield k, ev, inj
+                settle(k, ev, inj, now, c_read[i], u1)
 
-    def _action(self, ch: dict[str, list], i: int, now: int) -> tuple[int, int, dict]:
+    def _action(
+        self, t: int, u: int, u1: float, now: int, ch: dict[str, list], i: int
+    ) -> tuple[int, int, dict]:
         """The slot's action: (type code, actor, event without its id and times).
 
-        An erasure draw comes first (item 5); then the mix's type, kept valid by the state: a read
-        with nothing due, a delete with no live post, or a follow of two users already followed
+        ``t`` and ``u`` are the slot's draws from the mix and of an actor, ``ch``/``i`` its other
+        draws. An erasure draw comes first (item 5); then the mix's type, kept valid by the state: a
+        read with nothing due, a delete with no live post, or a follow of two users already followed
         becomes a post, an unfollow with no edge left a follow.
         """
         cfg = self.cfg
-        t = ch["type"][i]
-        u = ch["actor"][i]
-        u1 = ch["u1"][i]
         ev = None
         if self.erng is not None and self.erng.random() < cfg.erasure_share:
             t = _T_ERASE
@@ -511,26 +531,20 @@ class _Run:
             ev = {"type": "post_created", "user_id": u, "post_id": pid, "text": self.texts[ch["text"][i]]}
         return t, u, ev
 
-    def _stamp(self, ev: dict, u: int, ch: dict[str, list], i: int, now: int) -> bool:
-        """The event's id and device times; False when its device is offline: buffered, not sent (item 3)."""
-        ev["event_id"] = ch["eid"][i]
-        ev["schema_version"] = 1
-        sent = now + self.offsets[u] - ch["net"][i]
-        ev["device_time"] = sent - ch["prep"][i]
-        if self.offline_prone[u]:
-            back = self.offline_until.get(u)
-            if back is None and ch["u1"][i] < self.cfg.offline_start_prob:
-                back = now + ch["offline_ms"][i]
-                self.offline_until[u] = back
-                heapq.heappush(self.flush_heap, (back, u))
-            if back is not None:
-                ev["sent_time"] = None  # stamped at the flush
-                ev["received_time"] = None
-                self.buffers.setdefault(u, []).append(ev)
-                self.counts.offline_buffered += 1
-                return False
-        ev["sent_time"] = sent
-        ev["received_time"] = now
+    def _buffered(self, ev: dict, u: int, now: int, u1: float, offline_ms: int) -> bool:
+        """Whether an offline-prone device is offline (it may go offline now): then ``ev`` waits in
+        its buffer, sent and received when the device comes back (item 3)."""
+        back = self.offline_until.get(u)
+        if back is None and u1 < self.cfg.offline_start_prob:
+            back = now + offline_ms
+            self.offline_until[u] = back
+            heapq.heappush(self.flush_heap, (back, u))
+        if back is None:
+            return False
+        ev["sent_time"] = None  # stamped at the flush
+        ev["received_time"] = None
+        self.buffers.setdefault(u, []).append(ev)
+        self.counts.offline_buffered += 1
         return True
 
     def _flush(self, up_to: float, now: int, net: int, read_delay: int, u1: float):
