@@ -377,12 +377,12 @@ def run(
 def main(argv: list[str] | None = None) -> int:
     from pipelines.spark import run_behind_serving_path
 
-    run_behind_serving_path()  # before the JVM starts: it inherits the priority
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--namespace", help="views version to archive (default: the active one)")
     p.add_argument("--topic", help="event topic (default: SOCIAL_EVENTS_TOPIC)")
     p.add_argument("--once", action="store_true", help="archive what Redis holds now, compact, and stop")
     args = p.parse_args(argv)
+    run_behind_serving_path()  # after the arguments (--help changes nothing), before the JVM: it inherits it
     logs.configure("archiver")
     run(get_settings(), namespace=args.namespace, topic=args.topic, once=args.once)
     return 0

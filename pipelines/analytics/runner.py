@@ -379,7 +379,6 @@ def run(
 def main(argv: list[str] | None = None) -> int:
     from pipelines.spark import run_behind_serving_path
 
-    run_behind_serving_path()  # before the JVM starts: it inherits the priority
     p = argparse.ArgumentParser(prog="python -m pipelines.analytics", description=__doc__.splitlines()[0])
     p.add_argument("--namespace", help="lake namespace to write under (default: the active one)")
     p.add_argument("--topic", help="event topic (default: SOCIAL_EVENTS_TOPIC)")
@@ -387,6 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--available-now", action="store_true", help="process what is in the log, then stop")
     p.add_argument("--max-offsets", type=int, help="records per micro-batch (default: the speed layer's)")
     args = p.parse_args(argv)
+    run_behind_serving_path()  # after the arguments (--help changes nothing), before the JVM: it inherits it
     logs.configure("analytics")
     run(
         get_settings(),
