@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -131,15 +130,32 @@ __all__ = [
 ]
 
 
+def _ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range of local ports for outgoing connections (and for a bind to port 0)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
 def free_port_block(width: int) -> int:
-    """A port p with p..p+width-1 all free (a cluster's nodes side by side, beside a running stack)."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + width < 65000 and all(port_free(base + i) for i in range(width)):
+    """A port p with p..p+width-1 all free (a cluster's nodes side by side, beside a running stack).
+
+    Drawn below the kernel's ephemeral range: a port from that range (a bind to port 0) can be
+    taken as the local port of any outgoing connection between this check and the service's bind,
+    or while a killed node is down before its restart (2026-11-28: a cluster node's controller port
+    53794 was "already in use" when it started, beside a busy test run)."""
+    import random
+
+    low = 20000
+    high = min(_ephemeral_ports()[0], 65000) - width
+    rng = random.Random()
+    for _ in range(500):
+        base = rng.randrange(low, high)
+        if all(port_free(base + i) for i in range(width)):
             return base
-    raise StackError(f"no block of {width} free ports")
+    raise StackError(f"no block of {width} free ports in {low}-{high + width}")
 
 
 def standalone_spark_settings(base: Settings, var_dir: Path, workers: int, worker_cores: int = 1) -> Settings:

@@ -13,7 +13,6 @@ import logging
 import os
 import re
 import signal
-import socket
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -60,17 +59,15 @@ def worker_index() -> int:
 
 
 def _free_port(preferred: int, avoid: set[int]) -> int:
-    """The preferred port (moved up by this worker's stride) if nobody uses it, else one the
-    kernel picks."""
-    from infra.stack import port_free
+    """The preferred port (moved up by this worker's stride) if nobody uses it, else a free one
+    below the kernel's ephemeral range (infra.stack.free_port_block says why)."""
+    from infra.stack import free_port_block, port_free
 
     preferred += WORKER_PORT_STRIDE * worker_index()
     if preferred not in avoid and port_free(preferred):
         return preferred
     while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port_block(1)
         if port not in avoid:
             return port
 
