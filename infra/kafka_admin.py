@@ -104,15 +104,22 @@ def create_topic(
 
 
 def kafka_retriable(exc: BaseException) -> bool:
-    """A broker error worth asking again. librdkafka marks most; not OFFSET_NOT_AVAILABLE, which
-    a new leader answers until its high watermark caught up after an election (retriable in
-    Kafka's protocol; a fault test met it right after killing a leader)."""
+    """A broker error worth asking again. librdkafka marks most, but not those a leader change
+    answers, which Kafka's protocol calls retriable: OFFSET_NOT_AVAILABLE (a new leader until its
+    high watermark caught up after an election; a fault test met it right after killing a leader),
+    NOT_LEADER_FOR_PARTITION and LEADER_NOT_AVAILABLE (a just-restarted broker taking its
+    partitions back: a writer's registry lookup met it as an error of get_watermark_offsets, which
+    librdkafka does not mark retriable)."""
     from confluent_kafka import KafkaError, KafkaException
 
     if not isinstance(exc, KafkaException):
         return False
     err = exc.args[0]
-    return err.retriable() or err.code() == KafkaError.OFFSET_NOT_AVAILABLE
+    return err.retriable() or err.code() in (
+        KafkaError.OFFSET_NOT_AVAILABLE,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+    )
 
 
 def end_offsets(settings: Settings, topic: str, timeout_s: float = 10.0) -> dict[int, int]:

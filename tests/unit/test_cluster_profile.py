@@ -74,5 +74,10 @@ def test_a_new_leaders_unready_high_watermark_is_asked_again():
     assert not KafkaError(KafkaError.OFFSET_NOT_AVAILABLE).retriable()  # why the rule exists
     assert kafka_retriable(KafkaException(KafkaError(KafkaError.OFFSET_NOT_AVAILABLE)))
     assert kafka_retriable(KafkaException(KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION, retriable=True)))
+    # a just-restarted broker taking its partitions back, as get_watermark_offsets reports it
+    # (not marked retriable): a writer's registry lookup failed on it right after a broker restart
+    for code in (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE):
+        assert not KafkaError(code).retriable()
+        assert kafka_retriable(KafkaException(KafkaError(code)))
     assert not kafka_retriable(KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED)))
     assert not kafka_retriable(ValueError("not a broker error"))
