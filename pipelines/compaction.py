@@ -57,19 +57,27 @@ class Changes:
         tl = changelog.where(F.col("timeline").isNotNull()).select(
             "seq", F.posexplode(F.split("timeline", ",")).alias("idx", "e")
         )
-        # '+user:member:event_time' or '-user:member', the member being the post id then the
-        # author id, 19 digits each (pipelines/speed/changelog.py)
+        # items grouped by post: '+member:event_time:user user ...' or '-member:user user ...', the
+        # member being the post id then the author id, 19 digits each (pipelines/speed/changelog.py);
+        # a (user, member) pair occurs once per entry, so (seq, idx) still orders its changes
         parts = F.split(F.substring("e", 2, 1 << 20), ":")
-        member = F.get(parts, 1)
-        self.tl = tl.select(
-            "seq",
-            "idx",
-            F.substring("e", 1, 1).alias("sign"),
-            F.get(parts, 0).cast("bigint").alias("user_id"),
-            F.substring(member, 1, 19).cast("bigint").alias("post_id"),
-            F.substring(member, 20, 19).cast("bigint").alias("author_id"),
-            F.get(parts, 2).cast("bigint").alias("event_time"),
-        ).localCheckpoint()
+        member = F.get(parts, 0)
+        plus = F.substring("e", 1, 1) == "+"
+        users = F.when(plus, F.get(parts, 2)).otherwise(F.get(parts, 1))
+        self.tl = (
+            tl.select(
+                "seq",
+                "idx",
+                F.substring("e", 1, 1).alias("sign"),
+                F.substring(member, 1, 19).cast("bigint").alias("post_id"),
+                F.substring(member, 20, 19).cast("bigint").alias("author_id"),
+                F.when(plus, F.get(parts, 1)).cast("bigint").alias("event_time"),
+                F.explode(F.split(users, " ")).alias("user"),
+            )
+            .withColumn("user_id", F.col("user").cast("bigint"))
+            .drop("user")
+            .localCheckpoint()
+        )
 
     def _of(self, *kinds: str) -> DataFrame:
         return self.ch.where(F.col("kind").isin(*kinds))

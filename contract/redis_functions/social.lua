@@ -54,7 +54,7 @@ whose state was written by an older layout (a fence and no or another layout) is
 line naming the rebuild command, never read with the wrong key format.
 ]]
 
-local VERSION = '15'
+local VERSION = '16'
 local LAYOUT = '2' -- the key format of the state (1: posts keyed by post_id alone)
 local EVENT_ARGS = 10
 
@@ -88,16 +88,39 @@ function Ctx:change(...)
   self.changes[#self.changes + 1] = row
 end
 
--- A timeline change for the changelog: '+user:member:event_time' or '-user:member' (the member as
--- the timeline holds it: post and author, 19 digits each). `score_s` is the event time already
--- formatted: once per post, not once per follower (the fan-out's hot path).
+-- A timeline change for the changelog, grouped by post: an entry's timeline changes are items
+-- '+<member>:<event_time>:<user> <user>...' and '-<member>:<user> <user>...' (the member as the
+-- timeline holds it: post and author, 19 digits each), in the order each item first occurs. The
+-- fan-out's hot path appends a user id to its post's list: no string is built per follower.
+-- (Within one entry a (user, member) pair changes at most once, so grouping keeps the compaction's
+-- rule, the last change per key in (s, position) order, exact.)
 function Ctx:tl_change(sign, u, m, score_s)
   local t = self.tl
-  if sign == '+' then
-    t[#t + 1] = '+' .. u .. ':' .. m .. ':' .. score_s
-  else
-    t[#t + 1] = '-' .. u .. ':' .. m
+  local g = t[sign]
+  local users = g[m]
+  if users == nil then
+    users = {}
+    g[m] = users
+    t.order[#t.order + 1] = {sign, m, score_s}
   end
+  users[#users + 1] = u
+end
+
+local function new_tl() return {['+'] = {}, ['-'] = {}, order = {}} end
+
+-- The entry's timeline changes as the changelog's `t` field (nil when there are none).
+local function tl_field(t)
+  if #t.order == 0 then return nil end
+  local items = {}
+  for i, o in ipairs(t.order) do
+    local sign, m = o[1], o[2]
+    if sign == '+' then
+      items[i] = '+' .. m .. ':' .. o[3] .. ':' .. table.concat(t['+'][m], ' ')
+    else
+      items[i] = '-' .. m .. ':' .. table.concat(t['-'][m], ' ')
+    end
+  end
+  return table.concat(items, ',')
 end
 
 -- The JSON values of the state, written the same way by the events and by a restore.
@@ -126,68 +149,59 @@ function Ctx:is_erased(u)
 end
 
 -- Timelines keep the latest K posts, N <= K <= N + S (S = slack) whenever that many are eligible
--- (all of them otherwise): removals eat into the slack, and only a timeline that falls below N
--- is refilled, back to N + S, so a refill's cost is shared by S removals. The view is the first
--- N (reads never ask for more); the slack is exact too, so any prefix is the definition.
+-- (all of them otherwise). Both ends are amortised around M = N + S/2: removals eat into the slack,
+-- and only a timeline that falls below N is refilled, back to M; inserts grow it, and only one
+-- that passes N + S is trimmed, back to M, so a refill's or a trim's cost is shared by ~S/2
+-- changes. The view is the first N (reads never ask for more); the slack is exact too, so any
+-- prefix is the definition.
 
--- One post into tl:u, the fan-out's hot path: 2-3 calls (ZADD, ZCARD, then ZPOPMIN or ZRANK).
-function Ctx:tl_add_one(u, p)
-  local key = self:k('tl', u)
-  if redis.call('ZADD', key, p[2], p[1]) == 0 then return end -- there already
-  local n = redis.call('ZCARD', key)
-  if n > self.N + self.S then
-    -- it held N + S: the minimum goes, which is this post if it ranks below all kept ones
-    local out = redis.call('ZPOPMIN', key)
-    if out[1] == p[1] then return end
-    self:tl_change('-', u, out[1])
-  elseif n - 1 >= self.N and redis.call('ZRANK', key, p[1]) == 0 then
-    -- it held N or more and this post ranks below all of them: not part of the kept prefix
-    redis.call('ZREM', key, p[1])
-    return
-  end
-  self:tl_change('+', u, p[1], p[4])
-end
-
--- Add posts (list of {member, score, author, score formatted}) to tl:u (a backfill: many at once);
--- logs the net change.
-function Ctx:tl_add(u, posts)
-  if #posts == 1 then return self:tl_add_one(u, posts[1]) end
+-- Add posts (list of {member, score, author, score formatted}) to tl:u; logs the net change.
+-- `fresh`: posts created in this call, queued by the fan-out, which no path can have put into
+-- tl:u yet (every path that adds older posts flushes u's queue first): no ZMSCORE, and a ZADD that
+-- finds one of them there is an error, not a silent double count.
+-- A timeline holding N or more has dropped older posts: a post below its minimum may have
+-- eligible posts between it and the minimum, so it is not part of the kept prefix.
+function Ctx:tl_add(u, posts, fresh)
   local key = self:k('tl', u)
   local n = redis.call('ZCARD', key)
   local min_s, min_m
   if n >= self.N then
-    -- holding N or more: the posts below the kept minimum may have eligible posts between them
-    -- and it, so they are not part of the kept prefix
     local lo = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
     min_m, min_s = lo[1], tonumber(lo[2])
   end
-  local added, count = {}, 0
-  local keep, args = {}, {}
+  local keep = {}
   for _, p in ipairs(posts) do
     if min_s == nil or cmp_gt(p[2], p[1], min_s, min_m) then keep[#keep + 1] = p end
   end
   if #keep == 0 then return end
-  for _, p in ipairs(keep) do args[#args + 1] = p[1] end
-  local have = redis.call('ZMSCORE', key, unpack(args))
-  args = {}
+  local have
+  if not fresh then
+    local args = {}
+    for i, p in ipairs(keep) do args[i] = p[1] end
+    have = redis.call('ZMSCORE', key, unpack(args))
+  end
+  local added, count, args = {}, 0, {}
   for i, p in ipairs(keep) do
-    if have[i] == false and added[p[1]] == nil then
+    if (have == nil or have[i] == false) and added[p[1]] == nil then
       added[p[1]] = p
       count = count + 1
-      args[#args + 1] = p[2]
+      args[#args + 1] = p[4] -- the score as the string it is (a number would be printed through %.17g)
       args[#args + 1] = p[1]
     end
   end
   if count == 0 then return end
-  redis.call('ZADD', key, unpack(args))
-  local extra = n + count - self.N - self.S
+  if redis.call('ZADD', key, unpack(args)) ~= count then
+    error('fan-out into ' .. key .. ': a new post was in the timeline already')
+  end
+  n = n + count
   local popped = {}
-  if extra > 0 then
-    local out = redis.call('ZPOPMIN', key, extra)
+  if n > self.N + self.S then
+    local out = redis.call('ZPOPMIN', key, n - self.M)
     for i = 1, #out, 2 do popped[out[i]] = true end
   end
-  for m, p in pairs(added) do
-    if not popped[m] then self:tl_change('+', u, m, p[4]) end
+  for _, p in ipairs(keep) do
+    local m = p[1]
+    if added[m] == p and not popped[m] then self:tl_change('+', u, m, p[4]) end
   end
   for m, _ in pairs(popped) do
     if not added[m] then self:tl_change('-', u, m) end
@@ -216,7 +230,21 @@ function Ctx:flush()
   if #self.pending_order == 0 then return end
   local pending, order = self.pending, self.pending_order
   self.pending, self.pending_order = {}, {}
-  for _, u in ipairs(order) do self:tl_add(u, pending[u]) end
+  for _, u in ipairs(order) do
+    local q = pending[u]
+    if q ~= nil then -- (nil: flushed alone before; u is queued again under a new order entry)
+      pending[u] = nil
+      self:tl_add(u, q, true)
+    end
+  end
+end
+
+-- Apply u's queued posts alone (before an event that reads or changes tl:u otherwise).
+function Ctx:flush_user(u)
+  local q = self.pending[u]
+  if q == nil then return end
+  self.pending[u] = nil
+  self:tl_add(u, q, true)
 end
 
 -- The sources of u's fanned-out timeline: u itself and the non-celebrity authors u follows.
@@ -261,14 +289,14 @@ function Ctx:refill(u, want)
   -- below the minimum by construction: added as they are (tl_add would drop them)
   local args = {}
   for _, p in ipairs(top) do
-    args[#args + 1] = p[2]
+    args[#args + 1] = p[4]
     args[#args + 1] = p[1]
     self:tl_change('+', u, p[1], p[4])
   end
   redis.call('ZADD', key, unpack(args))
 end
 
--- Remove members from tl:u; a timeline that falls below N is refilled to N + S.
+-- Remove members from tl:u; a timeline that falls below N is refilled to M.
 function Ctx:tl_remove(u, members)
   if #members == 0 then return end
   local key = self:k('tl', u)
@@ -282,7 +310,7 @@ function Ctx:tl_remove(u, members)
   end
   -- below N only if it held N or more before: then older eligible posts may exist
   if removed > 0 and before >= self.N and before - removed < self.N then
-    self:refill(u, self.N + self.S - (before - removed))
+    self:refill(u, self.M - (before - removed))
   end
 end
 
@@ -525,17 +553,36 @@ end
 
 local DISPOSITION = {a = 'applied', d = 'duplicates', r = 'rejected', q = 'quarantined'}
 
--- Events that read or change timelines other than by adding a new post: the queued fan-out is
--- applied before them (into the previous event's changelog entry: c.tl is still its list).
-local FLUSH_BEFORE = {followed = true, unfollowed = true, post_deleted = true, user_erased = true}
+-- Events that read or change timelines other than by adding a new post: the queued fan-out of the
+-- timelines they touch is applied before them (into the previous event's changelog entry: c.tl is
+-- still its list), so the queues of all other timelines keep growing over the whole call.
+local FLUSH_BEFORE = {
+  followed = function(c, e)
+    c:flush_user(e.user)
+    -- the author may cross the threshold (a new follower at exactly T): every follower's timeline
+    if redis.call('SCARD', c:k('followers', e.id1)) == c.T then c:flush() end
+  end,
+  unfollowed = function(c, e)
+    c:flush_user(e.user)
+    -- the author may fall back under it: then it is fanned out again to every follower
+    if redis.call('SCARD', c:k('followers', e.id1)) == c.T + 1 then c:flush() end
+  end,
+  post_deleted = function(c, e) -- the post leaves its author's and the followers' timelines
+    c:flush_user(e.user)
+    if c:is_celeb(e.user) then return end
+    for _, f in ipairs(redis.call('SMEMBERS', c:k('followers', e.user))) do c:flush_user(f) end
+  end,
+  user_erased = function(c) c:flush() end,
+}
 
 -- One event (EVENT_ARGS arguments from args[i]) at `offset`: its effects, then its changelog entry
 -- (buffered: written by write_entries at the end of the call, after the last flush).
 local function apply_one(c, counts, args, i, offset)
   local e = {type = args[i + 1], eid = args[i + 2], user = args[i + 3], rt = tonumber(args[i + 4]),
     et = tonumber(args[i + 5]), id1 = args[i + 6], id2 = args[i + 7], s1 = args[i + 8], s2 = args[i + 9]}
-  if FLUSH_BEFORE[e.type] then c:flush() end
-  c.changes, c.tl = {}, {}
+  local before = FLUSH_BEFORE[e.type]
+  if before then before(c, e) end
+  c.changes, c.tl = {}, new_tl()
   local disp, reason
   if e.type == '!' then
     disp, reason = 'q', e.s1
@@ -567,8 +614,8 @@ end
 -- The call's changelog entries, in offset order, each with its timeline changes.
 local function write_entries(c)
   for _, rec in ipairs(c.entries) do
-    local entry, tl = rec[2], rec[3]
-    if #tl > 0 then entry[#entry + 1] = 't'; entry[#entry + 1] = table.concat(tl, ',') end
+    local entry, tl = rec[2], tl_field(rec[3])
+    if tl then entry[#entry + 1] = 't'; entry[#entry + 1] = tl end
     redis.call('XADD', c.changelog, rec[1], unpack(entry))
   end
   c.entries = {}
@@ -578,6 +625,7 @@ local function social_apply(keys, args)
   local ns, p = args[1], args[2]
   local c = setmetatable({ns = ns, window = tonumber(args[3]), grace = tonumber(args[4]),
     N = tonumber(args[5]), T = tonumber(args[6]), S = tonumber(args[7])}, Ctx)
+  c.M = c.N + math.floor(c.S / 2)
   c.seenq, c.changelog = c:k('seenq', p), c:k('changelog', p)
   local layout = redis.call('GET', c:k('layout'))
   if layout ~= LAYOUT then
@@ -589,7 +637,7 @@ local function social_apply(keys, args)
     redis.call('SET', c:k('layout'), LAYOUT)
   end
   c.any_erased = redis.call('EXISTS', c:k('erased')) == 1
-  c.pending, c.pending_order, c.entries, c.tl = {}, {}, {}, {}
+  c.pending, c.pending_order, c.entries, c.tl = {}, {}, {}, new_tl()
   -- the per-partition bookkeeping is read once here and written once below, whatever happens
   -- in between: a function's writes are not rolled back by an error, so the fence must always
   -- cover exactly the events whose effects were written

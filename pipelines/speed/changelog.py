@@ -20,9 +20,11 @@ and then trims the streams up to what Delta holds. Fields of an entry:
        removals by an erasure (docs/views.md, "Erasure"): ``U-`` user | ``S-`` user |
        ``P-`` author, post | ``I-`` recipient, message | ``N-`` user (the row is deleted; a
        message the erased user sent is an ``I`` with sender ``0`` and text null)
-``t``  timeline changes, comma-separated: ``+user:member:event_time`` or ``-user:member``, the
+``t``  timeline changes, comma-separated items grouped by post: ``+member:event_time:user user ...``
+       (the post entered these users' timelines) or ``-member:user user ...`` (it left them), the
        member as ``tl:<user>`` holds it: the post id then the author id, zero-padded to 19 digits
-       each (a timeline entry is the post (author, post): docs/views.md, "Identity")
+       each (a timeline entry is the post (author, post): docs/views.md, "Identity"); a
+       (user, member) pair changes at most once per entry
 =====  ==========================================================================================
 
 The value of any key after the events of a consistent cut (:func:`cut`) is its last change in
