@@ -301,12 +301,19 @@ function Ctx:tl_remove(u, members)
   if #members == 0 then return end
   local key = self:k('tl', u)
   local before = redis.call('ZCARD', key)
+  if before == 0 then return end
   local removed = 0
-  for _, m in ipairs(members) do
-    if redis.call('ZREM', key, m) == 1 then
-      removed = removed + 1
-      self:tl_change('-', u, m)
+  if #members == 1 then
+    removed = redis.call('ZREM', key, members[1])
+    if removed == 1 then self:tl_change('-', u, members[1]) end
+  else -- (an unfollow's up to N + S posts: which are there, then one ZREM, not one per post)
+    local have, gone = redis.call('ZMSCORE', key, unpack(members)), {}
+    for i, m in ipairs(members) do
+      if have[i] ~= false then gone[#gone + 1] = m end
     end
+    if #gone == 0 then return end
+    removed = redis.call('ZREM', key, unpack(gone))
+    for _, m in ipairs(gone) do self:tl_change('-', u, m) end
   end
   -- below N only if it held N or more before: then older eligible posts may exist
   if removed > 0 and before >= self.N and before - removed < self.N then
