@@ -11,7 +11,9 @@ answers on the configured port, else starts one (``infra.stack``) and stops it a
 
 Sections, in order: ``ingest`` (the generator vs Kafka's own ``ProducerPerformance``);
 ``serving`` (the API's reads/s and p99 under Locust over a pre-populated serving store, writes/s
-too); ``replay`` (full recompute vs a bare read and vs the parse step alone, 1x and 10x log);
+too; then one home timeline read under ``hey``, a Go load generator built on first use,
+``infra/hey.py``); ``replay`` (full recompute vs a bare read and vs the parse step alone, 1x and
+10x log);
 ``keyed`` and ``scaling`` (``stories/bench_keyed.py``: the keyed speed layer; the processor's
 cost per micro-batch on 1x and 10x state); ``analytics`` (``stories/bench_analytics.py``: the keyed speed layer's
 freshness with and without the analytics beside it, their own latency, state size and batch
@@ -211,21 +213,85 @@ def _populate_serving_store(settings: Settings, namespace: str, users: int, seed
     return list(range(1, users + 1))
 
 
+# hey's target for one home timeline read (issue 53): a 50-post timeline at this rate and p99
+HEY_TARGET_READS_PER_S = 3_000
+HEY_TARGET_P99_MS = 50.0
+
+
+def _timeline_users(settings: Settings, namespace: str, users: list[int]) -> tuple[dict, dict]:
+    """The two users hey reads the timeline of: one with many followees, one with an empty timeline.
+
+    The first is the user at the 90th percentile of follow counts in the store (ties by id):
+    "many followees" without the one outlier of the heavy tail (the most-following user's read
+    merges hundreds of celebrities' lists). The second is added here: a profile, no post, no follow.
+    """
+    from contract.serving import ServingStore, connect
+
+    store = ServingStore(connect(settings.redis_url), namespace)
+    pipe = store.r.pipeline(transaction=False)
+    for u in users:
+        pipe.scard(store.k("following", u))
+    follows = dict(zip(users, pipe.execute(), strict=True))
+    ranked = sorted(users, key=lambda u: (follows[u], u))
+    many = ranked[int(0.9 * (len(ranked) - 1))]
+    celebs = store.r.sinter(store.k("following", many), store.k("celebs"))
+    empty = max(users) + 1
+    store.r.hset(store.k("users"), empty, '{"handle": "u_empty", "display_name": "Nobody Followed"}')
+    return (
+        {
+            "user_id": many,
+            "follows": follows[many],
+            "celebrities_merged_at_read": len(celebs),
+            "follow_rank": "p90 of the store's users",
+        },
+        {"user_id": empty, "follows": 0, "celebrities_merged_at_read": 0},
+    )
+
+
+def _hey_timeline(url: str, token: str, who: dict, seconds: int, connections: int) -> dict:
+    """One GET of the timeline (what the read returns), then hey on it for ``seconds``."""
+    import urllib.request
+
+    from infra.hey import HEY_VERSION, run_hey
+
+    headers = {"Authorization": f"Bearer {token}"}
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as resp:
+        posts = json.loads(resp.read())["posts"]
+    figures = run_hey(url, seconds=seconds, connections=connections, headers=headers)
+    return {
+        **who,
+        "posts": len(posts),
+        "distinct_authors": len({p["author_id"] for p in posts}),
+        "tool": f"hey {HEY_VERSION}",
+        **figures,
+    }
+
+
+def _vs_target(name: str, result: dict) -> dict:
+    reads, p99 = result["reads_per_s"], result["p99_ms"]
+    return {
+        f"{name}_vs_target": round(reads / HEY_TARGET_READS_PER_S, 2),
+        f"{name}_p99_vs_target": round(p99 / HEY_TARGET_P99_MS, 2) if p99 is not None else None,
+        f"{name}_target_met": reads >= HEY_TARGET_READS_PER_S
+        and p99 is not None
+        and p99 <= HEY_TARGET_P99_MS,
+    }
+
+
 @section("serving")
 def serving(ctx: BenchContext) -> dict:
-    """Reads/s and p99 of the API under Locust (2 workers + Locust on this machine), writes too."""
+    """Reads/s and p99 of the API under Locust (2 workers + Locust on this machine), writes too;
+    then one user's home timeline under hey (Go), a 50-post one and an empty one."""
     import dataclasses
-    import socket
 
     import orjson
 
     from app_sim.auth import TokenSigner, load_secret
     from app_sim.load import run_locust
-    from infra.stack import ApiServer
+    from infra.hey import HeyError
+    from infra.stack import ApiServer, free_port_block
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port_block(1)  # below the ephemeral range: no outgoing connection takes it first
     namespace = f"bench-serving-{ctx.run_id}".lower()
     settings = dataclasses.replace(
         ctx.settings,
@@ -235,22 +301,42 @@ def serving(ctx: BenchContext) -> dict:
         var_dir=Path(ctx.settings.var_dir) / "bench" / "serving",
     )
     users = _populate_serving_store(settings, namespace, users=2000, seed=11)
+    many, empty = _timeline_users(settings, namespace, users)
     signer = TokenSigner(load_secret(settings))
     out_dir = Path(ctx.settings.reports_dir) / "bench" / "serving"
     out_dir.mkdir(parents=True, exist_ok=True)
     users_file = out_dir / "users.json"
     users_file.write_text(orjson.dumps([[u, signer.issue(u)] for u in users]).decode())
+    url = f"http://127.0.0.1:{port}"
+    hey: dict = {}
     api = ApiServer(settings)
     api.start()
     try:
         summary = run_locust(
-            f"http://127.0.0.1:{port}",
+            url,
             out_dir,
             users=ctx.serving_users,
             spawn_rate=ctx.serving_users,
             run_time_s=ctx.serving_seconds,
             extra_env={"LOAD_USERS_FILE": str(users_file)},
         )
+        # hey after Locust, on the same API: Locust's writes go to the log (no speed layer runs
+        # here), so both users' timelines are as loaded
+        try:
+            for name, who in (("hey_timeline_50", many), ("hey_timeline_empty", empty)):
+                token = signer.issue(who["user_id"])
+                result = _hey_timeline(
+                    f"{url}/v1/timeline?limit=50",
+                    token,
+                    who,
+                    ctx.serving_hey_seconds,
+                    ctx.serving_hey_connections,
+                )
+                hey[name] = result
+                hey.update(_vs_target(name, result))
+        except HeyError as exc:  # the Locust figures stand without it
+            print(f"serving: hey: {exc}", file=sys.stderr)
+            hey["hey_error"] = str(exc)
     finally:
         api.stop()
         _drop_namespace(settings, namespace)
@@ -271,6 +357,9 @@ def serving(ctx: BenchContext) -> dict:
         "target_met": reads["per_s"] >= 1500 and (reads["p99_ms"] or 1e9) <= 50,
         "endpoints": summary["endpoints"],
         "report": str(out_dir / "report.html"),
+        "hey_target": f"GET /v1/timeline >= {HEY_TARGET_READS_PER_S}/s with p99 <= {HEY_TARGET_P99_MS:g} ms "
+        f"(hey, {ctx.serving_hey_connections} connections, {ctx.serving_hey_seconds} s per user)",
+        **hey,
     }
 
 

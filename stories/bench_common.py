@@ -40,6 +40,8 @@ class BenchContext:
     topics: list[str] = field(default_factory=list)
     serving_users: int = 50
     serving_seconds: int = 30
+    serving_hey_seconds: int = 15  # serving: each hey run (one user's timeline, fixed duration)
+    serving_hey_connections: int = 32  # serving: hey's connections (Little: 3,000/s x ~10 ms in flight)
     freshness_p99_target_ms: int = 5_000
     ryw_writes: int = 50  # keyed: read-your-write samples, idle and under load
     ryw_settle_s: float = 30.0  # keyed: quiet time after the catch-up before the idle samples
