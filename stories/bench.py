@@ -22,7 +22,9 @@ and 3 Kafka brokers, and on ``local`` Spark and 1 and 2 standalone workers); ``s
 (``stories/bench_sealing.py``: the generator's and the API's write throughput with personal data
 sealed and in plaintext); ``catchup`` (``stories/bench_catchup.py``: the default 200k log caught up
 by the running speed layer fully fanned out and at the default threshold: events/s, Redis µs and
-commands per event). docs/reports.md says how to read each figure.
+commands per event); ``threshold`` (``stories/bench_threshold.py``: the cost model the default
+fan-out threshold is chosen from, measured on the same log). docs/reports.md says how to read
+each figure.
 """
 
 from __future__ import annotations
@@ -515,6 +517,7 @@ import stories.bench_cluster  # noqa: E402,F401
 import stories.bench_compacted  # noqa: E402,F401
 import stories.bench_erasure  # noqa: E402,F401
 import stories.bench_sealing  # noqa: E402,F401
+import stories.bench_threshold  # noqa: E402,F401
 
 if __name__ == "__main__":
     sys.exit(main())
