@@ -54,7 +54,7 @@ whose state was written by an older layout (a fence and no or another layout) is
 line naming the rebuild command, never read with the wrong key format.
 ]]
 
-local VERSION = '16'
+local VERSION = '17'
 local LAYOUT = '2' -- the key format of the state (1: posts keyed by post_id alone)
 local EVENT_ARGS = 10
 
@@ -155,6 +155,28 @@ end
 -- changes. The view is the first N (reads never ask for more); the slack is exact too, so any
 -- prefix is the definition.
 
+-- Each timeline's size and minimum, read once per call and kept as this call changes the timeline
+-- (a function runs alone: nothing else writes meanwhile). The fan-out's flushes would otherwise ask
+-- Redis for both at every flush of every timeline. `min` false: not known, read it when needed.
+function Ctx:tl_card(u, key)
+  local n = self.card[u]
+  if n == nil then
+    n = redis.call('ZCARD', key)
+    self.card[u] = n
+  end
+  return n
+end
+
+function Ctx:tl_min(u, key)
+  local lo = self.min[u]
+  if not lo then
+    local row = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+    lo = {row[1], tonumber(row[2])}
+    self.min[u] = lo
+  end
+  return lo[1], lo[2]
+end
+
 -- Add posts (list of {member, score, author, score formatted}) to tl:u; logs the net change.
 -- `fresh`: posts created in this call, queued by the fan-out, which no path can have put into
 -- tl:u yet (every path that adds older posts flushes u's queue first): no ZMSCORE, and a ZADD that
@@ -163,12 +185,9 @@ end
 -- eligible posts between it and the minimum, so it is not part of the kept prefix.
 function Ctx:tl_add(u, posts, fresh)
   local key = self:k('tl', u)
-  local n = redis.call('ZCARD', key)
+  local n = self:tl_card(u, key)
   local min_s, min_m
-  if n >= self.N then
-    local lo = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
-    min_m, min_s = lo[1], tonumber(lo[2])
-  end
+  if n >= self.N then min_m, min_s = self:tl_min(u, key) end
   local keep = {}
   for _, p in ipairs(posts) do
     if min_s == nil or cmp_gt(p[2], p[1], min_s, min_m) then keep[#keep + 1] = p end
@@ -193,12 +212,17 @@ function Ctx:tl_add(u, posts, fresh)
   if redis.call('ZADD', key, unpack(args)) ~= count then
     error('fan-out into ' .. key .. ': a new post was in the timeline already')
   end
+  -- the minimum stays unless the timeline held fewer than N (posts below it were taken) or is trimmed
+  if min_s == nil then self.min[u] = false end
   n = n + count
   local popped = {}
   if n > self.N + self.S then
     local out = redis.call('ZPOPMIN', key, n - self.M)
     for i = 1, #out, 2 do popped[out[i]] = true end
+    n = self.M
+    self.min[u] = false
   end
+  self.card[u] = n
   for _, p in ipairs(keep) do
     local m = p[1]
     if added[m] == p and not popped[m] then self:tl_change('+', u, m, p[4]) end
@@ -257,8 +281,7 @@ end
 -- A timeline fell below N: the next `want` posts below its current minimum, from every source.
 function Ctx:refill(u, want)
   local key = self:k('tl', u)
-  local lo = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
-  local bound_m, bound_s = lo[1], tonumber(lo[2])
+  local bound_m, bound_s = self:tl_min(u, key)
   local cands = {}
   for _, a in ipairs(self:sources(u)) do
     local pkey = self:k('posts', a)
@@ -294,13 +317,15 @@ function Ctx:refill(u, want)
     self:tl_change('+', u, p[1], p[4])
   end
   redis.call('ZADD', key, unpack(args))
+  self.card[u] = self.card[u] + #top
+  self.min[u] = false
 end
 
 -- Remove members from tl:u; a timeline that falls below N is refilled to M.
 function Ctx:tl_remove(u, members)
   if #members == 0 then return end
   local key = self:k('tl', u)
-  local before = redis.call('ZCARD', key)
+  local before = self:tl_card(u, key)
   if before == 0 then return end
   local removed = 0
   if #members == 1 then
@@ -314,6 +339,10 @@ function Ctx:tl_remove(u, members)
     if #gone == 0 then return end
     removed = redis.call('ZREM', key, unpack(gone))
     for _, m in ipairs(gone) do self:tl_change('-', u, m) end
+  end
+  if removed > 0 then
+    self.card[u] = before - removed
+    self.min[u] = false
   end
   -- below N only if it held N or more before: then older eligible posts may exist
   if removed > 0 and before >= self.N and before - removed < self.N then
@@ -486,6 +515,7 @@ function apply.user_erased(c, e)
   local tl = redis.call('ZRANGE', c:k('tl', u), 0, -1)
   for _, m in ipairs(tl) do c:tl_change('-', u, m) end
   redis.call('DEL', c:k('tl', u))
+  c.card[u], c.min[u] = 0, false
   -- edges in both directions (the authors u followed may fall back under the threshold)
   local following = redis.call('SMEMBERS', c:k('following', u))
   table.sort(following)
@@ -645,6 +675,7 @@ local function social_apply(keys, args)
   end
   c.any_erased = redis.call('EXISTS', c:k('erased')) == 1
   c.pending, c.pending_order, c.entries, c.tl = {}, {}, {}, new_tl()
+  c.card, c.min = {}, {}
   -- the per-partition bookkeeping is read once here and written once below, whatever happens
   -- in between: a function's writes are not rolled back by an error, so the fence must always
   -- cover exactly the events whose effects were written
