@@ -83,7 +83,8 @@ class Api:
         return bool(in_store) or recipient == str(user_id)
 
 
-def get_api(request: Request) -> Api:
+async def get_api(request: Request) -> Api:
+    # async: FastAPI awaits it on the event loop; a plain def ran in its thread pool on every request
     return request.app.state.api
 
 
