@@ -8,7 +8,7 @@ UV      := .tools/bin/uv
 STAMP   := .venv/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help setup deps up down status airflow demo test test-faults test-properties test-unit test-integration bench load load-steps tail history reports dual-write compare erasure-audit lint fmt clean
+.PHONY: help setup deps up down status airflow demo test test-faults test-properties test-unit test-integration bench load load-steps load-read-heavy tail history reports dual-write compare erasure-audit lint fmt clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -157,6 +157,9 @@ load: setup ## headless Locust run (locust.conf, LOCUST_*); fails when the servi
 
 load-steps: setup ## step load: where the read target stops holding, plotted -> var/reports/load/steps.html
 	@$(PY) -m social load --steps -- $(LOCUST_ARGS)
+
+load-read-heavy: setup ## make load with the read-heavy mix: 50 timeline reads per post (LOAD_PROFILE=read_heavy)
+	@LOAD_PROFILE=read_heavy $(PY) -m social load -- $(LOCUST_ARGS)
 
 dual-write: setup ## dual writes (the anti-pattern) vs. the log, same workload and faults -> var/reports/dual_write/
 	@$(PY) -m social dual-write $(DUAL_WRITE_ARGS)

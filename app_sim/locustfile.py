@@ -2,14 +2,20 @@
 
 Each simulated user registers, follows others by the generator's heavy-tailed popularity model
 (``app_sim.graph.popularity``: a few celebrities attract most follows), then loops over a mixed
-workload by weight: ~60% home timeline reads, ~30% other reads (inbox, unread, someone's status),
-~10% writes (mostly posts, plus messages, message reads and follows).
+workload by weight. Two mixes (``LOAD_PROFILE``):
+
+- ``write_heavy`` (the default): ~60% home timeline reads, ~30% other reads (inbox, unread,
+  someone's status), ~10% writes (mostly posts, plus messages, message reads and follows): 10
+  timeline reads per post;
+- ``read_heavy``: 50 timeline reads per post (``LOAD_PROFILE=read_heavy make load``, or
+  ``make load-read-heavy``), the workload the default fan-out threshold is chosen for.
 
 Every Locust process draws the same popularity ranking (fixed seed) over a shared pool of users:
 the first ``CELEBRITIES`` users registered become the popular ones, so follows concentrate on
-them as in the generator's graph. Environment: ``LOAD_FOLLOWS`` (mean follows per user, default
-20), ``LOAD_SEED``, ``LOAD_USERS_FILE`` (a JSON list of ``[user_id, token]``: act as these
-existing users instead of registering, e.g. over a pre-populated serving store in ``make bench``).
+them as in the generator's graph. Environment: ``LOAD_PROFILE`` (``write_heavy`` or
+``read_heavy``), ``LOAD_FOLLOWS`` (mean follows per user, default 20), ``LOAD_SEED``,
+``LOAD_USERS_FILE`` (a JSON list of ``[user_id, token]``: act as these existing users instead of
+registering, e.g. over a pre-populated serving store in ``make bench``).
 
 The serving target is Locust configuration like any other option (``locust.conf``, ``LOCUST_*``,
 the command line): ``--max-read-p99-ms`` and ``--max-fail-ratio``. When the run misses it, Locust
@@ -32,6 +38,38 @@ FOLLOWS = int(os.environ.get("LOAD_FOLLOWS", "20"))
 SEED = int(os.environ.get("LOAD_SEED", "0"))
 POOL = 2000  # popularity ranks: user k registered in this process gets weight pop[k % POOL]
 _WORDS = "kafka log stream replay timeline inbox follow post coffee launch ship green fast".split()
+
+# Task weights per profile. write_heavy is the original mix (timeline reads : posts = 10 : 1).
+# read_heavy has timeline reads : posts = 50 : 1: above the floor of 20 where fanning out on write
+# becomes the cheaper way to serve timelines (bench section threshold, docs/performance.md), and
+# below Twitter's 2012 figures of ~65 (300k timeline reads/s over 4.6k posts/s): a read-heavy app,
+# not an extreme one. Its other writes shrink with the posts.
+PROFILES: dict[str, dict[str, int]] = {
+    "write_heavy": {
+        "home_timeline": 60,
+        "inbox_read": 12,
+        "unread": 10,
+        "someones_status": 8,
+        "post": 6,
+        "message": 2,
+        "read_message": 1,
+        "follow_more": 1,
+    },
+    "read_heavy": {
+        "home_timeline": 100,
+        "inbox_read": 10,
+        "unread": 10,
+        "someones_status": 10,
+        "post": 2,
+        "message": 1,
+        "read_message": 1,
+        "follow_more": 1,
+    },
+}
+PROFILE = os.environ.get("LOAD_PROFILE", "write_heavy")
+if PROFILE not in PROFILES:
+    raise ValueError(f"LOAD_PROFILE={PROFILE!r}: one of {sorted(PROFILES)}")
+_W = PROFILES[PROFILE]
 
 _lock = threading.Lock()
 _registered: list[int] = []  # user ids registered by this process, in order
@@ -101,13 +139,13 @@ class SocialUser(FastHttpUser):
         self.my_posts: list[int] = []
         self.inbox: list[int] = []
 
-    # -- reads: ~90% ------------------------------------------------------------------------------
-    @task(60)
+    # -- reads: ~90% (write_heavy), ~96% (read_heavy) ----------------------------------------------
+    @task(_W["home_timeline"])
     def home_timeline(self) -> None:
         if self.user_id:
             self.client.get("/v1/timeline?limit=50", headers=self.auth, name="GET /v1/timeline")
 
-    @task(12)
+    @task(_W["inbox_read"])
     def inbox_read(self) -> None:
         if not self.user_id:
             return
@@ -115,19 +153,19 @@ class SocialUser(FastHttpUser):
         if r.status_code == 200:
             self.inbox = [m["message_id"] for m in r.json()["messages"] if not m["read"]]
 
-    @task(10)
+    @task(_W["unread"])
     def unread(self) -> None:
         if self.user_id:
             self.client.get("/v1/unread", headers=self.auth, name="GET /v1/unread")
 
-    @task(8)
+    @task(_W["someones_status"])
     def someones_status(self) -> None:
         if self.user_id:
             (other,) = _pick_followees(self.rng, self.user_id, 1) or [self.user_id]
             self.client.get(f"/v1/users/{other}/status", name="GET /v1/users/{id}/status")
 
-    # -- writes: ~10% -----------------------------------------------------------------------------
-    @task(6)
+    # -- writes: ~10% (write_heavy), ~4% (read_heavy) ----------------------------------------------
+    @task(_W["post"])
     def post(self) -> None:
         if not self.user_id:
             return
@@ -140,14 +178,14 @@ class SocialUser(FastHttpUser):
                 f"/v1/posts/{r.json()['post_id']}", headers=self.auth, name="DELETE /v1/posts/{id}"
             )
 
-    @task(2)
+    @task(_W["message"])
     def message(self) -> None:
         if self.user_id:
             (to,) = _pick_followees(self.rng, self.user_id, 1) or [self.user_id]
             body = {"recipient_id": to, "text": _text(self.rng)}
             self.client.post("/v1/messages", json=body, headers=self.auth, name="POST /v1/messages")
 
-    @task(1)
+    @task(_W["read_message"])
     def read_message(self) -> None:
         if self.user_id and self.inbox:
             mid = self.inbox.pop()
@@ -155,7 +193,7 @@ class SocialUser(FastHttpUser):
                 f"/v1/messages/{mid}/read", headers=self.auth, name="POST /v1/messages/{id}/read"
             )
 
-    @task(1)
+    @task(_W["follow_more"])
     def follow_more(self) -> None:
         if self.user_id:
             for f in _pick_followees(self.rng, self.user_id, 1):

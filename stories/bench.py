@@ -23,8 +23,10 @@ and 3 Kafka brokers, and on ``local`` Spark and 1 and 2 standalone workers); ``s
 sealed and in plaintext); ``catchup`` (``stories/bench_catchup.py``: the default 200k log caught up
 by the running speed layer fully fanned out and at the default threshold: events/s, Redis µs and
 commands per event); ``threshold`` (``stories/bench_threshold.py``: the cost model the default
-fan-out threshold is chosen from, measured on the same log). docs/reports.md says how to read
-each figure.
+fan-out threshold is chosen from, measured on the same log); ``read_heavy``
+(``stories/bench_read_heavy.py``: timeline reads under hey beside the generator's writes at
+rising rates, the speed layer at the default threshold; the highest write rate whose reads keep
+p99 <= 50 ms at >= 20 reads per post). docs/reports.md says how to read each figure.
 """
 
 from __future__ import annotations
@@ -516,6 +518,7 @@ import stories.bench_catchup  # noqa: E402,F401
 import stories.bench_cluster  # noqa: E402,F401
 import stories.bench_compacted  # noqa: E402,F401
 import stories.bench_erasure  # noqa: E402,F401
+import stories.bench_read_heavy  # noqa: E402,F401
 import stories.bench_sealing  # noqa: E402,F401
 import stories.bench_threshold  # noqa: E402,F401
 

@@ -64,6 +64,15 @@ class BenchContext:
     sealing_api_concurrency: int = 32  # sealing: asyncio clients posting at once
     erasure_log_events: int = 1_000_000  # erasure: the log the 10,000-event user is erased from
     catchup_events: int = 200_000  # catchup: the generator's default log, caught up at two thresholds
+    read_heavy_rates: tuple[int, ...] = (0, 30, 100, 300, 1_000, 3_000)  # read_heavy: writes, events/s
+    read_heavy_seconds: int = 15  # read_heavy: hey's reads at each write rate
+    # read_heavy: hey's connections. Fewer than serving's 32 (sized for 3,000 reads/s): a closed
+    # loop queues connections / rate by itself (Little), 32 / 600 reads/s = 53 ms on this machine
+    # beside the speed layer; 8 keep that near 13 ms, so p99 shows what the writes add
+    read_heavy_hey_connections: int = 8
+    read_heavy_settle_s: int = 20  # read_heavy: quiet time after the world's catch-up (JIT)
+    read_heavy_world_events: int = 100_000  # read_heavy: the default generator's world before the rows
+    read_heavy_catchup_s: int = 60  # read_heavy: wait this long for a row's writes to be applied
 
     @property
     def analytics_first_phase_s(self) -> int:
