@@ -21,7 +21,6 @@ issue sets.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from pathlib import Path
 
@@ -29,7 +28,7 @@ import redis
 
 from contract.functions import connect as keyed_connect
 from pipelines.speed_layer_process import SpeedLayerProcess
-from stories.bench_common import BenchContext, section
+from stories.bench_common import BenchContext, section, stream_settings, wait_fences
 
 TARGET_EVENTS_PER_S = 12_000
 TARGET_REDIS_US_PER_EVENT = 60
@@ -51,19 +50,6 @@ def library_commands(r: redis.Redis) -> dict[str, int]:
     return {k: n for k, n in stats.items() if k not in _CLIENT_COMMANDS}
 
 
-def wait_fences(r: redis.Redis, namespace: str, ends: dict[int, int], timeout_s: float) -> float | None:
-    """Seconds until every fence reaches ``ends`` (None: not within the timeout)."""
-    from contract import functions
-
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout_s:
-        f = functions.fences(r, namespace)
-        if all(f.get(p, 0) >= o for p, o in ends.items()):
-            return time.monotonic() - t0
-        time.sleep(0.05)
-    return None
-
-
 def catch_up(ctx: BenchContext, label: str, threshold: int, events: int) -> dict:
     """One catch-up of the default log at ``threshold``; the speed layer is started first and
     waits for records, as a running stack does."""
@@ -73,13 +59,7 @@ def catch_up(ctx: BenchContext, label: str, threshold: int, events: int) -> dict
 
     namespace = f"bench_catchup_{label}_{ctx.run_id}".lower()
     topic = ctx.topic(f"catchup_{label}")
-    settings = dataclasses.replace(
-        ctx.settings,
-        events_topic=topic,
-        views_namespace=namespace,
-        fanout_threshold=threshold,
-        var_dir=Path(ctx.settings.var_dir) / "bench" / f"catchup_{label}",
-    )
+    settings = stream_settings(ctx, f"catchup_{label}", topic, namespace, fanout_threshold=threshold)
     r = keyed_connect(settings.redis_url)
     sl = SpeedLayerProcess(settings, topic, namespace, Path(settings.var_dir) / "speed_layer.log")
     sl.start()

@@ -8,12 +8,14 @@ runs in a circle. A section is a function ``(BenchContext) -> dict`` registered 
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 
 import redis
 
@@ -101,6 +103,18 @@ class BenchContext:
 # --- helpers the sections share -------------------------------------------------------------------------
 
 
+def stream_settings(ctx: BenchContext, purpose: str, topic: str, namespace: str, **overrides) -> Settings:
+    """The settings of a section's own stream: its topic, its views namespace, its var directory
+    (``<var>/bench/<purpose>``), and whatever else the section sets (a port, a threshold)."""
+    return dataclasses.replace(
+        ctx.settings,
+        events_topic=topic,
+        views_namespace=namespace,
+        var_dir=Path(ctx.settings.var_dir) / "bench" / purpose,
+        **overrides,
+    )
+
+
 def _fill(ctx: BenchContext, purpose: str, events: int, users: int, **gen) -> tuple[str, object]:
     from app_sim.generator import GeneratorConfig, produce
 
@@ -123,13 +137,18 @@ def _pct(values: list[float], q: float) -> float | None:
     return round(v[min(len(v) - 1, int(q * len(v)))], 1)
 
 
-def _wait_fences(r: redis.Redis, namespace: str, ends: dict[int, int], timeout_s: float) -> bool:
+def wait_fences(r: redis.Redis, namespace: str, ends: dict[int, int], timeout_s: float) -> float | None:
+    """Seconds until every partition's fence reaches ``ends`` (None: not within the timeout)."""
     from contract import functions
 
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
         f = functions.fences(r, namespace)
         if all(f.get(p, 0) >= o for p, o in ends.items()):
-            return True
+            return time.monotonic() - t0
         time.sleep(0.05)
-    return False
+    return None
+
+
+def _wait_fences(r: redis.Redis, namespace: str, ends: dict[int, int], timeout_s: float) -> bool:
+    return wait_fences(r, namespace, ends, timeout_s) is not None

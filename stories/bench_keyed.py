@@ -22,7 +22,6 @@ One run, side by side on one broker and one Redis (docs/architecture.md, "The ke
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from pathlib import Path
@@ -32,7 +31,7 @@ import redis
 from contract.functions import connect as keyed_connect
 from infra.settings import Settings
 from pipelines.speed_layer_process import SpeedLayerProcess
-from stories.bench_common import BenchContext, _free_port, _pct, _wait_fences, section
+from stories.bench_common import BenchContext, _free_port, _pct, _wait_fences, section, stream_settings
 
 
 def _commandstats(r: redis.Redis) -> dict[str, int]:
@@ -175,13 +174,7 @@ def keyed_section(ctx: BenchContext) -> dict:
 
     namespace = f"bench_keyed_{ctx.run_id}".lower()
     topic = ctx.topic("keyed")
-    settings = dataclasses.replace(
-        ctx.settings,
-        events_topic=topic,
-        views_namespace=namespace,
-        api_port=_free_port(),
-        var_dir=Path(ctx.settings.var_dir) / "bench" / "keyed",
-    )
+    settings = stream_settings(ctx, "keyed", topic, namespace, api_port=_free_port())
     r = keyed_connect(settings.redis_url)
     out: dict = {}
     sl = SpeedLayerProcess(

@@ -27,7 +27,6 @@ offered rate whose row meets it.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import threading
 import time
@@ -35,7 +34,7 @@ from pathlib import Path
 
 from contract.functions import connect as keyed_connect
 from pipelines.speed_layer_process import SpeedLayerProcess
-from stories.bench_common import BenchContext, section
+from stories.bench_common import BenchContext, section, stream_settings, wait_fences
 
 READ_P99_TARGET_MS = 50.0
 READS_PER_POST_FLOOR = 20  # the floor for a read-heavy app (the Locust profile runs 50:1)
@@ -155,7 +154,6 @@ def _row(
     from contract import functions
     from infra.hey import run_hey
     from infra.stack import end_offsets
-    from stories.bench_catchup import wait_fences
 
     r = keyed_connect(settings.redis_url)
     seconds = ctx.read_heavy_seconds
@@ -251,17 +249,11 @@ def read_heavy_section(ctx: BenchContext) -> dict:
     from contract.functions import drop_namespace
     from contract.serving import ServingStore
     from infra.stack import ApiServer, end_offsets, free_port_block
-    from stories.bench_catchup import wait_fences
 
     namespace = f"bench_read_heavy_{ctx.run_id}".lower()
     topic = ctx.topic("read_heavy")
-    settings = dataclasses.replace(
-        ctx.settings,
-        events_topic=topic,
-        views_namespace=namespace,
-        api_port=free_port_block(1),  # below the ephemeral range hey's connections draw from
-        var_dir=Path(ctx.settings.var_dir) / "bench" / "read_heavy",
-    )
+    # the API's port below the ephemeral range hey's connections draw from
+    settings = stream_settings(ctx, "read_heavy", topic, namespace, api_port=free_port_block(1))
     r = keyed_connect(settings.redis_url)
     sl = SpeedLayerProcess(
         settings, topic, namespace, Path(settings.var_dir) / "speed_layer.log", archive=False
