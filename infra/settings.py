@@ -255,6 +255,12 @@ class Settings:
     processor_group_size: int = _setting(
         "SOCIAL_PROCESSOR_GROUP_SIZE", 200, "events per Redis function call (one atomic run, one round trip)"
     )
+    processor_group_posts: int = _setting(
+        "SOCIAL_PROCESSOR_GROUP_POSTS",
+        200,
+        "posts per Redis function call at most: reads wait behind a call, and each post costs one timeline "
+        "insert per follower (docs/performance.md: Catch-up at full fan-out)",
+    )
     dedup_grace_ms: int = _setting(
         "SOCIAL_DEDUP_GRACE_MS",
         DEDUP_GRACE_MS,

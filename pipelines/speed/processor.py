@@ -41,6 +41,9 @@ class ProcessorConfig:
     dedup_window_ms: int = DEDUP_WINDOW_MS
     dedup_grace_ms: int = DEDUP_GRACE_MS
     group_size: int = 200  # events per FCALL: one atomic run, one round trip shared by a pipeline
+    # posts per FCALL: a call runs alone in Redis and reads wait behind it, and a post is the
+    # costly event (one insert per follower), so a group also ends at this many posts
+    group_posts: int = 200
     record_freshness: bool = True
 
 
@@ -126,15 +129,17 @@ class Processor:
         args: list = []
         group: list[int | None] = []  # received_time per record of the group (None: quarantined)
         groups: list[list[int | None]] = []
+        posts = 0
         for offset, value in records:
             ev = encode(offset, value)
             args += ev
             group.append(ev[4] if ev[1] != "!" else None)
+            posts += ev[1] == "post_created"
             out.records += 1
-            if len(group) >= self.cfg.group_size:
+            if len(group) >= self.cfg.group_size or posts >= self.cfg.group_posts:
                 pipe.fcall("social_apply", 0, *head, *args)
                 groups.append(group)
-                args, group = [], []
+                args, group, posts = [], [], 0
                 if len(groups) >= 8:
                     self._flush(pipe, out, groups)
                     groups = []

@@ -77,6 +77,7 @@ def processor_config(settings: Settings, namespace: str, *, record_freshness: bo
         dedup_window_ms=settings.dedup_window_ms,
         dedup_grace_ms=settings.dedup_grace_ms,
         group_size=settings.processor_group_size,
+        group_posts=settings.processor_group_posts,
         record_freshness=record_freshness,
     )
 

@@ -834,3 +834,19 @@ def test_state_of_an_older_key_layout_is_refused_with_the_rebuild_command(redis_
     apply(redis_url, fresh, [[ev("status_updated", 1, 0, text="x")]])
     assert r.get(functions.key(fresh, "layout")) == functions.layout()
     functions.check_layout(r, fresh)
+
+
+def test_a_function_call_ends_at_the_posts_cap(redis_url, ns):
+    """group_posts bounds what one call holds Redis for: a registration, 7 posts and 3 status
+    updates of one user, at most 3 posts (and 200 events) per call: the registration and posts
+    1-3, posts 4-6, post 7 and the statuses: three calls, and the timeline one call would give."""
+    evs = [ev("user_registered", 2, 0, handle="bo", display_name="Bo")]
+    evs += [ev("post_created", 2, 1 + i, post_id=100 + i, text="p") for i in range(7)]
+    evs += [ev("status_updated", 2, 9 + i, text="s") for i in range(3)]
+    records = [(o, raw) for _p, o, raw in to_records(evs)]
+    got = Processor(ProcessorConfig(redis_url=redis_url, namespace=ns, group_posts=3)).process(
+        2 % PARTITIONS, records
+    )
+    assert (got.fcalls, got.applied) == (3, 11)
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    assert timeline(r, ns, 2) == [106, 105, 104, 103, 102, 101, 100]
