@@ -59,7 +59,7 @@ from infra.settings import Settings
 from pipelines.report import png_bytes
 from pipelines.speed.processor import FRESHNESS_CAP_MS
 from pipelines.speed_layer_process import SpeedLayerProcess
-from stories.bench_common import BenchContext, _pct, _wait_fences, section
+from stories.bench_common import BenchContext, _pct, _wait_fences, redis_cpu_s, section
 
 ANALYTICS_LATENESS_S = 10  # so windows close within the run (the default, 120 s, would not)
 BOOT_USERS, BOOT_FOLLOWERS, GRAPH_SEED = 2_000, 20, 13
@@ -359,12 +359,8 @@ def _burst(settings: Settings, r: redis.Redis, n: int) -> dict:
     from app_sim.generator import produce
     from infra.stack import end_offsets
 
-    def redis_cpu_s() -> float:
-        cpu = r.info("cpu")
-        return cpu["used_cpu_sys"] + cpu["used_cpu_user"]
-
     topic, ns = settings.events_topic, settings.views_namespace
-    cpu0 = redis_cpu_s()
+    cpu0 = redis_cpu_s(r)
     t0 = time.perf_counter()
     sent = produce(
         n,
@@ -376,7 +372,7 @@ def _burst(settings: Settings, r: redis.Redis, n: int) -> dict:
     sent_s = time.perf_counter() - t0
     done = _wait_fences(r, ns, end_offsets(settings, topic), CATCH_UP_S)
     total_s = time.perf_counter() - t0
-    cpu = redis_cpu_s() - cpu0
+    cpu = redis_cpu_s(r) - cpu0
     return {
         "burst_events": n,
         "burst_sent_events_per_s": sent.events_per_s,

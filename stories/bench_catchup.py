@@ -28,7 +28,7 @@ import redis
 
 from contract.functions import connect as keyed_connect
 from pipelines.speed_layer_process import SpeedLayerProcess
-from stories.bench_common import BenchContext, section, stream_settings, wait_fences
+from stories.bench_common import BenchContext, redis_cpu_s, section, stream_settings, wait_fences
 
 TARGET_EVENTS_PER_S = 12_000
 TARGET_REDIS_US_PER_EVENT = 60
@@ -36,12 +36,6 @@ FULL_FANOUT = 1_000_000
 WRITE_HEAVY_THRESHOLD = 10  # most authors of the default graph (78 followers on average) merged at read time
 # what clients send around the library's work (the calls, the bench's own polls and INFO)
 _CLIENT_COMMANDS = frozenset({"fcall", "fcall_ro", "info", "ping", "hgetall", "hincrby", "config|resetstat"})
-
-
-def redis_cpu_s(r: redis.Redis) -> float:
-    """redis-server's CPU seconds so far (user + system, its main thread and the rest)."""
-    cpu = r.info("cpu")
-    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
 
 def library_commands(r: redis.Redis) -> dict[str, int]:

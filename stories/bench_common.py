@@ -137,6 +137,13 @@ def _pct(values: list[float], q: float) -> float | None:
     return round(v[min(len(v) - 1, int(q * len(v)))], 1)
 
 
+def redis_cpu_s(r: redis.Redis) -> float:
+    """redis-server's CPU seconds so far (user + system, its main thread and the rest): over a run,
+    the Redis time a section reports per event or per read."""
+    cpu = r.info("cpu")
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+
+
 def wait_fences(r: redis.Redis, namespace: str, ends: dict[int, int], timeout_s: float) -> float | None:
     """Seconds until every partition's fence reaches ``ends`` (None: not within the timeout)."""
     from contract import functions

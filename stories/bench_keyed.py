@@ -31,7 +31,15 @@ import redis
 from contract.functions import connect as keyed_connect
 from infra.settings import Settings
 from pipelines.speed_layer_process import SpeedLayerProcess
-from stories.bench_common import BenchContext, _free_port, _pct, _wait_fences, section, stream_settings
+from stories.bench_common import (
+    BenchContext,
+    _free_port,
+    _pct,
+    _wait_fences,
+    redis_cpu_s,
+    section,
+    stream_settings,
+)
 
 
 def _commandstats(r: redis.Redis) -> dict[str, int]:
@@ -47,11 +55,6 @@ def _library_commands(before: dict[str, int], after: dict[str, int]) -> dict[str
     """Per command, the calls between two :func:`_commandstats` made inside the library's functions."""
     calls = {k: n - before.get(k, 0) for k, n in after.items() if k not in _AROUND_THE_LIBRARY}
     return {k: n for k, n in calls.items() if n > 0}
-
-
-def _redis_cpu(r: redis.Redis) -> float:
-    cpu = r.info("cpu")
-    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
 
 def _read_your_write(base: str, token: str, n: int, timeout_s: float = 30.0) -> dict:
@@ -114,7 +117,7 @@ def _fanout_ceiling(r: redis.Redis, namespace: str, seconds: float = 5.0, follow
         return orjson.dumps({**base, "device_time": ms, "sent_time": ms, "received_time": ms, **f})
 
     proc.process(1, [(i, event(i, "followed", 1000 + i, followee_id=1)) for i in range(followers)])
-    before, cpu0 = _commandstats(r).get("zadd", 0), _redis_cpu(r)
+    before, cpu0 = _commandstats(r).get("zadd", 0), redis_cpu_s(r)
     offset, posts, t0 = followers, 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         batch = [
@@ -132,7 +135,7 @@ def _fanout_ceiling(r: redis.Redis, namespace: str, seconds: float = 5.0, follow
     return {
         "ceiling_posts_per_s": round(posts / elapsed),
         "ceiling_timeline_writes_per_s": round(zadds / elapsed),
-        "ceiling_redis_cpu_s_per_post_us": round((_redis_cpu(r) - cpu0) / posts * 1e6, 1),
+        "ceiling_redis_cpu_s_per_post_us": round((redis_cpu_s(r) - cpu0) / posts * 1e6, 1),
         "ceiling_followers_per_post": followers,
     }
 
@@ -206,7 +209,7 @@ def keyed_section(ctx: BenchContext) -> dict:
         best = 0
         for rate in ctx.keyed_rates:
             r.delete(functions.key(namespace, "freshness"))
-            stats0, cpu0 = _commandstats(r), _redis_cpu(r)
+            stats0, cpu0 = _commandstats(r), redis_cpu_s(r)
             n = int(rate * ctx.keyed_seconds)
             gen = GeneratorConfig(
                 users=2000,
@@ -238,7 +241,7 @@ def keyed_section(ctx: BenchContext) -> dict:
             from pipelines.verify import keyed_freshness
 
             fresh = keyed_freshness(r, namespace)
-            stats1, cpu1 = _commandstats(r), _redis_cpu(r)
+            stats1, cpu1 = _commandstats(r), redis_cpu_s(r)
             calls = _library_commands(stats0, stats1)
             inner = sum(calls.values())
             events = fresh["events"] or n
@@ -295,11 +298,11 @@ def _replay_vs_bare_read(ctx: BenchContext, settings: Settings, topic: str, name
     replay_keyed(spark, settings, topic, ends, scratch)
     cold = time.perf_counter() - t0
     drop_namespace(r, scratch)
-    calls0, cpu0, forks0 = _commandstats(r), _redis_cpu(r), r.info("stats")["total_forks"]
+    calls0, cpu0, forks0 = _commandstats(r), redis_cpu_s(r), r.info("stats")["total_forks"]
     t0 = time.perf_counter()
     replay_keyed(spark, settings, topic, ends, scratch)
     replay = time.perf_counter() - t0
-    calls1, cpu1, forks1 = _commandstats(r), _redis_cpu(r), r.info("stats")["total_forks"]
+    calls1, cpu1, forks1 = _commandstats(r), redis_cpu_s(r), r.info("stats")["total_forks"]
     drop_namespace(r, scratch)
     spark.stop()
     calls = _library_commands(calls0, calls1)
@@ -379,12 +382,12 @@ def scaling_section(ctx: BenchContext) -> dict:
             o = ends.get(p, 0)
             ends[p] = o + 1
             per_p.setdefault(p, []).append((o, value if isinstance(value, bytes) else orjson.dumps(value)))
-        calls0, cpu0 = _commandstats(r), _redis_cpu(r)
+        calls0, cpu0 = _commandstats(r), redis_cpu_s(r)
         t = time.perf_counter()
         for p, recs in per_p.items():
             proc.process(p, recs)
         seconds = time.perf_counter() - t
-        calls1, cpu1 = _commandstats(r), _redis_cpu(r)
+        calls1, cpu1 = _commandstats(r), redis_cpu_s(r)
         commands = sum(_library_commands(calls0, calls1).values())
         out[f"users_{label}"] = cfg.users
         out[f"state_events_{label}"] = base * k

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from contract.functions import connect as keyed_connect
 from pipelines.speed_layer_process import SpeedLayerProcess
-from stories.bench_common import BenchContext, section, stream_settings, wait_fences
+from stories.bench_common import BenchContext, redis_cpu_s, section, stream_settings, wait_fences
 
 READ_P99_TARGET_MS = 50.0
 READS_PER_POST_FLOOR = 20  # the floor for a read-heavy app (the Locust profile runs 50:1)
@@ -96,11 +96,6 @@ def _cpu_s(pid: int | None, tree: bool = True) -> float:
         except psutil.NoSuchProcess:
             pass
     return total
-
-
-def _redis_cpu_s(r) -> float:
-    cpu = r.info("cpu")
-    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
 
 def _calls_usec(r) -> dict[str, tuple[int, int]]:
@@ -183,7 +178,7 @@ def _row(
         if not started.wait(120):
             raise RuntimeError(f"the generator did not start within 120 s at {rate} events/s")
         time.sleep(LEAD_S)
-    stats0, redis0 = _calls_usec(r), _redis_cpu_s(r)
+    stats0, redis0 = _calls_usec(r), redis_cpu_s(r)
     cpu0 = {name: _cpu_s(pid, name != "bench") for name, pid in pids.items()}
     busy0, since = _busy_cores(), time.time()
     fence0, t0 = sum(functions.fences(r, namespace).values()), time.monotonic()
@@ -192,7 +187,7 @@ def _row(
     busy = (_busy_cores() - busy0) / wall
     slow, longest = _slow_calls(r, since)
     applied = sum(functions.fences(r, namespace).values()) - fence0
-    stats1, redis1 = _calls_usec(r), _redis_cpu_s(r)
+    stats1, redis1 = _calls_usec(r), redis_cpu_s(r)
     cpu = {name: round((_cpu_s(pid, name != "bench") - cpu0[name]) / wall, 2) for name, pid in pids.items()}
     lag = 0.0
     produced_per_s = posts_per_s = 0.0

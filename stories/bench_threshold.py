@@ -27,7 +27,7 @@ from __future__ import annotations
 import time
 
 from contract.functions import connect as keyed_connect
-from stories.bench_common import BenchContext, section
+from stories.bench_common import BenchContext, redis_cpu_s, section
 
 # reads per post: the write-heavy bench (~900 timeline reads/s against ~1,400 posts/s), the
 # read-heavy profile's floor, and Twitter 2012 (300k timeline reads/s against 4.6k posts/s)
@@ -61,11 +61,6 @@ def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
     sxx = sum((x - mx) ** 2 for x in xs)
     b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx else 0.0
     return my - b * mx, b
-
-
-def _cpu(r) -> float:
-    c = r.info("cpu")
-    return float(c["used_cpu_user"]) + float(c["used_cpu_sys"])
 
 
 def _net_inserts(r, namespace: str, partitions: int) -> int:
@@ -120,7 +115,7 @@ def threshold_section(ctx: BenchContext) -> dict:
                 record_freshness=False,
             )
         )
-        cpu0, t0 = _cpu(r), time.perf_counter()
+        cpu0, t0 = redis_cpu_s(r), time.perf_counter()
         # as the stream does: every partition advanced alike, 2,000 records at a time
         pos = dict.fromkeys(per_p, 0)
         while any(pos[p] < len(v) for p, v in per_p.items()):
@@ -128,7 +123,7 @@ def threshold_section(ctx: BenchContext) -> dict:
                 if pos[p] < len(v):
                     proc.process(p, v[pos[p] : pos[p] + 2000])
                     pos[p] += 2000
-        cpu = _cpu(r) - cpu0
+        cpu = redis_cpu_s(r) - cpu0
         folds[label] = {
             "namespace": ns,
             "seconds": round(time.perf_counter() - t0, 1),
@@ -150,10 +145,10 @@ def threshold_section(ctx: BenchContext) -> dict:
             pipe = r.pipeline(transaction=False)
             for _ in range(READS_PER_USER):
                 pipe.fcall_ro("social_timeline", 0, ns, u, 50)
-            c0 = _cpu(r)
+            c0 = redis_cpu_s(r)
             pipe.execute()
             xs.append(float(sum(1 for a in following[u] if a in celebs)))
-            ys.append((_cpu(r) - c0) / READS_PER_USER * 1e6)
+            ys.append((redis_cpu_s(r) - c0) / READS_PER_USER * 1e6)
     c_read, c_source = fit_line(xs, ys)
     f, n = folds["full_fanout"], folds["no_fanout"]
     c_insert = (
