@@ -54,7 +54,7 @@ whose state was written by an older layout (a fence and no or another layout) is
 line naming the rebuild command, never read with the wrong key format.
 ]]
 
-local VERSION = '17'
+local VERSION = '18'
 local LAYOUT = '2' -- the key format of the state (1: posts keyed by post_id alone)
 local EVENT_ARGS = 10
 
@@ -321,6 +321,33 @@ function Ctx:refill(u, want)
   self.min[u] = false
 end
 
+-- A deleted post leaves tl:u. A post still queued for u (created in this call) is not in tl:u yet:
+-- it leaves the queue and no other post of u's queue is applied early, so a delete does not break
+-- the coalesced fan-out. Otherwise it is removed from tl:u; a removal that takes tl:u below N
+-- refills it from the sources, which hold u's queued posts too, so then the queue is applied first
+-- (a refill must see the timeline every earlier event made).
+function Ctx:tl_delete(u, m)
+  local q = self.pending[u]
+  if q ~= nil then
+    for i = 1, #q do
+      if q[i][1] == m then
+        table.remove(q, i)
+        return
+      end
+    end
+    if self:tl_card(u, self:k('tl', u)) <= self.N then
+      -- into the previous event's entry, as a flush before this event: a refill below may take
+      -- back a post the flush trims, and an entry changes a (user, member) at most once
+      local tl = self.tl
+      self.tl = self.entries[#self.entries][3]
+      local ok, err = pcall(self.flush_user, self, u)
+      self.tl = tl
+      if not ok then error(err, 0) end
+    end
+  end
+  self:tl_remove(u, {m})
+end
+
 -- Remove members from tl:u; a timeline that falls below N is refilled to M.
 function Ctx:tl_remove(u, members)
   if #members == 0 then return end
@@ -455,9 +482,9 @@ function apply.post_deleted(c, e)
   redis.call('DEL', c:k('p', a .. ':' .. pid))
   c:change('P', a, pid, created, body.text, 1, e.et)
   local tm = tl_member(m, a)
-  c:tl_remove(a, {tm})
+  c:tl_delete(a, tm)
   if not c:is_celeb(a) then
-    for _, f in ipairs(redis.call('SMEMBERS', c:k('followers', a))) do c:tl_remove(f, {tm}) end
+    for _, f in ipairs(redis.call('SMEMBERS', c:k('followers', a))) do c:tl_delete(f, tm) end
   end
 end
 
@@ -603,11 +630,6 @@ local FLUSH_BEFORE = {
     c:flush_user(e.user)
     -- the author may fall back under it: then it is fanned out again to every follower
     if redis.call('SCARD', c:k('followers', e.id1)) == c.T + 1 then c:flush() end
-  end,
-  post_deleted = function(c, e) -- the post leaves its author's and the followers' timelines
-    c:flush_user(e.user)
-    if c:is_celeb(e.user) then return end
-    for _, f in ipairs(redis.call('SMEMBERS', c:k('followers', e.user))) do c:flush_user(f) end
   end,
   user_erased = function(c) c:flush() end,
 }
