@@ -8,7 +8,8 @@ takes the archives not compacted yet, up to the newest one, and writes
 - one MERGE per view of the last change per touched key (``users``, ``follows``, ``posts``,
   ``inbox``, ``unread_counts``, ``user_status``, and ``timelines``: every entry of the keyed
   timelines, the slack beyond N included); a key whose last change is a removal (``F-``, a
-  timeline ``-``, and the erasure's ``U-``, ``S-``, ``P-``, ``I-``, ``N-``) is deleted;
+  timeline ``-``, and the erasure's ``U-``, ``S-``, ``P-``, ``I-``, ``N-``) is deleted, and so is
+  a timeline entry below a later trim of its timeline (``~``, :meth:`Changes.timelines`);
 - ``home_timeline`` as the first N entries of ``timelines`` for the users whose timeline changed;
 - a ``batches`` row, last, with the log position the views now cover and the table versions.
 
@@ -59,10 +60,11 @@ class Changes:
         )
         # items grouped by post: '+member:event_time:user user ...' or '-member:user user ...', the
         # member being the post id then the author id, 19 digits each (pipelines/speed/changelog.py);
-        # a (user, member) pair occurs once per entry, so (seq, idx) still orders its changes
+        # a (user, member) pair occurs once per entry, so (seq, idx) still orders its changes; and
+        # trims, '~member:event_time:user' (the bound: the user's timeline dropped every entry below)
         parts = F.split(F.substring("e", 2, 1 << 20), ":")
         member = F.get(parts, 0)
-        plus = F.substring("e", 1, 1) == "+"
+        plus = F.substring("e", 1, 1).isin("+", "~")
         users = F.when(plus, F.get(parts, 2)).otherwise(F.get(parts, 1))
         self.tl = (
             tl.select(
@@ -137,10 +139,49 @@ class Changes:
     def unread_counts(self) -> DataFrame:
         return self._last_upserts("N", ["user_id"], _g(1).alias("user_id"), _g(2).alias("unread"))
 
-    def timelines(self) -> tuple[DataFrame, DataFrame]:
-        last = _last(self.tl, list(TIMELINE_KEY), ["seq", "idx"])
-        upserts = last.where("sign = '+'").select("user_id", "post_id", "author_id", "event_time")
-        return upserts, last.where("sign = '-'").select(*TIMELINE_KEY)
+    def timelines(self, archived: DataFrame | None = None) -> tuple[DataFrame, DataFrame]:
+        """Upserts and deletes of ``timelines``, given its ``archived`` rows (those before these
+        changes; None: none). A trim drops the entries of its user below its bound whose last change
+        is in its own entry or before (a trim is listed after its entry's other items, and no change
+        below it follows it in that entry): archived rows these changes do not touch, and this
+        batch's upserts up to the trim's entry. Only the trimmed users' rows are read."""
+        key = list(TIMELINE_KEY)
+        last = _last(self.tl.where("sign != '~'"), key, ["seq", "idx"])
+        plus = last.where("sign = '+'").select(*key, "event_time", "seq")
+        trims = self.tl.where("sign = '~'").select(
+            "user_id",
+            F.col("seq").alias("t_seq"),
+            F.col("event_time").alias("b_time"),
+            F.col("post_id").alias("b_post"),
+            F.col("author_id").alias("b_author"),
+        )
+        cands = plus
+        if archived is not None:
+            untouched = (
+                archived.join(trims.select("user_id").distinct(), "user_id", "left_semi")
+                .join(last.select(*key), key, "left_anti")
+                .select(*key, "event_time", F.lit(-1).cast("bigint").alias("seq"))
+            )
+            cands = cands.unionByName(untouched)
+        c = cands.alias("c")
+        t = trims.alias("t")
+        below = (F.col("c.event_time") < F.col("t.b_time")) | (
+            (F.col("c.event_time") == F.col("t.b_time"))
+            & (
+                (F.col("c.post_id") < F.col("t.b_post"))
+                | ((F.col("c.post_id") == F.col("t.b_post")) & (F.col("c.author_id") < F.col("t.b_author")))
+            )
+        )
+        dropped = (
+            c.join(
+                t, (F.col("c.user_id") == F.col("t.user_id")) & (F.col("t.t_seq") >= F.col("c.seq")) & below
+            )
+            .select(*[F.col(f"c.{k}").alias(k) for k in key])
+            .distinct()
+        )
+        upserts = plus.join(dropped, key, "left_anti").select("user_id", "post_id", "author_id", "event_time")
+        deletes = last.where("sign = '-'").select(*key).unionByName(dropped)
+        return upserts, deletes
 
     def timeline_users(self) -> DataFrame:
         return self.tl.select("user_id").distinct()
@@ -192,7 +233,7 @@ def compact_once(spark, lake: Lake, settings: Settings) -> int | None:
     archives = lake.read("archives").where(in_range).collect()
     end_offsets = {str(p): o for p, o in target.end_offsets.items()}
 
-    tl_upserts, tl_deletes = changes.timelines()
+    tl_upserts, tl_deletes = changes.timelines(lake.read("timelines"))
     with lake.fenced(a_id, {"batch_id": a_id, "end_offsets": end_offsets}):
         lake.upsert("timelines", tl_upserts.localCheckpoint(), deletes=tl_deletes.localCheckpoint())
     touched = changes.timeline_users().localCheckpoint()

@@ -54,7 +54,7 @@ whose state was written by an older layout (a fence and no or another layout) is
 line naming the rebuild command, never read with the wrong key format.
 ]]
 
-local VERSION = '18'
+local VERSION = '19'
 local LAYOUT = '2' -- the key format of the state (1: posts keyed by post_id alone)
 local EVENT_ARGS = 10
 
@@ -96,6 +96,12 @@ end
 -- rule, the last change per key in (s, position) order, exact.)
 function Ctx:tl_change(sign, u, m, score_s)
   local t = self.tl
+  if sign == '+' then
+    local b = t.trim[u]
+    if b ~= nil and cmp_gt(b[2], b[1], tonumber(score_s), m) then
+      error('timeline ' .. u .. ': an entry below a trim of the same changelog entry')
+    end
+  end
   local g = t[sign]
   local users = g[m]
   if users == nil then
@@ -106,11 +112,23 @@ function Ctx:tl_change(sign, u, m, score_s)
   users[#users + 1] = u
 end
 
-local function new_tl() return {['+'] = {}, ['-'] = {}, order = {}} end
+-- A trim of tl:u for the changelog: u's timeline dropped every entry below (score, member), the
+-- lowest it kept. One item per user and entry, '~<member>:<event_time>:<user>', listed after the
+-- entry's other items: it applies to the entries whose last change is in this entry or before
+-- (pipelines/speed/changelog.py). Exact because no change of u below the bound follows a trim in
+-- the same entry (tl_change refuses one): a trim leaves M >= N entries, and only a refill adds
+-- below the minimum, after removals that take a timeline below N.
+function Ctx:tl_trim(u, m, score_s)
+  local t = self.tl
+  if t.trim[u] == nil then t.trim_order[#t.trim_order + 1] = u end
+  t.trim[u] = {m, tonumber(score_s), score_s}
+end
+
+local function new_tl() return {['+'] = {}, ['-'] = {}, order = {}, trim = {}, trim_order = {}} end
 
 -- The entry's timeline changes as the changelog's `t` field (nil when there are none).
 local function tl_field(t)
-  if #t.order == 0 then return nil end
+  if #t.order == 0 and #t.trim_order == 0 then return nil end
   local items = {}
   for i, o in ipairs(t.order) do
     local sign, m = o[1], o[2]
@@ -119,6 +137,10 @@ local function tl_field(t)
     else
       items[i] = '-' .. m .. ':' .. table.concat(t['-'][m], ' ')
     end
+  end
+  for _, u in ipairs(t.trim_order) do
+    local b = t.trim[u]
+    items[#items + 1] = '~' .. b[1] .. ':' .. b[3] .. ':' .. u
   end
   return table.concat(items, ',')
 end
@@ -215,20 +237,23 @@ function Ctx:tl_add(u, posts, fresh)
   -- the minimum stays unless the timeline held fewer than N (posts below it were taken) or is trimmed
   if min_s == nil then self.min[u] = false end
   n = n + count
-  local popped = {}
+  local bound_m, bound_s
   if n > self.N + self.S then
-    local out = redis.call('ZPOPMIN', key, n - self.M)
-    for i = 1, #out, 2 do popped[out[i]] = true end
+    -- back to M: the lowest n - M go, without reading them back (the changelog logs the bound)
+    local k = n - self.M
+    local lo = redis.call('ZRANGE', key, k, k, 'WITHSCORES')
+    redis.call('ZREMRANGEBYRANK', key, 0, k - 1)
+    bound_m, bound_s = lo[1], tonumber(lo[2])
     n = self.M
-    self.min[u] = false
+    self.min[u] = {bound_m, bound_s}
+    self:tl_trim(u, bound_m, lo[2])
   end
   self.card[u] = n
   for _, p in ipairs(keep) do
     local m = p[1]
-    if added[m] == p and not popped[m] then self:tl_change('+', u, m, p[4]) end
-  end
-  for m, _ in pairs(popped) do
-    if not added[m] then self:tl_change('-', u, m) end
+    if added[m] == p and (bound_s == nil or not cmp_gt(bound_s, bound_m, p[2], m)) then
+      self:tl_change('+', u, m, p[4])
+    end
   end
 end
 

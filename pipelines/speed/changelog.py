@@ -24,7 +24,10 @@ and then trims the streams up to what Delta holds. Fields of an entry:
        (the post entered these users' timelines) or ``-member:user user ...`` (it left them), the
        member as ``tl:<user>`` holds it: the post id then the author id, zero-padded to 19 digits
        each (a timeline entry is the post (author, post): docs/views.md, "Identity"); a
-       (user, member) pair changes at most once per entry
+       (user, member) pair changes at most once per entry. Then one ``~member:event_time:user``
+       per timeline trimmed: it dropped every entry below (event_time, member), its lowest kept
+       (the amortised trim back to N + S/2 logs its bound, not the entries it dropped); it applies
+       to the entries of that timeline whose last change is in this entry or before
 =====  ==========================================================================================
 
 The value of any key after the events of a consistent cut (:func:`cut`) is its last change in

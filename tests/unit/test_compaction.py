@@ -177,3 +177,34 @@ def test_one_post_id_of_two_authors_compacts_into_two_entries(spark, redis_url, 
     ]
     top = first_n(upserts, changes.timeline_users(), 1)
     assert rows(top, "user_id", "author_id", "post_id") == [(1, 1, 10), (2, 2, 10), (4, 2, 10)]
+
+
+def test_a_trim_drops_the_entries_below_its_bound_archived_or_not(spark, redis_url, ns):  # noqa: F811
+    """N = 2, slack 2: a timeline past N + S = 4 entries is trimmed back to M = 3 and the changelog
+    logs the bound, not the entries it dropped. 2 (partition 0) follows 1 (partition 1); 1 posts
+    10-13 (4 entries in tl:1 and tl:2, no trim), then 14: both timelines hold 5, keep 12, 13, 14
+    and drop 10 and 11. Worked by hand, once with 10-13 already archived (a later compaction
+    must find them in the table) and once all in one compaction."""
+    cfg = {"timeline_length": 2, "timeline_slack": 2}
+    batches = [
+        [ev("followed", 2, 0, followee_id=1)],
+        [ev("post_created", 1, k - 9, post_id=k, text="x") for k in range(10, 14)],
+        [ev("post_created", 1, 5, post_id=14, text="x")],
+    ]
+    r = apply(redis_url, ns, batches, **cfg)
+    entries = [e for p in range(PARTITIONS) for e in changelog.read(r, ns, p, 0, 100)]
+    last = max(e["seq"] for e in entries)
+    assert [e["timeline"].count("~") for e in entries if e["seq"] == last] == [2]
+    before = Changes(spark.createDataFrame([e for e in entries if e["seq"] < last], CHANGELOG_DDL))
+    archived, gone = before.timelines()
+    assert rows(gone, "user_id") == []
+    assert rows(archived, "user_id", "post_id") == [(u, k) for u in (1, 2) for k in range(10, 14)]
+    after = Changes(spark.createDataFrame([e for e in entries if e["seq"] == last], CHANGELOG_DDL))
+    upserts, deletes = after.timelines(archived)
+    assert rows(upserts, "user_id", "post_id", "event_time") == [(1, 14, t(5)), (2, 14, t(5))]
+    assert rows(deletes, "user_id", "post_id") == [(1, 10), (1, 11), (2, 10), (2, 11)]
+    whole = Changes(spark.createDataFrame(entries, CHANGELOG_DDL))
+    upserts, deletes = whole.timelines()
+    assert rows(upserts, "user_id", "post_id") == [(u, k) for u in (1, 2) for k in (12, 13, 14)]
+    assert rows(deletes, "user_id", "post_id") == [(1, 10), (1, 11), (2, 10), (2, 11)]
+    assert sorted(r.zrange(f"{ns}:tl:2", 0, -1)) == [f"{k:019d}{1:019d}" for k in (12, 13, 14)]

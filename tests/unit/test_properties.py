@@ -72,6 +72,12 @@ def changelog_vs_timelines(client: redis.Redis, ns: str, parts, users, label: st
                 member, score, who = item[1:].split(":")
                 for u in who.split(" "):
                     folded[int(u), member] = int(score)
+            elif item[0] == "~":  # the user's timeline dropped every entry below (score, member)
+                member, score, who = item[1:].split(":")
+                bound, u = (int(score), member), int(who)
+                for (v, m), sc in list(folded.items()):
+                    if v == u and sc is not None and (sc, m) < bound:
+                        folded[v, m] = None
             else:
                 member, who = item[1:].split(":")
                 for u in who.split(" "):
@@ -81,7 +87,9 @@ def changelog_vs_timelines(client: redis.Redis, ns: str, parts, users, label: st
         want = {m: sc for (v, m), sc in folded.items() if v == u and sc is not None}
         got = {m.decode(): int(sc) for m, sc in client.zrange(f"{ns}:tl:{u}", 0, -1, withscores=True)}
         if want != got:
-            out.append(f"{label}changelog folded for tl:{u} {sorted(want.items())} != Redis {sorted(got.items())}")
+            out.append(
+                f"{label}changelog folded for tl:{u} {sorted(want.items())} != Redis {sorted(got.items())}"
+            )
     return out
 
 
