@@ -3,7 +3,8 @@
 See the package docstring for the rules. The parts: :mod:`app_sim.api.state` (the process state,
 :class:`~app_sim.api.state.Api`), :mod:`app_sim.api.errors` (error bodies and their handlers),
 :mod:`app_sim.api.deps` (caller, client headers), :mod:`app_sim.api.commands` (a command appended
-as an event, with its idempotency record) and :mod:`app_sim.api.routes` (one module per resource).
+as an event, with its idempotency record) and :mod:`app_sim.api.routes` (one module per resource);
+:mod:`app_sim.api.fastpath` answers the common GET /v1/timeline without FastAPI's request machinery.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from app_sim.api import metrics as api_metrics
 from app_sim.api.deps import client_headers
 from app_sim.api.errors import ApiError
 from app_sim.api.eventlog import EventLog
+from app_sim.api.fastpath import TimelineFastPath
 from app_sim.api.routes import ROUTERS
 from app_sim.api.state import Api
 from contract import keys, writers
@@ -85,6 +87,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.metrics = metrics  # read by GET /metrics (app_sim/api/routes/ops.py)
+    # GET /v1/timeline's common case without FastAPI in the way (app_sim/api/fastpath.py); added
+    # first, so it runs inside the metrics middleware (added last, outermost)
+    app.add_middleware(TimelineFastPath)
     app.add_middleware(api_metrics.MetricsMiddleware, metrics=metrics)
     for exc_class, handler in errors.HANDLERS:
         app.add_exception_handler(exc_class, handler)

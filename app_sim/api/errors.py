@@ -79,13 +79,17 @@ async def _log_down(_request, exc: LogUnavailable):
     )
 
 
-async def _redis_down(_request, exc: redis.RedisError):
+def store_unavailable(exc: redis.RedisError) -> Response:
     return error_response(
         503,
         "store_unavailable",
         f"the serving store is unavailable: {type(exc).__name__}",
         {"Retry-After": "1"},
     )
+
+
+async def _redis_down(_request, exc: redis.RedisError):
+    return store_unavailable(exc)
 
 
 # (exception class, handler), in the order create_app installs them

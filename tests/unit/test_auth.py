@@ -73,3 +73,14 @@ def test_only_the_canonical_spelling_of_a_token_is_accepted():
         with pytest.raises(InvalidToken):
             signer.verify(other)
     assert signer.verify(token) == 7
+
+
+def test_a_verified_token_is_remembered_and_a_refused_one_is_not():
+    signer = TokenSigner(b"s3cret")
+    token = signer.issue(7)
+    assert signer.verify(token) == signer.verify(token) == 7
+    assert signer._verified == {token: 7}
+    for _ in range(2):
+        with pytest.raises(InvalidToken):
+            signer.verify(token + "x")
+    assert signer._verified == {token: 7}

@@ -21,9 +21,14 @@ router = APIRouter()
 async def timeline(api: ApiState, me: Caller, limit: Limit = 50):
     """Your home timeline: your posts and those of whom you follow, newest first."""
     posts, as_of = await (await api.store()).timeline(me, limit)
+    return json_response(timeline_body(api.keystore, me, posts, as_of))
+
+
+def timeline_body(keystore: keys.KeyStore, me: int, posts: list[dict], as_of: dict[str, int]) -> dict:
+    """The answer of GET /v1/timeline (here and in its fast path, app_sim/api/fastpath.py)."""
     # sealed texts opened; a post whose key is gone is an erased author's, leaving every timeline
-    posts = [p for p in keys.open_fields(api.keystore, posts, "text") if p["text"] is not None]
-    return json_response({"user_id": me, "posts": posts, "as_of": as_of})
+    posts = [p for p in keys.open_fields(keystore, posts, "text") if p["text"] is not None]
+    return {"user_id": me, "posts": posts, "as_of": as_of}
 
 
 @router.get("/v1/inbox", response_model=m.Inbox, responses=ERRORS, tags=["reads"])
