@@ -54,7 +54,7 @@ whose state was written by an older layout (a fence and no or another layout) is
 line naming the rebuild command, never read with the wrong key format.
 ]]
 
-local VERSION = '19'
+local VERSION = '21'
 local LAYOUT = '2' -- the key format of the state (1: posts keyed by post_id alone)
 local EVENT_ARGS = 10
 
@@ -210,27 +210,35 @@ function Ctx:tl_add(u, posts, fresh)
   local n = self:tl_card(u, key)
   local min_s, min_m
   if n >= self.N then min_m, min_s = self:tl_min(u, key) end
-  local keep = {}
+  -- the posts to add and the ZADD's arguments (scores as the strings they are: a number would be
+  -- printed through %.17g), in one pass: this is the fan-out's hot path
+  local add, args = {}, {}
   for _, p in ipairs(posts) do
-    if min_s == nil or cmp_gt(p[2], p[1], min_s, min_m) then keep[#keep + 1] = p end
-  end
-  if #keep == 0 then return end
-  local have
-  if not fresh then
-    local args = {}
-    for i, p in ipairs(keep) do args[i] = p[1] end
-    have = redis.call('ZMSCORE', key, unpack(args))
-  end
-  local added, count, args = {}, 0, {}
-  for i, p in ipairs(keep) do
-    if (have == nil or have[i] == false) and added[p[1]] == nil then
-      added[p[1]] = p
-      count = count + 1
-      args[#args + 1] = p[4] -- the score as the string it is (a number would be printed through %.17g)
+    local s = p[2]
+    if min_s == nil or s > min_s or (s == min_s and p[1] > min_m) then
+      add[#add + 1] = p
+      args[#args + 1] = p[4]
       args[#args + 1] = p[1]
     end
   end
-  if count == 0 then return end
+  if #add == 0 then return end
+  if not fresh then -- older posts: those tl:u holds already, or listed twice, are not added again
+    local members = {}
+    for i, p in ipairs(add) do members[i] = p[1] end
+    local have, seen = redis.call('ZMSCORE', key, unpack(members)), {}
+    local all = add
+    add, args = {}, {}
+    for i, p in ipairs(all) do
+      if have[i] == false and seen[p[1]] == nil then
+        seen[p[1]] = true
+        add[#add + 1] = p
+        args[#args + 1] = p[4]
+        args[#args + 1] = p[1]
+      end
+    end
+    if #add == 0 then return end
+  end
+  local count = #add
   if redis.call('ZADD', key, unpack(args)) ~= count then
     error('fan-out into ' .. key .. ': a new post was in the timeline already')
   end
@@ -249,11 +257,8 @@ function Ctx:tl_add(u, posts, fresh)
     self:tl_trim(u, bound_m, lo[2])
   end
   self.card[u] = n
-  for _, p in ipairs(keep) do
-    local m = p[1]
-    if added[m] == p and (bound_s == nil or not cmp_gt(bound_s, bound_m, p[2], m)) then
-      self:tl_change('+', u, m, p[4])
-    end
+  for _, p in ipairs(add) do
+    if bound_s == nil or not cmp_gt(bound_s, bound_m, p[2], p[1]) then self:tl_change('+', u, p[1], p[4]) end
   end
 end
 
@@ -402,16 +407,32 @@ function Ctx:tl_remove(u, members)
   end
 end
 
--- An author's latest N + S live posts as {member, score, author, score formatted}: the only ones that can be in
--- any timeline (a post kept in a timeline has its author's newer posts above it).
-function Ctx:latest_posts(a)
-  local rows = redis.call('ZREVRANGE', self:k('posts', a), 0, self.N + self.S - 1, 'WITHSCORES')
+-- An author's latest N + S live posts as {member, score, author, score as a string}: the only ones
+-- that can be in any timeline (a post kept in a timeline has its author's newer posts above it).
+-- `floor` (a score, or nil): only those at or above it (a follow or an unfollow needs no post
+-- below the minimum of a timeline that holds N or more).
+function Ctx:latest_posts(a, floor)
+  local rows
+  if floor == nil then
+    rows = redis.call('ZREVRANGE', self:k('posts', a), 0, self.N + self.S - 1, 'WITHSCORES')
+  else
+    rows = redis.call('ZREVRANGEBYSCORE', self:k('posts', a), '+inf', floor, 'WITHSCORES', 'LIMIT', 0,
+      self.N + self.S)
+  end
   local out = {}
   for i = 1, #rows, 2 do
-    local s = tonumber(rows[i + 1])
-    out[#out + 1] = {tl_member(rows[i], a), s, a, string.format('%d', s)}
+    -- (a score comes back as the integer it is: event times are whole ms, below 2^53)
+    out[#out + 1] = {tl_member(rows[i], a), tonumber(rows[i + 1]), a, rows[i + 1]}
   end
   return out
+end
+
+-- The lowest score tl:u can take a post at (nil: any): its minimum once it holds N or more.
+function Ctx:tl_floor(u)
+  local key = self:k('tl', u)
+  if self:tl_card(u, key) < self.N then return nil end
+  local _, s = self:tl_min(u, key)
+  return s
 end
 
 local function members_of(posts)
@@ -454,7 +475,7 @@ function apply.followed(c, e)
     local latest = members_of(c:latest_posts(a))
     for _, f in ipairs(redis.call('SMEMBERS', c:k('followers', a))) do c:tl_remove(f, latest) end
   elseif n <= c.T then
-    c:tl_add(u, c:latest_posts(a))
+    c:tl_add(u, c:latest_posts(a, c:tl_floor(u)))
   end
 end
 
@@ -470,7 +491,12 @@ function Ctx:unfollow(u, a)
   redis.call('SREM', c:k('followers', a), u)
   local n = redis.call('SCARD', c:k('followers', a))
   if n + 1 <= c.T then
-    c:tl_remove(u, members_of(c:latest_posts(a)))
+    -- (only posts at or above tl:u's minimum can be in it)
+    local key = c:k('tl', u)
+    if c:tl_card(u, key) > 0 then
+      local _, lo = c:tl_min(u, key)
+      c:tl_remove(u, members_of(c:latest_posts(a, lo)))
+    end
   elseif n <= c.T then
     -- back under the threshold: fanned out again, to every remaining follower
     c:set_celeb(a, false, n)
@@ -490,7 +516,16 @@ function apply.post_created(c, e)
   local post = {tl_member(m, a), e.et, a, string.format('%d', e.et)}
   c:queue(a, post)
   if not c:is_celeb(a) then
-    for _, f in ipairs(redis.call('SMEMBERS', c:k('followers', a))) do c:queue(f, post) end
+    local pending, order = c.pending, c.pending_order -- (c:queue inlined: once per follower)
+    for _, f in ipairs(redis.call('SMEMBERS', c:k('followers', a))) do
+      local q = pending[f]
+      if q == nil then
+        q = {}
+        pending[f] = q
+        order[#order + 1] = f
+      end
+      q[#q + 1] = post
+    end
   end
 end
 
