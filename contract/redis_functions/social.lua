@@ -54,7 +54,7 @@ whose state was written by an older layout (a fence and no or another layout) is
 line naming the rebuild command, never read with the wrong key format.
 ]]
 
-local VERSION = '21'
+local VERSION = '22'
 local LAYOUT = '2' -- the key format of the state (1: posts keyed by post_id alone)
 local EVENT_ARGS = 10
 
@@ -210,33 +210,31 @@ function Ctx:tl_add(u, posts, fresh)
   local n = self:tl_card(u, key)
   local min_s, min_m
   if n >= self.N then min_m, min_s = self:tl_min(u, key) end
-  -- the posts to add and the ZADD's arguments (scores as the strings they are: a number would be
-  -- printed through %.17g), in one pass: this is the fan-out's hot path
-  local add, args = {}, {}
+  -- the posts above the minimum of a timeline holding N or more (this is the fan-out's hot path)
+  local add = {}
   for _, p in ipairs(posts) do
     local s = p[2]
-    if min_s == nil or s > min_s or (s == min_s and p[1] > min_m) then
-      add[#add + 1] = p
-      args[#args + 1] = p[4]
-      args[#args + 1] = p[1]
-    end
+    if min_s == nil or s > min_s or (s == min_s and p[1] > min_m) then add[#add + 1] = p end
   end
   if #add == 0 then return end
   if not fresh then -- older posts: those tl:u holds already, or listed twice, are not added again
     local members = {}
     for i, p in ipairs(add) do members[i] = p[1] end
-    local have, seen = redis.call('ZMSCORE', key, unpack(members)), {}
-    local all = add
-    add, args = {}, {}
-    for i, p in ipairs(all) do
+    local have, seen, new = redis.call('ZMSCORE', key, unpack(members)), {}, {}
+    for i, p in ipairs(add) do
       if have[i] == false and seen[p[1]] == nil then
         seen[p[1]] = true
-        add[#add + 1] = p
-        args[#args + 1] = p[4]
-        args[#args + 1] = p[1]
+        new[#new + 1] = p
       end
     end
+    add = new
     if #add == 0 then return end
+  end
+  -- scores as the strings they are (a number would be printed through %.17g)
+  local args = {}
+  for i, p in ipairs(add) do
+    args[2 * i - 1] = p[4]
+    args[2 * i] = p[1]
   end
   local count = #add
   if redis.call('ZADD', key, unpack(args)) ~= count then
