@@ -163,18 +163,15 @@ class Changes:
                 .select(*key, "event_time", F.lit(-1).cast("bigint").alias("seq"))
             )
             cands = cands.unionByName(untouched)
-        c = cands.alias("c")
-        t = trims.alias("t")
-        below = (F.col("c.event_time") < F.col("t.b_time")) | (
-            (F.col("c.event_time") == F.col("t.b_time"))
-            & (
-                (F.col("c.post_id") < F.col("t.b_post"))
-                | ((F.col("c.post_id") == F.col("t.b_post")) & (F.col("c.author_id") < F.col("t.b_author")))
-            )
+        # below the bound in the timeline's order: (event time, post id, author id), compared as structs
+        below = F.struct("c.event_time", "c.post_id", "c.author_id") < F.struct(
+            "t.b_time", "t.b_post", "t.b_author"
         )
         dropped = (
-            c.join(
-                t, (F.col("c.user_id") == F.col("t.user_id")) & (F.col("t.t_seq") >= F.col("c.seq")) & below
+            cands.alias("c")
+            .join(
+                trims.alias("t"),
+                (F.col("c.user_id") == F.col("t.user_id")) & (F.col("t.t_seq") >= F.col("c.seq")) & below,
             )
             .select(*[F.col(f"c.{k}").alias(k) for k in key])
             .distinct()
