@@ -184,7 +184,8 @@ def run_configured(host: str, out_dir: Path, locustfile: Path, extra: list[str])
         return code, None
     summary = json.loads(summary_file.read_text())
     summary["endpoints"] = endpoint_rows(out_dir / "load_stats.csv")
-    summary["locust_exit_code"] = code
+    summary["locust_exit_code"] = code  # 1 when the serving target (locust.conf) is missed
+    summary_file.write_text(json.dumps(summary, indent=2) + "\n")
     return code, summary
 
 

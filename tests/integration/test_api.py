@@ -887,11 +887,13 @@ def test_make_load_fails_through_locusts_exit_code_when_the_target_is_missed(api
 
     code, summary = load("missed", "--max-read-p99-ms", "0.001")  # no read is that fast
     assert code == 1, summary
+    assert summary["locust_exit_code"] == 1  # the file says what the command's status said
     assert summary["reads"]["requests"] > 0
     assert summary["target"]["met"] is False
     assert summary["target"]["misses"][0].startswith("reads p99 ")
     code, summary = load("met", "--max-read-p99-ms", "60000", "--max-fail-ratio", "0.5")
     assert code == 0, summary
+    assert summary["locust_exit_code"] == 0
     assert summary["target"] == {
         "max_read_p99_ms": 60000.0,
         "max_fail_ratio": 0.5,
