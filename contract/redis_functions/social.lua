@@ -54,7 +54,7 @@ whose state was written by an older layout (a fence and no or another layout) is
 line naming the rebuild command, never read with the wrong key format.
 ]]
 
-local VERSION = '22'
+local VERSION = '23'
 local LAYOUT = '2' -- the key format of the state (1: posts keyed by post_id alone)
 local EVENT_ARGS = 10
 
@@ -210,7 +210,8 @@ function Ctx:tl_add(u, posts, fresh)
   local n = self:tl_card(u, key)
   local min_s, min_m
   if n >= self.N then min_m, min_s = self:tl_min(u, key) end
-  -- the posts above the minimum of a timeline holding N or more (this is the fan-out's hot path)
+  -- the posts above the minimum of a timeline holding N or more (cmp_gt inlined: the fan-out's
+  -- hot path)
   local add = {}
   for _, p in ipairs(posts) do
     local s = p[2]
@@ -266,14 +267,18 @@ end
 -- and at the end of the call. A function runs alone, so no reader sees a run half applied, and
 -- the result is the one post-at-a-time gives: the latest N + S of the old entries and the new
 -- posts above the old minimum (a timeline is a function of the set of posts it may hold).
-function Ctx:queue(u, post)
-  local q = self.pending[u]
-  if q == nil then
-    q = {}
-    self.pending[u] = q
-    self.pending_order[#self.pending_order + 1] = u
+-- `users`: the timelines (a list of user ids) `post` goes to; one call per post, not per follower.
+function Ctx:queue(users, post)
+  local pending, order = self.pending, self.pending_order
+  for _, u in ipairs(users) do
+    local q = pending[u]
+    if q == nil then
+      q = {}
+      pending[u] = q
+      order[#order + 1] = u
+    end
+    q[#q + 1] = post
   end
-  q[#q + 1] = post
 end
 
 -- Apply the queued posts; their timeline changes go to the changelog entry of the last event
@@ -425,10 +430,11 @@ function Ctx:latest_posts(a, floor)
   return out
 end
 
--- The lowest score tl:u can take a post at (nil: any): its minimum once it holds N or more.
-function Ctx:tl_floor(u)
+-- tl:u's minimum score once it holds at least `k` posts (nil: fewer). With k = N, the lowest score
+-- tl:u can take a post at (a follow); with k = 1, the lowest a post in it can have (an unfollow).
+function Ctx:tl_floor(u, k)
   local key = self:k('tl', u)
-  if self:tl_card(u, key) < self.N then return nil end
+  if self:tl_card(u, key) < k then return nil end
   local _, s = self:tl_min(u, key)
   return s
 end
@@ -473,7 +479,7 @@ function apply.followed(c, e)
     local latest = members_of(c:latest_posts(a))
     for _, f in ipairs(redis.call('SMEMBERS', c:k('followers', a))) do c:tl_remove(f, latest) end
   elseif n <= c.T then
-    c:tl_add(u, c:latest_posts(a, c:tl_floor(u)))
+    c:tl_add(u, c:latest_posts(a, c:tl_floor(u, c.N)))
   end
 end
 
@@ -489,12 +495,9 @@ function Ctx:unfollow(u, a)
   redis.call('SREM', c:k('followers', a), u)
   local n = redis.call('SCARD', c:k('followers', a))
   if n + 1 <= c.T then
-    -- (only posts at or above tl:u's minimum can be in it)
-    local key = c:k('tl', u)
-    if c:tl_card(u, key) > 0 then
-      local _, lo = c:tl_min(u, key)
-      c:tl_remove(u, members_of(c:latest_posts(a, lo)))
-    end
+    -- (only posts at or above tl:u's minimum can be in it; an empty tl:u has none of a's)
+    local lo = c:tl_floor(u, 1)
+    if lo ~= nil then c:tl_remove(u, members_of(c:latest_posts(a, lo))) end
   elseif n <= c.T then
     -- back under the threshold: fanned out again, to every remaining follower
     c:set_celeb(a, false, n)
@@ -512,19 +515,8 @@ function apply.post_created(c, e)
   redis.call('SET', c:k('p', a .. ':' .. pid), post_json(pid, a, e.s1, e.et))
   c:change('P', a, pid, e.et, e.s1, 0, nil)
   local post = {tl_member(m, a), e.et, a, string.format('%d', e.et)}
-  c:queue(a, post)
-  if not c:is_celeb(a) then
-    local pending, order = c.pending, c.pending_order -- (c:queue inlined: once per follower)
-    for _, f in ipairs(redis.call('SMEMBERS', c:k('followers', a))) do
-      local q = pending[f]
-      if q == nil then
-        q = {}
-        pending[f] = q
-        order[#order + 1] = f
-      end
-      q[#q + 1] = post
-    end
-  end
+  c:queue({a}, post)
+  if not c:is_celeb(a) then c:queue(redis.call('SMEMBERS', c:k('followers', a)), post) end
 end
 
 function apply.post_deleted(c, e)
