@@ -1,6 +1,6 @@
 # One image for the Python side (speed layer, API, analytics, archiver, Airflow), built like a fresh
 # checkout: the project with its locked dependencies (`uv sync --locked`, uv.lock) and the
-# checksum-verified jars (infra/jvm). docker-compose.yml builds and runs it; tests/unit/test_compose.py
+# checksum-verified jars (infra/jvm). docker-compose.yml builds and runs it; tests/integration/local/test_compose.py
 # resolves every command against it and checks with apt-cache that each package installed below
 # exists in the base's Debian release. No image is built in CI (no Docker engine there).
 # The base is pinned to a Debian release, the one the project's machines run: `python:3.11-slim`

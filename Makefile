@@ -8,7 +8,7 @@ UV      := .tools/bin/uv
 STAMP   := .venv/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help setup deps up down status airflow demo test test-faults test-properties test-unit test-integration bench load load-steps load-read-heavy tail history reports dual-write compare erasure-audit lint fmt clean
+.PHONY: help setup deps up down status airflow demo test test-fast test-faults test-properties test-integration bench load load-steps load-read-heavy tail history reports dual-write compare erasure-audit lint fmt clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -98,27 +98,40 @@ SHORT_JOBS := SOCIAL_SPARK_DRIVER_JAVA_OPTIONS="$${SOCIAL_SPARK_DRIVER_JAVA_OPTI
 	SOCIAL_KAFKA_JAVA_OPTIONS="$${SOCIAL_KAFKA_JAVA_OPTIONS-$(SHORT_JVM)}" \
 	SOCIAL_IDLE_POLL_MS="$${SOCIAL_IDLE_POLL_MS-250}" \
 	$(SMALL_DATA)
-# The unit run's one JVM keeps C2 (it lives for minutes), with the serial collector.
-UNIT_JVM := SOCIAL_SPARK_DRIVER_JAVA_OPTIONS="$${SOCIAL_SPARK_DRIVER_JAVA_OPTIONS-$(SERIAL_GC)}"
-# The integration files go to INTEGRATION_WORKERS pytest-xdist workers (each with its own Kafka and
-# Redis, a file at a time, longest first: tests/integration/conftest.py): most of their time one
-# JVM at a time waits on a stream, a restart or real time, so one run alone left the cores idle.
+# The local run's one JVM (tests/integration/local: a Spark session per module, no broker) keeps C2
+# (it lives for minutes), with the serial collector.
+LOCAL_JVM := SOCIAL_SPARK_DRIVER_JAVA_OPTIONS="$${SOCIAL_SPARK_DRIVER_JAVA_OPTIONS-$(SERIAL_GC)}"
+# The integration files that start a stack go to INTEGRATION_WORKERS pytest-xdist workers (each with
+# its own Kafka and Redis, a file at a time, longest first: tests/integration/conftest.py): most of
+# their time one JVM at a time waits on a stream, a restart or real time, so one run alone left the
+# cores idle.
 INTEGRATION_WORKERS ?= 2
-INTEGRATION := $(SHORT_JOBS) $(PY) -m pytest tests/integration -n $(INTEGRATION_WORKERS) --dist loadfile --no-loadscope-reorder
-# The unit run goes beside them; its output follows theirs. On a fresh clone the Spark class archive
-# (~45 s, one core: `make setup`) is dumped first in the unit run's line, while the integration run
+INTEGRATION := $(SHORT_JOBS) $(PY) -m pytest tests/integration --ignore=tests/integration/local -n $(INTEGRATION_WORKERS) --dist loadfile --no-loadscope-reorder
+# The local run goes beside them; its output follows theirs. On a fresh clone the Spark class archive
+# (~45 s, one core: `make setup`) is dumped first in the local run's line, while the xdist run
 # starts: its first drivers start without the archive (the driver checks it exists; it appears
-# whole, by a rename), and the unit run, which checks the archive, starts once it is there. The
+# whole, by a rename), and the local run, which checks the archive, starts once it is there. The
 # tests began ~45 s later when setup dumped it first (2026-11-26 night: setup 84 s of a 21.2-min run).
-test: deps ## unit + integration tests against the real local stack (side by side)
+LOCAL := ( $(PY) -m social spark class-archive && \
+	  $(LOCAL_JVM) $(SMALL_DATA) $(PY) -m pytest tests/integration/local $(PYTEST_ARGS) ) > var/test-local.log 2>&1
+
+# The fast tier first (tests/unit: no JVM, no Go, a real redis-server; under 2 minutes), so a broken
+# view fails in minutes; then the integration tier, which takes half an hour.
+test: deps ## every test: the fast tier, then the integration tier
+	@$(MAKE) --no-print-directory test-fast
+	@$(MAKE) --no-print-directory test-integration
+
+test-fast: deps ## the fast tier: every test that needs no JVM and no Go, the property test included (minutes)
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+test-integration: deps ## the integration tier: the stack's tests on INTEGRATION_WORKERS xdist workers, tests/integration/local beside them
 	@mkdir -p var
-	@( $(PY) -m social spark class-archive && \
-	  $(UNIT_JVM) $(SMALL_DATA) $(PY) -m pytest tests/unit $(PYTEST_ARGS) ) > var/test-unit.log 2>&1 & unit=$$!; \
+	@$(LOCAL) & local=$$!; \
 	$(INTEGRATION) $(PYTEST_ARGS); integration=$$?; \
-	wait $$unit; unit=$$?; \
-	echo "=== tests/unit (run beside the integration tests, log: var/test-unit.log) ==="; \
-	cat var/test-unit.log; \
-	exit $$(( integration || unit ))
+	wait $$local; local=$$?; \
+	echo "=== tests/integration/local (run beside the xdist run, log: var/test-local.log) ==="; \
+	cat var/test-local.log; \
+	exit $$(( integration || local ))
 
 test-faults: setup ## fault runs on a 3-node Kafka cluster, 60 s each (make test runs them for 10 s) -> var/reports/faults/
 	SOCIAL_FAULT_RUN_S=$${SOCIAL_FAULT_RUN_S:-60} $(SHORT_JOBS) $(PY) -m pytest -m faults tests/integration $(PYTEST_ARGS)
@@ -133,12 +146,6 @@ test-properties: setup ## property-based differential test, longer: PROPERTY_EXA
 	SOCIAL_PROPERTY_EXAMPLES=$(PROPERTY_EXAMPLES) SOCIAL_PROPERTY_BATCHES=$(PROPERTY_BATCHES) \
 	SOCIAL_PROPERTY_BATCH=$(PROPERTY_BATCH) $(SHORT_JOBS) $(PY) -m pytest tests/unit/test_properties.py \
 	tests/integration/test_properties.py --timeout=0 $(PYTEST_ARGS)
-
-test-unit: setup ## fast tests, no broker
-	$(UNIT_JVM) $(SMALL_DATA) $(PY) -m pytest tests/unit $(PYTEST_ARGS)
-
-test-integration: setup ## tests against the real local stack (INTEGRATION_WORKERS xdist workers)
-	$(INTEGRATION) $(PYTEST_ARGS)
 
 bench: setup ## side-by-side benchmarks -> var/reports/bench/latest.json
 	@$(PY) -m social bench
@@ -170,10 +177,11 @@ compare: setup ## Lambda (batch layer) vs Kappa (replay) on one generated log ->
 erasure-audit: setup ## erase a canary user on a scratch stack, then search every store for it -> var/reports/erasure_audit/
 	@$(PY) -m social erasure-audit $(AUDIT_ARGS)
 
-lint: $(STAMP) ## ruff (check, format) and the floors (lint-imports: [tool.importlinter] in pyproject.toml)
+lint: $(STAMP) ## ruff (check, format), the floors (lint-imports: [tool.importlinter] in pyproject.toml), one client factory
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	.venv/bin/lint-imports
+	$(PY) -m pytest -q --no-header --durations=0 --durations-min=1 tests/unit/test_clients.py
 
 fmt: setup
 	$(PY) -m ruff format .

@@ -288,7 +288,7 @@ def _warm_up(spark, scratch: Path) -> None:
 # compiled code and no heap, so the run's compiler and collector are not in it: it runs with the
 # cheapest ones, C1 alone and the serial collector (a fresh clone's `make setup`, side by side:
 # 57.6 -> 36.0 CPU-s). A driver with C2 and G1 maps the archive all the same
-# (tests/unit/test_spark_class_archive.py starts one with -Xshare:on, which refuses an unusable one).
+# (tests/integration/local/test_spark_class_archive.py starts one with -Xshare:on, which refuses an unusable one).
 DUMP_JVM = ("-XX:TieredStopAtLevel=1", "-XX:ReservedCodeCacheSize=240m")
 
 

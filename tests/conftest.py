@@ -12,7 +12,10 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 import signal
+import subprocess
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -144,3 +147,51 @@ def topic_factory(kafka_stack: RunningStack, request: pytest.FixtureRequest) -> 
             delete_topic(kafka_stack.settings, name)
         except Exception:  # noqa: BLE001 - cleanup must not mask the test's own outcome
             pass
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory):
+    """A redis-server of this module's own, started in milliseconds (the keyed state's tests:
+    docs/views.md by hand, the property test, the compaction of a changelog the real functions
+    wrote). Both tiers use it; nothing else of the stack is started."""
+    server = shutil.which("redis-server")
+    if server is None:
+        pytest.fail("redis-server not on PATH: run `make setup`")
+    from infra.stack import free_port_block
+
+    port = free_port_block(1)
+    d = tmp_path_factory.mktemp("redis")
+    proc = subprocess.Popen(
+        [
+            server,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(d),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    import redis
+
+    client = redis.Redis.from_url(url)
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            if time.monotonic() > deadline:
+                proc.kill()
+                pytest.fail("redis-server did not start")
+            time.sleep(0.05)
+    yield url
+    proc.terminate()
+    proc.wait(10)

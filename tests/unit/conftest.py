@@ -1,22 +1,40 @@
-"""Unit-test fixtures: one small local SparkSession (the test baseline of pipelines.spark), and a
-private Airflow (its metadata DB in a temporary AIRFLOW_HOME) for the DAG tests."""
+"""The fast tier's fixtures (docs/testing.md): a private redis-server per module (the views' Lua runs
+in a real Redis, which starts in milliseconds) and a private Airflow (its metadata DB in a temporary
+AIRFLOW_HOME) for the DAG tests.
+
+No test here starts a JVM or needs Go: `java` and `go` resolve to a stand-in that fails with one line
+saying where such a test belongs (tests/integration/local/), for this process and every process a
+test starts, so a slow test cannot creep back into the fast tier unnoticed.
+"""
 
 from __future__ import annotations
 
 import atexit
 import os
 import shutil
-import socket
-import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
-import redis
 
 from infra.airflow import airflow_env
 from infra.settings import get_settings
+
+_NO_JVM = Path(tempfile.mkdtemp(prefix="fast-tier-no-jvm-"))
+atexit.register(shutil.rmtree, _NO_JVM, ignore_errors=True)
+(_NO_JVM / "bin").mkdir()
+for _tool in ("java", "go"):
+    _stub = _NO_JVM / "bin" / _tool
+    _stub.write_text(
+        "#!/bin/sh\n"
+        f'echo \'tests/unit is the fast tier: it starts no JVM and needs no Go ({_tool} "$*");'
+        " a test that does belongs in tests/integration/local/ (docs/testing.md)' >&2\n"
+        "exit 97\n"
+    )
+    _stub.chmod(0o755)
+os.environ["PATH"] = f"{_NO_JVM / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"
+os.environ["JAVA_HOME"] = str(_NO_JVM)
+os.environ["SOCIAL_SPARK_JAVA_HOME"] = str(_NO_JVM)  # what Spark's launcher would be given
 
 # Airflow reads its configuration once, at its first import in this process: every unit test
 # that imports it gets the project's Airflow environment with a private home, never var/airflow.
@@ -34,60 +52,3 @@ def airflow_db():
     from infra.airflow import ensure_db
 
     return ensure_db(AIRFLOW_SETTINGS)
-
-
-@pytest.fixture(scope="module")
-def spark(tmp_path_factory):
-    """A fresh session per test module: memory held by one module's jobs cannot starve the next."""
-    from infra.settings import get_settings
-    from pipelines.spark import build_spark
-
-    settings = get_settings(var_dir=tmp_path_factory.mktemp("spark-var"), spark_master="local[2]")
-    session = build_spark("unit-tests", settings, testing=True)
-    yield session
-    session.stop()
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory):
-    """A redis-server of this module's own (the keyed state's tests: docs/views.md by hand, the
-    property test, the compaction of a changelog the real functions wrote)."""
-    server = shutil.which("redis-server")
-    if server is None:
-        pytest.fail("redis-server not on PATH: run `make setup`")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    d = tmp_path_factory.mktemp("redis")
-    proc = subprocess.Popen(
-        [
-            server,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(d),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
-    client = redis.Redis.from_url(url)
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            if time.monotonic() > deadline:
-                proc.kill()
-                pytest.fail("redis-server did not start")
-            time.sleep(0.05)
-    yield url
-    proc.terminate()
-    proc.wait(10)

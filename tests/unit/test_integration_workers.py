@@ -36,7 +36,15 @@ def test_the_files_go_out_longest_first_in_the_order_xdist_keeps():
     names = {p.name for p in (ROOT / "tests" / "integration").glob("test_*.py")}
     assert set(FILE_SECONDS) <= names  # a renamed file would silently lose its place
     out = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "tests/integration"],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--collect-only",
+            "-q",
+            "tests/integration",
+            "--ignore=tests/integration/local",  # as the Makefile's INTEGRATION runs them
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -56,3 +64,4 @@ def test_the_files_go_out_longest_first_in_the_order_xdist_keeps():
         line for line in (ROOT / "Makefile").read_text().splitlines() if line.startswith("INTEGRATION :=")
     )
     assert "--dist loadfile" in integration and "--no-loadscope-reorder" in integration
+    assert "--ignore=tests/integration/local" in integration

@@ -1,5 +1,5 @@
 """The JVM flags `make test` gives its integration run's Spark drivers (Makefile: SHORT_JOBS) and
-its unit run's (UNIT_JVM).
+its local run's (LOCAL_JVM).
 
 `-XX:TieredStopAtLevel=1` alone switches the JVM to client emulation, whose code cache is 48 MiB:
 a long rebuild filled it and died of "Out of space in CodeCache for method handle intrinsic".
@@ -108,10 +108,10 @@ def test_test_brokers_get_the_same_flags_and_idle_streams_poll_less(tmp_path):
     )
 
 
-def test_the_unit_run_keeps_c2_with_the_serial_collector():
+def test_the_local_run_keeps_c2_with_the_serial_collector():
     makefile = (REPO_ROOT / "Makefile").read_text()
-    unit = re.search(r"^UNIT_JVM := .*\$\$\{SOCIAL_SPARK_DRIVER_JAVA_OPTIONS-(.*?)\}\"$", makefile, re.M)
-    assert unit, "no UNIT_JVM in the Makefile"
+    unit = re.search(r"^LOCAL_JVM := .*\$\$\{SOCIAL_SPARK_DRIVER_JAVA_OPTIONS-(.*?)\}\"$", makefile, re.M)
+    assert unit, "no LOCAL_JVM in the Makefile"
     flags = shlex.split(expand(unit.group(1), makefile))
     assert flags == ["-XX:+UseSerialGC"]
-    assert re.search(r"\$\(UNIT_JVM\) \$\(SMALL_DATA\) \$\(PY\) -m pytest tests/unit", makefile)
+    assert re.search(r"\$\(LOCAL_JVM\) \$\(SMALL_DATA\) \$\(PY\) -m pytest tests/integration/local", makefile)

@@ -14,7 +14,7 @@ import pytest
 
 from pipelines.analytics.config import AnalyticsConfig
 from pipelines.analytics.joins import time_to_read_per_hour
-from tests.unit.analytics_harness import T0_MS, Log, at, ev
+from tests.integration.local.analytics_harness import T0_MS, Log, at, ev
 
 pytestmark = pytest.mark.spark
 HOUR = 3600

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.unit.analytics_harness import Log, at, ev
+from tests.integration.local.analytics_harness import Log, at, ev
 
 pytestmark = pytest.mark.spark
 DAY = 86_400

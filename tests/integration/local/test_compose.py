@@ -64,7 +64,7 @@ def compose_check(tmp_path_factory) -> Path:
     go = shutil.which("go")
     if go is None:
         pytest.fail(
-            "`go` is not on PATH: tests/unit/test_compose.py loads docker-compose.yml with compose-go "
+            "`go` is not on PATH: tests/integration/local/test_compose.py loads docker-compose.yml with compose-go "
             "(tests/compose/compose_check), built with Go 1.24 or later; install Go",
             pytrace=False,
         )
