@@ -22,6 +22,7 @@ from app_sim import auth
 from app_sim.api.eventlog import EventLog, LogUnavailable
 from contract.ids import new_event_id, wall_clock_ms
 from contract.keys import KeyStore
+from infra import clients
 from infra.settings import Settings, get_settings
 
 
@@ -41,7 +42,7 @@ async def namespace(client: redis.asyncio.Redis, settings: Settings) -> str:
 async def erase(user_id: int, settings: Settings) -> dict:
     """Append ``user_erased`` for ``user_id``; returns ``{event_id, partition, offset}`` (or
     ``{"already_erased": true}``)."""
-    client = redis.asyncio.Redis.from_url(settings.redis_url, decode_responses=True)
+    client = clients.redis_client(settings.redis_url, "request", decode_responses=True, asyncio=True)
     try:
         ns = await namespace(client, settings)
         pipe = client.pipeline(transaction=False)

@@ -677,11 +677,11 @@ class Summary:
         return "\n".join(lines)
 
 
-def producer_config(bootstrap: str) -> dict:
+def producer_for(bootstrap: str, on_delivery: Callable | None = None):
     """The project's durable producer (acks=all, idempotent) tuned for throughput (big lz4 batches)."""
     from infra import clients
 
-    return clients.producer_config(bootstrap, "app_sim.generator", clients.THROUGHPUT)
+    return clients.kafka_producer(bootstrap, "app_sim.generator", "throughput", on_delivery=on_delivery)
 
 
 def produce(
@@ -708,7 +708,6 @@ def produce(
     deletes the user's key once the records before it are acknowledged (at the next progress
     step, or at the end); later records of that user are sealed with a key no one keeps.
     """
-    from confluent_kafka import Producer
 
     config = config or GeneratorConfig()
     if config.worker_id is None:  # a worker id of its own for the life of the log, before any write
@@ -733,7 +732,7 @@ def produce(
             if not first_error:
                 first_error.append(str(err))
 
-    producer = Producer({**producer_config(bootstrap), "on_delivery": on_delivery})
+    producer = producer_for(bootstrap, on_delivery)
     send = producer.produce
     poll = producer.poll
     dumps = orjson.dumps
@@ -884,7 +883,6 @@ def inject(
     The ids are snowflakes of ``worker_id``; None (the default): one allocated for this call from
     the log's registry (contract.writers), so an injection never reuses a generator run's ids.
     """
-    from confluent_kafka import Producer
 
     from infra.settings import get_settings
 
@@ -893,7 +891,7 @@ def inject(
         from contract import writers
 
         worker_id = writers.allocate_for(bootstrap, topic, "inject", settings).worker_id
-    producer = Producer(producer_config(bootstrap))
+    producer = producer_for(bootstrap)
     n = 0
     window_s = {
         "burst": s.rule_burst_window_s / 2,

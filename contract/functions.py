@@ -46,19 +46,15 @@ from pathlib import Path
 
 import redis
 
+from infra import clients
+
 LIBRARY = Path(__file__).with_name("redis_functions") / "social.lua"
 NAME = "social"
 
 
-# One FCALL over a large group of records can keep Redis busy for seconds on a loaded machine, and
-# every other client waits behind it; redis-py's default read timeout (5 s) would then fail a
-# cut, a verify or a restore that only had to wait.
-SOCKET_TIMEOUT_S = 60
-
-
-def connect(url: str, **kwargs) -> redis.Redis:
-    """A client of the keyed state (bytes in and out), with :data:`SOCKET_TIMEOUT_S`."""
-    return redis.Redis.from_url(url, socket_timeout=SOCKET_TIMEOUT_S, **kwargs)
+def connect(url: str) -> redis.Redis:
+    """A job's client of the keyed state (bytes in and out: infra.clients, the "job" timeout)."""
+    return clients.redis_client(url)
 
 
 def key(namespace: str, *parts) -> str:

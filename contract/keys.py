@@ -304,11 +304,10 @@ def open_fields(store: KeyStore, items: list[dict], field: str) -> list[dict]:
 
 def honour_erasures(settings: Settings) -> dict:
     """Delete the key of every user the served views list as erased (run after a restore)."""
-    import redis
-
     from contract import namespaces
+    from infra import clients
 
-    client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+    client = clients.redis_client(settings.redis_url, decode_responses=True)
     ns = settings.views_namespace or client.get(namespaces.REDIS_KEY) or namespaces.active(settings)
     erased = [int(u) for u in client.smembers(f"{ns}:erased")]
     store = KeyStore.for_settings(settings)

@@ -16,6 +16,7 @@ import redis
 import redis.asyncio
 
 from contract import functions
+from infra import clients
 
 PAD = 19  # int64 post ids zero-padded: lexicographic order == numeric order for equal scores
 
@@ -48,7 +49,8 @@ def timeline_reply(reply) -> tuple[list[dict], dict[str, int]]:
 
 
 def connect(url: str) -> redis.Redis:
-    return redis.Redis.from_url(url, decode_responses=True, socket_timeout=30)
+    """A job's client of the served views (text in and out: infra.clients, the "job" timeout)."""
+    return clients.redis_client(url, decode_responses=True)
 
 
 key = functions.key  # one owner of the key layout: contract.functions

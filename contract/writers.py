@@ -45,6 +45,7 @@ from dataclasses import dataclass, replace
 import orjson
 
 from contract.ids import MAX_WORKER_ID
+from infra import clients
 from infra.settings import Settings, get_settings
 from infra.stack import ensure_writers_topic, writers_topic, writers_topic_configs
 
@@ -113,35 +114,27 @@ class _Registry:
     """One writer's view of the registry: a consumer at the position read so far, a producer."""
 
     def __init__(self, settings: Settings, topic: str, timeout_s: float):
-        from confluent_kafka import Consumer, Producer, TopicPartition
+        from confluent_kafka import TopicPartition
 
         self.topic = topic
         self.timeout_s = timeout_s
         self.tp = TopicPartition(topic, 0)
-        self.consumer = Consumer(
+        self.consumer = clients.kafka_consumer(
+            settings.kafka_bootstrap,
+            f"{topic}.reader",  # assign() only: nothing is ever committed
             {
-                "bootstrap.servers": settings.kafka_bootstrap,
-                "group.id": f"{topic}.reader",  # assign() only: nothing is ever committed
-                "enable.auto.commit": False,
                 "fetch.wait.max.ms": 20,  # at the end of the registry: answer now, not in 500 ms
                 "auto.offset.reset": "earliest",
                 "logger": _quiet,
-            }
+            },
         )
         # from offset 0 (the registry is never truncated; "earliest" if it were): OFFSET_BEGINNING
         # would cost an offset lookup, half a second
         self.consumer.assign([TopicPartition(topic, 0, 0)])
-        # durable as the API's EventLog producer (acks=all, idempotent); not its producer_config,
-        # whose import loads the whole API package (2 s) into every generator run
-        self.producer = Producer(
-            {
-                "bootstrap.servers": settings.kafka_bootstrap,
-                "acks": "all",
-                "enable.idempotence": True,
-                "message.timeout.ms": int(timeout_s * 1000),
-                "client.id": "contract.writers",
-                "logger": _quiet,
-            }
+        self.producer = clients.kafka_producer(
+            settings.kafka_bootstrap,
+            "contract.writers",
+            overrides={"message.timeout.ms": int(timeout_s * 1000), "logger": _quiet},
         )
         self.next_offset = 0  # the next offset this reader has not seen
         self.owned: dict[int, int] = {}  # worker id -> offset of its winning claim

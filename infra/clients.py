@@ -1,18 +1,22 @@
-"""Where the project's Kafka and Redis clients are configured: one producer config, one consumer
-config, one Redis client, each with the settings every user shares and a caller's overrides.
+"""The one place the project's Kafka and Redis clients are built: every service, job and story asks
+here (tests/unit/test_clients.py fails on a client built anywhere else).
 
-Every producer is durable: ``acks=all`` and idempotent (a retried batch is never appended twice),
-lz4-compressed, with a 5 ms linger. A caller changes what its job needs: the API a short linger
-and delivery timeouts (:func:`delivery_timeouts`), the generator :data:`THROUGHPUT`, a fault run
-the guarantee under test. Consumers here read by ``assign()`` and never commit offsets. Nothing
-here imports a client library until a client is built (the admin helpers and the stack's CLI
-stay cheap to import).
+Kafka: :func:`kafka_producer`, :func:`kafka_consumer`, :func:`kafka_admin`. Every producer is durable
+(``acks=all``, idempotent: a retried batch is never appended twice) and starts from one
+configuration (:func:`producer_config`); a :data:`PRODUCER_PROFILES` entry says what a job tunes
+(the generator's throughput, the API's short linger, the compacted topics' zstd and Java
+partitioner). Consumers read by ``assign()`` and never commit offsets, unless a caller says so.
+Nothing here imports a client library until a client is built (the admin helpers and the stack's
+CLI stay cheap to import).
+
+Redis: :func:`redis_client`, sync or asyncio, with one timeout policy (:data:`REDIS_TIMEOUTS_S`):
+a client's read timeout follows its role, never a number chosen at the call.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
 
 # The generator's batching: big lz4 batches, a deep queue, and no success reports (a Python call
 # per event would cost more than producing it).
@@ -25,21 +29,49 @@ THROUGHPUT: dict[str, Any] = {
     "delivery.report.only.error": True,
 }
 
-# One FCALL over a large group of records can keep Redis busy for seconds on a loaded machine, and
-# every other client waits behind it; redis-py's default read timeout (5 s) would then fail a
-# caller that only had to wait.
-REDIS_SOCKET_TIMEOUT_S = 60
+# What each kind of producer changes in :func:`producer_config` (never the durability).
+PRODUCER_PROFILES: dict[str, dict[str, Any]] = {
+    "durable": {},  # 5 ms linger, lz4: the stories, the fault runs, the writer registry
+    "throughput": THROUGHPUT,  # the generator
+    "request": {"linger.ms": 2},  # the API: requests batch anyway; answered per record
+    "probe": {"linger.ms": 0},  # one record at a time, timed (the scale-out bench)
+    # the compacted topics are kept, not streamed (size over CPU), and keyed with Java's
+    # partitioner, so a Java or Kafka Streams producer of the same keys picks the same partitions
+    "kept": {"compression.type": "zstd", "partitioner": "murmur2_random"},
+}
+ProducerProfile = Literal["durable", "throughput", "request", "probe", "kept"]
+
+# The read timeout of a Redis client, by what it does. One FCALL over a large group of records can
+# keep Redis busy for seconds on a loaded machine, and every other client waits behind it; a job (a
+# cut, a verify, a restore, the processor itself) waits for it, where redis-py's default (none) or
+# 5 s would fail a caller that only had to wait. A request answers its client within seconds or
+# fails; a probe (is the server up?) within one.
+REDIS_TIMEOUTS_S: dict[str, float] = {"job": 60.0, "request": 5.0, "probe": 1.0}
+RedisRole = Literal["job", "request", "probe"]
 
 
-def producer_config(bootstrap: str, client_id: str, overrides: Mapping[str, Any] | None = None) -> dict:
-    """The project's producer: durable (acks=all, idempotent), lz4, 5 ms linger; ``overrides`` win."""
+def kafka_base(bootstrap: str) -> dict[str, Any]:
+    """What every Kafka client of the project shares: where the brokers are."""
+    return {"bootstrap.servers": bootstrap}
+
+
+def producer_config(
+    bootstrap: str,
+    client_id: str,
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    profile: ProducerProfile = "durable",
+) -> dict[str, Any]:
+    """The project's producer: durable (acks=all, idempotent), lz4, 5 ms linger; then the
+    profile's changes; ``overrides`` (a fault run's guarantee under test, delivery timeouts) win."""
     return {
-        "bootstrap.servers": bootstrap,
+        **kafka_base(bootstrap),
         "acks": "all",
         "enable.idempotence": True,
         "compression.type": "lz4",
         "linger.ms": 5,
         "client.id": client_id,
+        **PRODUCER_PROFILES[profile],
         **(overrides or {}),
     }
 
@@ -54,10 +86,27 @@ def delivery_timeouts(timeout_ms: int) -> dict[str, int]:
     }
 
 
+def kafka_producer(
+    bootstrap: str,
+    client_id: str,
+    profile: ProducerProfile = "durable",
+    *,
+    overrides: Mapping[str, Any] | None = None,
+    on_delivery: Callable[[Any, Any], None] | None = None,
+):
+    """A ``confluent_kafka.Producer`` of :func:`producer_config`, reporting to ``on_delivery``."""
+    from confluent_kafka import Producer
+
+    config = producer_config(bootstrap, client_id, overrides, profile=profile)
+    if on_delivery is not None:
+        config["on_delivery"] = on_delivery
+    return Producer(config)
+
+
 def consumer_config(bootstrap: str, group_id: str, overrides: Mapping[str, Any] | None = None) -> dict:
     """A reader that assigns its partitions itself: the group id names it, nothing is committed."""
     return {
-        "bootstrap.servers": bootstrap,
+        **kafka_base(bootstrap),
         "group.id": group_id,
         "enable.auto.commit": False,
         **(overrides or {}),
@@ -71,8 +120,27 @@ def kafka_consumer(bootstrap: str, group_id: str, overrides: Mapping[str, Any] |
     return Consumer(consumer_config(bootstrap, group_id, overrides))
 
 
-def redis_client(url: str, socket_timeout: float = REDIS_SOCKET_TIMEOUT_S, **kwargs):
-    """A ``redis.Redis`` for ``url`` with a :data:`REDIS_SOCKET_TIMEOUT_S` read timeout."""
-    import redis
+def kafka_admin(bootstrap: str, overrides: Mapping[str, Any] | None = None):
+    """A ``confluent_kafka.admin.AdminClient`` for the brokers at ``bootstrap``."""
+    from confluent_kafka.admin import AdminClient
 
-    return redis.Redis.from_url(url, socket_timeout=socket_timeout, **kwargs)
+    return AdminClient({**kafka_base(bootstrap), **(overrides or {})})
+
+
+def redis_client(
+    url: str,
+    role: RedisRole = "job",
+    *,
+    decode_responses: bool = False,
+    asyncio: bool = False,
+    **kwargs: Any,
+):
+    """A ``redis.Redis`` (``redis.asyncio.Redis`` with ``asyncio``) for ``url``, its read timeout
+    the role's (:data:`REDIS_TIMEOUTS_S`)."""
+    import redis
+    import redis.asyncio
+
+    cls = redis.asyncio.Redis if asyncio else redis.Redis
+    return cls.from_url(
+        url, socket_timeout=REDIS_TIMEOUTS_S[role], decode_responses=decode_responses, **kwargs
+    )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from infra.clients import kafka_consumer
+from infra.clients import kafka_admin, kafka_consumer
 from infra.processes import StackError
 from infra.settings import Settings
 
@@ -71,10 +71,8 @@ _quiet.propagate = False
 
 
 def admin_client(settings: Settings):
-    from confluent_kafka.admin import AdminClient
-
     # librdkafka logs every refused connection while the broker starts; keep that out of the terminal
-    return AdminClient({"bootstrap.servers": settings.kafka_bootstrap, "logger": _quiet})
+    return kafka_admin(settings.kafka_bootstrap, {"logger": _quiet})
 
 
 def create_topic(

@@ -417,8 +417,10 @@ class RedisServer(Service):
     def wait_ready(self, deadline: float) -> None:
         import redis
 
-        # a readiness probe polled every 0.1 s, not a client of the data: a 1 s read timeout
-        client = redis.Redis(host="127.0.0.1", port=self.settings.redis_port, socket_timeout=1)
+        from infra.clients import redis_client
+
+        # a readiness probe polled every 0.1 s, not a client of the data
+        client = redis_client(f"redis://127.0.0.1:{self.settings.redis_port}/0", "probe")
         while True:
             if not self.is_running():
                 raise self._died()

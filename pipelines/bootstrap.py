@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import redis
 
 from contract import functions, namespaces
+from infra import clients
 from infra.settings import Settings, get_settings
 from pipelines.speed import compacted
 
@@ -40,15 +41,12 @@ class Compacted:
 
 def read_topic(settings: Settings, topic: str, timeout_s: float = 60.0) -> Compacted:
     """Every record of ``topic`` from offset 0 to the end offsets at the start, last value per key."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+    from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
-    c = Consumer(
-        {
-            "bootstrap.servers": settings.kafka_bootstrap,
-            "group.id": f"social.bootstrap.{uuid.uuid4().hex[:8]}",  # nothing committed
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-        }
+    c = clients.kafka_consumer(
+        settings.kafka_bootstrap,
+        f"social.bootstrap.{uuid.uuid4().hex[:8]}",  # nothing committed
+        {"enable.partition.eof": True},
     )
     out = Compacted(topic)
     try:

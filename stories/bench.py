@@ -56,9 +56,9 @@ _PERF_LINE = re.compile(
 
 def _java_producer_props(bootstrap: str) -> list[str]:
     """The generator's producer settings, in Java client names (same durability, same batching)."""
-    from app_sim.generator import producer_config
+    from infra import clients
 
-    cfg = producer_config(bootstrap)
+    cfg = clients.producer_config(bootstrap, "bench.producer_performance", profile="throughput")
     return [
         f"bootstrap.servers={bootstrap}",
         f"acks={cfg['acks']}",

@@ -55,6 +55,7 @@ from pathlib import Path
 import redis
 
 from contract.functions import connect as keyed_connect
+from infra import clients
 from infra.settings import Settings
 from pipelines.report import png_bytes
 from pipelines.speed.processor import FRESHNESS_CAP_MS
@@ -233,14 +234,9 @@ class _AnalyticsBeside:
 
     def alert_latencies_ms(self) -> list[int]:
         """Record time on the alerts topic - receive time of the newest event that fired it."""
-        from confluent_kafka import Consumer
 
-        consumer = Consumer(
-            {
-                "bootstrap.servers": self.settings.kafka_bootstrap,
-                "group.id": f"bench-alerts-{self.namespace}",
-                "auto.offset.reset": "earliest",
-            }
+        consumer = clients.kafka_consumer(
+            self.settings.kafka_bootstrap, f"bench-alerts-{self.namespace}", {"auto.offset.reset": "earliest"}
         )
         consumer.subscribe([self.settings.alerts_topic])
         out, idle = [], 0

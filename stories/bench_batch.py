@@ -25,6 +25,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from infra import clients
 from stories.bench_common import BenchContext, _fill, section
 
 
@@ -97,9 +98,9 @@ def batch_layer_section(ctx: BenchContext) -> dict:
         for label, n in sizes:
             topic, _ = _fill(ctx, f"batch{label}", n, users=max(200, n // 100), mean_followers=30)
             ends = {p: 0 for p in topic_partitions(ctx.settings, topic)}
-            from confluent_kafka import Consumer, TopicPartition
+            from confluent_kafka import TopicPartition
 
-            c = Consumer({"bootstrap.servers": ctx.settings.kafka_bootstrap, "group.id": "bench-batch"})
+            c = clients.kafka_consumer(ctx.settings.kafka_bootstrap, "bench-batch")
             for p in ends:
                 ends[p] = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
             c.close()

@@ -76,11 +76,10 @@ def _ack_round_trips_ms(settings: Settings, topic: str, n: int = ACK_PROBES) -> 
     """``n`` single records, each flushed alone, with the generator's producer settings (acks=all,
     idempotence): the round trip until the broker acknowledges, i.e. until min ISR replicas
     have it."""
-    from confluent_kafka import Producer
 
-    from app_sim.generator import producer_config
+    from infra import clients
 
-    producer = Producer({**producer_config(settings.kafka_bootstrap), "linger.ms": 0})
+    producer = clients.kafka_producer(settings.kafka_bootstrap, "bench.cluster.probe", "probe")
     out = []
     for i in range(n):
         t = time.perf_counter()

@@ -25,6 +25,7 @@ from pathlib import Path
 import redis
 
 from contract.functions import connect as keyed_connect
+from infra import clients
 from stories.bench_common import BenchContext, _fill, section
 
 SEGMENT_MS = 1000
@@ -37,18 +38,12 @@ def _pct(values: list[float], q: float) -> float | None:
 
 
 def _read_log(settings, topic: str) -> dict[int, list[tuple[int, bytes | None]]]:
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+    from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
     from infra.stack import end_offsets
 
     ends = {p: o for p, o in end_offsets(settings, topic).items() if o > 0}
-    c = Consumer(
-        {
-            "bootstrap.servers": settings.kafka_bootstrap,
-            "group.id": "bench.compacted",
-            "enable.auto.commit": False,
-        }
-    )
+    c = clients.kafka_consumer(settings.kafka_bootstrap, "bench.compacted")
     c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
     out: dict[int, list] = {p: [] for p in ends}
     left = set(ends)

@@ -28,6 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from contract.functions import connect as keyed_connect
+from infra import clients
 from infra.html import render as render_page
 from infra.settings import REPO_ROOT, Settings, get_settings
 
@@ -68,11 +69,11 @@ def loc(files: list[str]) -> dict:
 
 
 def _end_offsets(settings: Settings, topic: str) -> dict[int, int]:
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import TopicPartition
 
     from pipelines.speed.stream import topic_partitions
 
-    c = Consumer({"bootstrap.servers": settings.kafka_bootstrap, "group.id": "compare"})
+    c = clients.kafka_consumer(settings.kafka_bootstrap, "compare")
     try:
         return {
             p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]

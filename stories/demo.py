@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from contract.functions import connect as keyed_connect
+from infra import clients
 from infra.reports import write_index
 from infra.settings import REPO_ROOT, Settings, get_settings
 
@@ -283,16 +284,11 @@ def analytics_rows(reports: Path) -> str:
 def analytics_alerts(settings: Settings, user: int, timeout_s: float) -> dict[str, dict[str, int]]:
     """Alerts on the alerts topic per rule: of ``user`` (waiting up to ``timeout_s`` for all three
     patterns) and of everyone else."""
-    from confluent_kafka import Consumer
 
     from app_sim.generator import PATTERNS
 
-    consumer = Consumer(
-        {
-            "bootstrap.servers": settings.kafka_bootstrap,
-            "group.id": f"demo-{time.time_ns()}",
-            "auto.offset.reset": "earliest",
-        }
+    consumer = clients.kafka_consumer(
+        settings.kafka_bootstrap, f"demo-{time.time_ns()}", {"auto.offset.reset": "earliest"}
     )
     consumer.subscribe([settings.alerts_topic])
     seen: dict[str, dict[str, set[str]]] = {"injected": {}, "others": {}}
@@ -373,10 +369,9 @@ def produce_paced(n: int, config, rate: float, *, topic: str, bootstrap: str) ->
     the generator's wall clock, ``realtime``) when it is due: a live app's arrivals, not bursts
     (``produce``'s ``rate`` paces in blocks of 64 records)."""
     import orjson
-    from confluent_kafka import Producer
     from tqdm import tqdm
 
-    from app_sim.generator import EventGenerator, producer_config
+    from app_sim.generator import EventGenerator
 
     failures = 0
 
@@ -384,7 +379,7 @@ def produce_paced(n: int, config, rate: float, *, topic: str, bootstrap: str) ->
         nonlocal failures
         failures += err is not None
 
-    producer = Producer({**producer_config(bootstrap), "linger.ms": 5, "on_delivery": on_delivery})
+    producer = clients.kafka_producer(bootstrap, "demo.live", on_delivery=on_delivery)
     records = EventGenerator(n, config).records()
     start = time.perf_counter()
     with tqdm(total=n, unit="ev", desc="live", mininterval=0.5, file=sys.stderr) as bar:

@@ -69,6 +69,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from app_sim.api.dual_write import FAILURE, FAULTS, corrected_time, journal_key
+from infra import clients
 from infra.html import render as render_page
 from infra.settings import Settings, get_settings
 from pipelines.report import png_bytes
@@ -168,19 +169,13 @@ def read_log(
 ) -> list[dict]:
     """The records of ``topic`` from ``start`` (default: 0) to ``end`` (default: its current end),
     partition by partition, in offset order."""
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import TopicPartition
 
     from infra.stack import end_offsets
 
     ends = end or end_offsets(settings, topic)
     start = start or {}
-    consumer = Consumer(
-        {
-            "bootstrap.servers": settings.kafka_bootstrap,
-            "group.id": "dual-write-truth",
-            "enable.auto.commit": False,
-        }
-    )
+    consumer = clients.kafka_consumer(settings.kafka_bootstrap, "dual-write-truth")
     out: list[dict] = []
     try:
         for p, stop in ends.items():
@@ -220,19 +215,13 @@ def read_timelines(r, namespace: str, users: Iterable[int], timeline_length: int
     above the fan-out threshold), its first N, as (author, post) pairs."""
     import asyncio
 
-    import redis.asyncio
-
     from contract.serving import ServingReader
 
     async def read_all() -> dict[int, set[tuple[int, int]]]:
-        kw = r.connection_pool.connection_kwargs
-        client = redis.asyncio.Redis(
-            host=kw.get("host", "127.0.0.1"),
-            port=kw.get("port", 6379),
-            db=kw.get("db", 0),
-            password=kw.get("password"),
-            decode_responses=True,
-        )
+        kw = r.connection_pool.connection_kwargs  # the same server as ``r``, read by asyncio
+        auth = f":{kw['password']}@" if kw.get("password") else ""
+        url = f"redis://{auth}{kw.get('host', '127.0.0.1')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"
+        client = clients.redis_client(url, decode_responses=True, asyncio=True)
         reader = ServingReader(client, namespace)
         try:
             out = {}

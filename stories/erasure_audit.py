@@ -37,6 +37,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from infra import clients
 from infra.html import render as render_page
 from infra.settings import Settings, get_settings
 
@@ -128,10 +129,8 @@ def write_control(
     """A user and a post written in plaintext by a raw producer (not the API): never sealed.
     Given ``user`` (written before): one more post of theirs, with ``post_id``."""
     import orjson
-    from confluent_kafka import Producer
 
     import contract
-    from app_sim.generator import producer_config
     from contract.ids import new_event_id, wall_clock_ms
 
     now = wall_clock_ms()
@@ -141,7 +140,7 @@ def write_control(
         events.append({"type": "user_registered", "handle": control.handle, "display_name": "kcat"})
     events.append({"type": "post_created", "post_id": post_id, "text": f"raw {control.token}"})
     env = {"schema_version": 1, "user_id": user, "device_time": now, "sent_time": now, "received_time": now}
-    p = Producer(producer_config(settings.kafka_bootstrap))
+    p = clients.kafka_producer(settings.kafka_bootstrap, "erasure_audit")
     for body in events:
         e = {**env, "event_id": new_event_id(), **body}
         assert contract.validate(e) is None, contract.validate(e)
@@ -222,7 +221,6 @@ def audit(
     speed layer applied the erasure, ``REORG ... APPLY (PURGE)`` and a VACUUM without retention
     over the namespace's Delta tables (what removes plaintext rows from old versions, for
     plaintext other producers wrote), timed as part of the erasure."""
-    import redis
 
     from app_sim.generator import GeneratorConfig, produce
     from contract.keys import KeyStore, Sealer
@@ -264,7 +262,7 @@ def audit(
         report["catch_up_s"] = round(time.perf_counter() - t_catch_up, 1)
         if full:
             report["pipeline_before"] = _pipeline_extras(settings, topic, ns)
-        r = redis.Redis.from_url(settings.redis_url)
+        r = clients.redis_client(settings.redis_url)
         _rewrite_aof(r)
         _say("search before the erasure")
         t_search = time.perf_counter()

@@ -67,14 +67,14 @@ class FaultRun:
         return path
 
 
-def producer_config(bootstrap: str, acks: str, idempotence: bool) -> dict:
-    """The project's producer with the guarantee under test; success reports on (they are counted)."""
-    overrides = {
+def guarantee(acks: str, idempotence: bool) -> dict:
+    """What a fault run changes in the project's producer: the guarantee under test (success
+    reports stay on: they are counted)."""
+    return {
         "acks": acks,
         "enable.idempotence": idempotence,
         "delivery.timeout.ms": 120_000,  # long enough to ride out a leader election
     }
-    return clients.producer_config(bootstrap, "faults", overrides)
 
 
 def leader_of(settings: Settings, topic: str, partition: int) -> int:
@@ -150,7 +150,6 @@ def run(
     users: int = 200,
 ) -> FaultRun:
     """Write at ``rate`` events/s for ``seconds``, call ``inject`` at ``fault_at_s``, then count."""
-    from confluent_kafka import Producer
 
     # before the clock starts: a worker id of the run's own (see the GeneratorConfig below)
     # (a loaded 3-node cluster can take more than the default 30 s to create the registry and ack)
@@ -167,8 +166,8 @@ def run(
             if len(result.first_errors) < 3:
                 result.first_errors.append(str(err))
 
-    producer = Producer(
-        {**producer_config(settings.kafka_bootstrap, acks, idempotence), "on_delivery": on_delivery}
+    producer = clients.kafka_producer(
+        settings.kafka_bootstrap, "faults", overrides=guarantee(acks, idempotence), on_delivery=on_delivery
     )
     # Wall-clock ids from a worker id of the run's own, allocated above from the log's registry
     # (contract.writers): a fault run appended to a topic that already has other writers' events

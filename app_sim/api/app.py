@@ -12,7 +12,6 @@ from __future__ import annotations
 import sys
 from contextlib import asynccontextmanager
 
-import redis.asyncio
 from fastapi import FastAPI
 from uvicorn.config import STARTUP_FAILURE
 
@@ -27,6 +26,7 @@ from app_sim.api.routes import ROUTERS
 from app_sim.api.state import Api
 from contract import keys, writers
 from contract.ids import Snowflake
+from infra import clients
 from infra.settings import Settings, get_settings
 
 __all__ = ["ApiError", "claim_worker_id", "client_headers", "create_app"]
@@ -58,7 +58,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI):
         # asyncio all the way: a read is a pipelined round trip or two on the event loop, no
         # thread hops; a Redis that hangs fails the request after 5 s (503), not the process.
-        client = redis.asyncio.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=5)
+        client = clients.redis_client(settings.redis_url, "request", decode_responses=True, asyncio=True)
         log = EventLog(settings.kafka_bootstrap, settings.events_topic, settings.api_produce_timeout_ms)
         # SOCIAL_WRITE_MODE=dual / SOCIAL_FAULT_*: the measured anti-pattern (make dual-write); off by default
         log = dual_write.wrap(log, client, settings, worker_id)

@@ -99,16 +99,6 @@ def ensure_topics(settings: Settings, events_topic: str, namespace: str) -> Topi
     return t
 
 
-def producer_config(bootstrap: str) -> dict:
-    """The project's durable producer (acks=all, idempotent) with Java's key partitioner, so a
-    Java or Kafka Streams producer of the same keys picks the same partitions."""
-    overrides = {
-        "compression.type": "zstd",  # the topics are kept, not streamed: size over CPU
-        "partitioner": "murmur2_random",
-    }
-    return clients.producer_config(bootstrap, "speed_layer.compacted", overrides)
-
-
 # --- what to produce (pure: unit-tested on hand-written entries) ----------------------------------
 
 
@@ -221,12 +211,13 @@ class Publisher:
     def __init__(
         self, settings: Settings, namespace: str, events_topic: str, client: redis.Redis | None = None
     ):
-        from confluent_kafka import Producer
 
         self.settings, self.namespace = settings, namespace
         self.r = client or clients.redis_client(settings.redis_url)
         self.topics = ensure_topics(settings, events_topic, namespace)
-        self.producer = Producer(producer_config(settings.kafka_bootstrap))
+        # the "kept" profile: zstd, and Java's key partitioner, so a Java or Kafka Streams producer of
+        # the same keys picks the same partitions
+        self.producer = clients.kafka_producer(settings.kafka_bootstrap, "speed_layer.compacted", "kept")
         self.timeout_s = 30.0
         self.max_per_partition = MAX_PER_PARTITION
 

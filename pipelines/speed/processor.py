@@ -22,6 +22,7 @@ import redis
 
 import contract
 from contract import functions
+from infra import clients
 from infra.settings import DEDUP_GRACE_MS, DEDUP_WINDOW_MS, FANOUT_THRESHOLD, TIMELINE_LENGTH
 
 EVENT_ARGS = 10
@@ -108,7 +109,7 @@ class Processor:
 
     def __init__(self, cfg: ProcessorConfig, client: redis.Redis | None = None):
         self.cfg = cfg
-        self.r = client or redis.Redis.from_url(cfg.redis_url, socket_timeout=60)
+        self.r = client or clients.redis_client(cfg.redis_url)
         functions.ensure_loaded(self.r)
         self._head = [
             cfg.namespace,

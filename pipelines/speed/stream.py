@@ -41,6 +41,7 @@ from pathlib import Path
 from pyspark.sql.streaming import StreamingQueryListener
 
 from contract import functions
+from infra import clients
 from infra.settings import Settings
 from pipelines.speed.processor import Applied, Processor, ProcessorConfig
 
@@ -145,9 +146,7 @@ def _arrow_schema():
 
 
 def topic_partitions(settings: Settings, topic: str, timeout_s: float = 10.0) -> list[int]:
-    from confluent_kafka.admin import AdminClient
-
-    meta = AdminClient({"bootstrap.servers": settings.kafka_bootstrap}).list_topics(topic, timeout=timeout_s)
+    meta = clients.kafka_admin(settings.kafka_bootstrap).list_topics(topic, timeout=timeout_s)
     t = meta.topics.get(topic)
     if t is None or t.error is not None:
         raise RuntimeError(f"topic {topic}: {t.error if t else 'not found'}")
@@ -313,18 +312,12 @@ def commit_positions(
     reach for (``kafka-consumer-groups.sh --describe --group social.speed-layer.<ns>`` shows the
     lag). Nothing reads them back: the fences in Redis and the Delta commits stay the truth.
     """
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import TopicPartition
 
     for role, offsets in positions.items():
         if not offsets:
             continue
-        c = Consumer(
-            {
-                "bootstrap.servers": settings.kafka_bootstrap,
-                "group.id": consumer_group(namespace, role),
-                "enable.auto.commit": False,
-            }
-        )
+        c = clients.kafka_consumer(settings.kafka_bootstrap, consumer_group(namespace, role))
         try:
             c.commit(offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()], asynchronous=False)
         finally:
