@@ -42,7 +42,7 @@ import json
 import logging
 import sys
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,7 +55,7 @@ from tenacity import Retrying, before_sleep_log, stop_after_attempt, wait_expone
 from contract import functions, namespaces
 from infra import logs
 from infra.settings import Settings, get_settings
-from pipelines.lake import Archive, Lake, archived, covers, latest_metadata
+from pipelines.lake import Archive, Lake, archived, covers, latest_metadata, side_by_side
 from pipelines.parse import parse_records, received_date
 from pipelines.speed import changelog
 from pipelines.speed.stream import commit_positions
@@ -67,10 +67,7 @@ log = logging.getLogger("archiver")
 DATA_TABLES = ("changelog", "events_bronze", "quarantine")
 ARCHIVER_ATTEMPTS = 8  # ~2 min of backoff before a step that keeps failing stops the archiver
 BRONZE_DISPOSITION = {"a": "applied", "d": "duplicate", "r": "rejected"}
-CHANGELOG_DDL = (
-    "partition INT, offset BIGINT, seq BIGINT, disposition STRING, reason STRING, changes STRING, "
-    "timeline STRING"
-)
+CHANGELOG_DDL = "partition INT, offset BIGINT, seq BIGINT, disposition STRING, reason STRING, changes STRING"
 
 
 def unfinished(lake_dir: Path, namespace: str, after: Archive | None) -> Archive | None:
@@ -118,12 +115,14 @@ def raw_records(spark, settings: Settings, topic: str, a: Archive) -> DataFrame:
 
 
 def _arrow(rows: list[dict]):
-    """Changelog rows as an Arrow table (to the JVM in columns, not row by row)."""
+    """Changelog rows as an Arrow table (to the JVM in columns, not row by row). The entries'
+    timeline items (the fan-out, one per follower timeline) are not archived: ``home_timeline`` is
+    derived from the facts (:mod:`pipelines.derived`)."""
     import pyarrow as pa
 
     schema = pa.schema(
         [("partition", pa.int32()), ("offset", pa.int64()), ("seq", pa.int64())]
-        + [(c, pa.string()) for c in ("disposition", "reason", "changes", "timeline")]
+        + [(c, pa.string()) for c in ("disposition", "reason", "changes")]
     )
     return pa.Table.from_pylist(rows, schema=schema)
 
@@ -185,7 +184,7 @@ def archive_once(
         .select(*q_cols)
         .localCheckpoint()
     )
-    counts = {r["disposition"]: r["count"] for r in cl.groupBy("disposition").count().collect()}
+    counts = Counter(r["disposition"] for r in rows)
     # every record of the range lands in bronze or quarantine (a rejected one in both)
     covered = (
         bronze.select("partition", "offset")
@@ -218,9 +217,8 @@ def archive_once(
         "archived_at": int(time.time() * 1000),
     }
     with lake.fenced(a.archive_id, a.metadata()):
-        lake.append("changelog", cl)
-        lake.append("events_bronze", bronze)
-        lake.append("quarantine", quarantine)
+        data = dict(zip(DATA_TABLES, (cl, bronze, quarantine), strict=True))
+        side_by_side([lambda t=t, df=df: lake.append(t, df) for t, df in data.items()])
         lake.append("archives", spark.createDataFrame([row], TABLES["archives"].ddl))
     upto = a.end_offsets
     if settings.compacted_topics:  # nor what the compacted topics' publisher has not produced yet
@@ -233,7 +231,7 @@ def archive_once(
         "archive %d: %d records (%s) up to %s in %.2fs",
         a.archive_id,
         len(rows),
-        counts,
+        dict(counts),
         a.end_offsets,
         time.time() - t0,
     )

@@ -6,12 +6,14 @@ in ``(seq, position)`` order: no prior state is read and nothing is recomputed. 
 takes the archives not compacted yet, up to the newest one, and writes
 
 - one MERGE per view of the last change per touched key (``users``, ``follows``, ``posts``,
-  ``inbox``, ``unread_counts``, ``user_status``, and ``timelines``: every entry of the keyed
-  timelines, the slack beyond N included); a key whose last change is a removal (``F-``, a
-  timeline ``-``, and the erasure's ``U-``, ``S-``, ``P-``, ``I-``, ``N-``) is deleted, and so is
-  a timeline entry below a later trim of its timeline (``~``, :meth:`Changes.timelines`);
-- ``home_timeline`` as the first N entries of ``timelines`` for the users whose timeline changed;
+  ``inbox``, ``unread_counts``, ``user_status``); a key whose last change is a removal (``F-``, and
+  the erasure's ``U-``, ``S-``, ``P-``, ``I-``, ``N-``) is deleted;
 - a ``batches`` row, last, with the log position the views now cover and the table versions.
+
+``home_timeline`` is not written: it is derived from ``posts`` and ``follows`` when it is read
+(:mod:`pipelines.derived`), so a compaction reads and writes the primary facts of its records
+(one row per post, per follow, per message), never the fan-out's timeline entries. Each MERGE
+reads the target's files, and writes only the rows of the keys it touched.
 
 Every write is a Delta idempotent write (``txnAppId`` = ``compaction:<ns>``, ``txnVersion`` = the
 archive id it reaches), so a compaction killed half-way re-runs and changes nothing twice. The
@@ -30,9 +32,6 @@ from pyspark.sql import functions as F
 
 from infra.settings import Settings
 from pipelines.lake import BatchOutput, Lake, archived, committed_position
-from pipelines.tables import TABLES
-
-TIMELINE_KEY = TABLES["home_timeline"].keys  # (user, author, post): a post is (author, post)
 
 log = logging.getLogger("compaction")
 
@@ -55,31 +54,6 @@ class Changes:
         )
         # computed once (every view filters it): the changelog is read and exploded one time
         self.ch = ch.withColumn("kind", F.get(F.col("ch"), 0)).localCheckpoint()
-        tl = changelog.where(F.col("timeline").isNotNull()).select(
-            "seq", F.posexplode(F.split("timeline", ",")).alias("idx", "e")
-        )
-        # items grouped by post: '+member:event_time:user user ...' or '-member:user user ...', the
-        # member being the post id then the author id, 19 digits each (pipelines/speed/changelog.py);
-        # a (user, member) pair occurs once per entry, so (seq, idx) still orders its changes; and
-        # trims, '~member:event_time:user' (the bound: the user's timeline dropped every entry below)
-        parts = F.split(F.substring("e", 2, 1 << 20), ":")
-        member = F.get(parts, 0)
-        plus = F.substring("e", 1, 1).isin("+", "~")
-        users = F.when(plus, F.get(parts, 2)).otherwise(F.get(parts, 1))
-        self.tl = (
-            tl.select(
-                "seq",
-                "idx",
-                F.substring("e", 1, 1).alias("sign"),
-                F.substring(member, 1, 19).cast("bigint").alias("post_id"),
-                F.substring(member, 20, 19).cast("bigint").alias("author_id"),
-                F.when(plus, F.get(parts, 1)).cast("bigint").alias("event_time"),
-                F.explode(F.split(users, " ")).alias("user"),
-            )
-            .withColumn("user_id", F.col("user").cast("bigint"))
-            .drop("user")
-            .localCheckpoint()
-        )
 
     def _of(self, *kinds: str) -> DataFrame:
         return self.ch.where(F.col("kind").isin(*kinds))
@@ -139,50 +113,6 @@ class Changes:
     def unread_counts(self) -> DataFrame:
         return self._last_upserts("N", ["user_id"], _g(1).alias("user_id"), _g(2).alias("unread"))
 
-    def timelines(self, archived: DataFrame | None = None) -> tuple[DataFrame, DataFrame]:
-        """Upserts and deletes of ``timelines``, given its ``archived`` rows (those before these
-        changes; None: none). A trim drops the entries of its user below its bound whose last change
-        is in its own entry or before (a trim is listed after its entry's other items, and no change
-        below it follows it in that entry): archived rows these changes do not touch, and this
-        batch's upserts up to the trim's entry. Only the trimmed users' rows are read."""
-        key = list(TIMELINE_KEY)
-        last = _last(self.tl.where("sign != '~'"), key, ["seq", "idx"])
-        plus = last.where("sign = '+'").select(*key, "event_time", "seq")
-        trims = self.tl.where("sign = '~'").select(
-            "user_id",
-            F.col("seq").alias("t_seq"),
-            F.col("event_time").alias("b_time"),
-            F.col("post_id").alias("b_post"),
-            F.col("author_id").alias("b_author"),
-        )
-        cands = plus
-        if archived is not None:
-            untouched = (
-                archived.join(trims.select("user_id").distinct(), "user_id", "left_semi")
-                .join(last.select(*key), key, "left_anti")
-                .select(*key, "event_time", F.lit(-1).cast("bigint").alias("seq"))
-            )
-            cands = cands.unionByName(untouched)
-        # below the bound in the timeline's order: (event time, post id, author id), compared as structs
-        below = F.struct("c.event_time", "c.post_id", "c.author_id") < F.struct(
-            "t.b_time", "t.b_post", "t.b_author"
-        )
-        dropped = (
-            cands.alias("c")
-            .join(
-                trims.alias("t"),
-                (F.col("c.user_id") == F.col("t.user_id")) & (F.col("t.t_seq") >= F.col("c.seq")) & below,
-            )
-            .select(*[F.col(f"c.{k}").alias(k) for k in key])
-            .distinct()
-        )
-        upserts = plus.join(dropped, key, "left_anti").select("user_id", "post_id", "author_id", "event_time")
-        deletes = last.where("sign = '-'").select(*key).unionByName(dropped)
-        return upserts, deletes
-
-    def timeline_users(self) -> DataFrame:
-        return self.tl.select("user_id").distinct()
-
 
 # view -> (its upsert kind, the key columns of its removal kind ``<kind>-``)
 _REMOVALS = {
@@ -192,20 +122,6 @@ _REMOVALS = {
     "inbox": ("I", ["recipient_id", "message_id"]),
     "unread_counts": ("N", ["user_id"]),
 }
-
-
-def first_n(timelines: DataFrame, users: DataFrame, n: int) -> DataFrame:
-    """``home_timeline`` rows of ``users``: the first N entries of their timelines (newest first by
-    event time, then post id, then author id: docs/views.md)."""
-    w = Window.partitionBy("user_id").orderBy(
-        F.col("event_time").desc(), F.col("post_id").desc(), F.col("author_id").desc()
-    )
-    return (
-        timelines.join(F.broadcast(users), "user_id", "left_semi")
-        .withColumn("_rn", F.row_number().over(w))
-        .where(F.col("_rn") <= n)
-        .select(*TABLES["home_timeline"].columns)
-    )
 
 
 def _merge_hist(rows) -> dict[str, int]:
@@ -226,30 +142,15 @@ def compact_once(spark, lake: Lake, settings: Settings) -> int | None:
     t0 = time.time()
     a_id = target.archive_id
     in_range = (F.col("archive_id") > lo) & (F.col("archive_id") <= a_id)
-    changes = Changes(lake.read("changelog").where(in_range).select("seq", "changes", "timeline"))
+    changes = Changes(lake.read("changelog").where(in_range).select("seq", "changes"))
     archives = lake.read("archives").where(in_range).collect()
     end_offsets = {str(p): o for p, o in target.end_offsets.items()}
-
-    tl_upserts, tl_deletes = changes.timelines(lake.read("timelines"))
-    with lake.fenced(a_id, {"batch_id": a_id, "end_offsets": end_offsets}):
-        lake.upsert("timelines", tl_upserts.localCheckpoint(), deletes=tl_deletes.localCheckpoint())
-    touched = changes.timeline_users().localCheckpoint()
-    home = first_n(lake.read("timelines"), touched, settings.timeline_length).localCheckpoint()
-    gone = (
-        lake.read("home_timeline")
-        .join(F.broadcast(touched), "user_id", "left_semi")
-        .select(*TIMELINE_KEY)
-        .join(home.select(*TIMELINE_KEY), list(TIMELINE_KEY), "left_anti")
-        .localCheckpoint()
-    )
     follows_upserts, follows_deletes = changes.follows()
     out = BatchOutput(
         users=changes.users(),
         follows_upserts=follows_upserts,
         follows_deletes=follows_deletes,
         posts=changes.posts(),
-        timeline_inserts=home,
-        timeline_deletes=gone,
         inbox=changes.inbox(),
         unread_counts=changes.unread_counts(),
         user_status=changes.user_status(),

@@ -28,7 +28,7 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pipelines.tables import TABLES
+from pipelines.tables import STORED, TABLES
 
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION = "spark.databricks.delta.write.txnVersion"
@@ -45,8 +45,6 @@ class BatchOutput:
     follows_upserts: DataFrame
     follows_deletes: DataFrame  # keys to delete
     posts: DataFrame  # upserts
-    timeline_inserts: DataFrame
-    timeline_deletes: DataFrame  # keys to delete
     inbox: DataFrame  # upserts
     unread_counts: DataFrame  # upserts (absolute counts)
     user_status: DataFrame  # upserts
@@ -163,9 +161,7 @@ class Lake:
         Whether a table exists is read from its ``_delta_log`` on the file system: asking Delta
         (``isDeltaTable``) builds a snapshot of each, a Spark job per table at every start.
         """
-        missing = [
-            t for t in TABLES.values() if not any((Path(self.path(t.name)) / "_delta_log").glob("*.json"))
-        ]
+        missing = [TABLES[t] for t in STORED if not any((Path(self.path(t)) / "_delta_log").glob("*.json"))]
         side_by_side([lambda t=t: self._create(t) for t in missing])
 
     def _create(self, t) -> None:
@@ -245,7 +241,6 @@ class Lake:
             lambda: self.upsert("users", out.users, deletes=out.deletes.get("users")),
             lambda: self.upsert("follows", out.follows_upserts, deletes=out.follows_deletes),
             lambda: self.upsert("posts", out.posts, deletes=out.deletes.get("posts")),
-            lambda: self.upsert("home_timeline", out.timeline_inserts, deletes=out.timeline_deletes),
             lambda: self.upsert("inbox", out.inbox, deletes=out.deletes.get("inbox")),
             lambda: self.upsert("unread_counts", out.unread_counts, deletes=out.deletes.get("unread_counts")),
             lambda: self.upsert("user_status", out.user_status, deletes=out.deletes.get("user_status")),
@@ -261,7 +256,7 @@ class Lake:
     def commit_batch(self, batch_id: int, meta: dict) -> dict[str, int]:
         """The ``batches`` row of ``batch_id``, last (inside :meth:`fenced`): the position the
         views now cover and every table's version; returns the versions."""
-        versions = {t: self.version(t) for t in TABLES if t != "batches"}
+        versions = {t: self.version(t) for t in STORED if t != "batches"}
         row = {
             **meta,
             "phases": json.dumps(meta.get("phases", {})),

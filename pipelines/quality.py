@@ -134,10 +134,10 @@ def consistent_versions(spark, lake, last) -> dict[str, int | None]:
     """Per table: the version ``last`` (a BatchRecord) recorded, or None (= latest) when the table was
     written since by something other than a newer speed-layer micro-batch (a repair, a corruption,
     a maintenance commit): that is what readers see, so that is what must be checked."""
-    from pipelines.tables import TABLES
+    from pipelines.tables import STORED
 
     versions: dict[str, int | None] = {}
-    for name in TABLES:
+    for name in STORED:
         version = None
         if last is not None and name in last.versions:
             recorded = int(last.versions[name])
@@ -150,7 +150,9 @@ def consistent_versions(spark, lake, last) -> dict[str, int | None]:
 def snapshot(spark, settings: Settings, namespace: str) -> Snapshot:
     """Every table of ``namespace`` as of its last micro-batch (see the module docstring); for a
     batch layer's namespace, :func:`batch_snapshot`."""
+    from pipelines import derived
     from pipelines.lake import Lake, latest_metadata
+    from pipelines.tables import TABLES
 
     if latest_metadata(Path(settings.lake_dir) / namespace / "accounting", "source") is not None:
         return batch_snapshot(spark, settings, namespace)
@@ -161,7 +163,7 @@ def snapshot(spark, settings: Settings, namespace: str) -> Snapshot:
     versions = consistent_versions(spark, lake, last)
     return Snapshot(
         namespace=namespace,
-        tables={name: lake.read(name, version) for name, version in versions.items()},
+        tables={name: derived.read(lake, name, versions, settings) for name in TABLES},
         batch_id=last.batch_id if last else None,
         end_offsets=dict(last.end_offsets) if last else {},
         versions=versions,
@@ -364,6 +366,7 @@ class SuiteResult:
     failed: int
     rows: int
     failures: list[dict]
+    seconds: float = 0.0  # its frame computed and checked, Data Docs included (where its time went)
 
 
 @dataclass
@@ -431,6 +434,7 @@ def run_suites(
         frame_name = spec["meta"]["frame"]
         df = frames[frame_name]
         checkpoint = ctx.checkpoints.get(spec["name"])
+        t0 = time.monotonic()
         df = df.cache()  # GX computes its metrics in several Spark jobs over the same frame
         try:
             rows = df.count()
@@ -457,9 +461,16 @@ def run_suites(
                 failed=int(stats.get("unsuccessful_expectations", 0)),
                 rows=rows,
                 failures=_failures(validation),
+                seconds=round(time.monotonic() - t0, 1),
             )
         )
-        log.info("suite %s: %s (%d rows)", spec["name"], "ok" if validation.success else "FAILED", rows)
+        log.info(
+            "suite %s: %s (%d rows) in %.1fs",
+            spec["name"],
+            "ok" if validation.success else "FAILED",
+            rows,
+            results[-1].seconds,
+        )
     return results, docs_dir
 
 
@@ -521,7 +532,8 @@ def summary(report: QualityResult) -> str:
     ]
     for r in report.suites:
         lines.append(
-            f"  {'ok    ' if r.success else 'FAILED'} {r.suite:<26} {r.rows:>10,} rows  {r.evaluated - r.failed}/{r.evaluated}"
+            f"  {'ok    ' if r.success else 'FAILED'} {r.suite:<26} {r.rows:>10,} rows  "
+            f"{r.evaluated - r.failed}/{r.evaluated}  {r.seconds:>5.1f}s"
         )
         for f in r.failures:
             lines.append(
@@ -531,6 +543,7 @@ def summary(report: QualityResult) -> str:
     for name, why in report.skipped.items():
         lines.append(f"  skipped {name}: {why}")
     lines.append(f"  Data Docs: {report.data_docs}")
+    lines.append(f"  {report.seconds:.0f}s in all")
     return "\n".join(lines)
 
 

@@ -37,6 +37,7 @@ from pyspark.sql import functions as F
 from contract import functions, namespaces
 from infra import logs
 from infra.settings import Settings, get_settings
+from pipelines import derived
 from pipelines.archiver import BRONZE_DISPOSITION
 from pipelines.batch_layer.definition import QUARANTINED, below
 from pipelines.lake import Lake, latest_metadata, side_by_side
@@ -86,8 +87,8 @@ def seed_from_batch(spark, settings: Settings, namespace: str, batch_namespace: 
     The result is what the archiver and one compaction would have written at the position P the
     batch views cover (their ``accounting`` commit records P and the archive they read):
 
-    - the views (``home_timeline`` also as ``timelines``: the latest N and no slack, which the
-      keyed timelines allow: a timeline that falls below N is refilled from the posts);
+    - the stored views (``home_timeline`` is derived from ``posts`` and ``follows``:
+      :mod:`pipelines.derived`);
     - the archive below P: the source's ``events_bronze`` with the batch layer's dispositions,
       and its ``quarantine``;
     - ``changelog``: one row per record below P with the batch layer's disposition and no view
@@ -119,7 +120,6 @@ def seed_from_batch(spark, settings: Settings, namespace: str, batch_namespace: 
         code[F.col("disposition")].alias("disposition"),
         "reason",
         F.lit(None).cast("string").alias("changes"),
-        F.lit(None).cast("string").alias("timeline"),
         F.lit(0).cast("bigint").alias("archive_id"),
     )
     bronze = (
@@ -150,9 +150,9 @@ def seed_from_batch(spark, settings: Settings, namespace: str, batch_namespace: 
     with lake.fenced(0, archive):
         side_by_side(writes)
         lake.append("archives", spark.createDataFrame([row], TABLES["archives"].ddl))
-    views = [lambda v=v: lake.append(v, batch(v)) for v in VIEWS]
+    views = [lambda v=v: lake.append(v, batch(v)) for v in VIEWS if TABLES[v].stored]
     with lake.fenced(0, {"batch_id": 0, "end_offsets": archive["end_offsets"]}):
-        side_by_side([*views, lambda: lake.append("timelines", batch("home_timeline"))])
+        side_by_side(views)
         lake.commit_batch(
             0,
             {
@@ -205,7 +205,11 @@ def restore(spark, settings: Settings, namespace: str, *, force: bool = False) -
     celebs = follows.groupBy("followee_id").count().where(F.col("count") > settings.fanout_threshold)
     load("C", celebs, "followee_id")
     load("P", at("posts"), "author_id", "post_id", "event_time", "text", F.col("deleted").cast("int"))
-    load("T", at("timelines"), "user_id", "post_id", "event_time", "author_id")
+    # the latest N and no slack, which the keyed timelines allow (one that falls below N is refilled
+    # from the posts)
+    load(
+        "T", derived.read(lake, "home_timeline", v, settings), "user_id", "post_id", "event_time", "author_id"
+    )
     load(
         "I",
         at("inbox"),

@@ -18,6 +18,13 @@ class Table:
     doc: str
     verified: bool = True  # compared row for row by verify
     partition_by: tuple[str, ...] = ()
+    # a view derived at read time from these stored tables at the batch's versions
+    # (pipelines/derived.py), never written: it costs the compaction nothing
+    derived_from: tuple[str, ...] = ()
+
+    @property
+    def stored(self) -> bool:
+        return not self.derived_from
 
     @property
     def columns(self) -> list[str]:
@@ -82,7 +89,11 @@ TABLES: dict[str, Table] = {
             "Fanned-out part of home timeline(u): the latest N non-deleted posts by u or by the "
             "people u follows whose follower count is at most the fan-out threshold, newest first by "
             "corrected event time (ties: post_id desc, then author_id desc). A post is "
-            "(author_id, post_id). Posts of authors above the threshold are merged at read time.",
+            "(author_id, post_id). Posts of authors above the threshold are merged at read time. "
+            "A view of `posts` and `follows` at the same batch, derived when it is read "
+            "(`pipelines/derived.py`), not stored: a post costs the archive one row, whatever its "
+            "fan-out.",
+            derived_from=("posts", "follows"),
         ),
         Table(
             "inbox",
@@ -109,21 +120,14 @@ TABLES: dict[str, Table] = {
         Table(
             "changelog",
             "partition INT, offset BIGINT, seq BIGINT, disposition STRING, reason STRING, changes STRING, "
-            "timeline STRING, archive_id BIGINT",
+            "archive_id BIGINT",
             ("partition", "offset"),
             "The speed layer's changelog, archived: one row per record with its disposition "
             "(`a`pplied, `d`uplicate, `r`ejected, `q`uarantined), reason, the global sequence number "
-            "Redis applied it at, and its view changes (format in `pipelines/speed/changelog.py`). "
-            "Appended by the archiver; the views are compacted from it.",
-            verified=False,
-        ),
-        Table(
-            "timelines",
-            "user_id BIGINT, post_id BIGINT, author_id BIGINT, event_time BIGINT",
-            ("user_id", "author_id", "post_id"),
-            "Every entry of the keyed timelines (the latest N and the slack kept beyond it), "
-            "compacted from the changelog: `home_timeline` is its first N per user, and a restore "
-            "of Redis loads it back.",
+            "Redis applied it at, and its view changes (format in `pipelines/speed/changelog.py`): "
+            "primary facts (users, follows, posts, messages, reads, statuses, erasures), not the "
+            "fan-out's timeline entries, which `home_timeline` derives. Appended by the archiver; "
+            "the views are compacted from it.",
             verified=False,
         ),
         Table(
@@ -154,6 +158,7 @@ TABLES: dict[str, Table] = {
 }
 
 VIEWS = ("users", "follows", "posts", "home_timeline", "inbox", "unread_counts", "user_status")
+STORED = tuple(name for name, t in TABLES.items() if t.stored)  # the tables with a Delta log of their own
 ARCHIVES = ("events_bronze", "quarantine")
 
 

@@ -27,12 +27,14 @@ and then trims the streams up to what Delta holds. Fields of an entry:
        (user, member) pair changes at most once per entry. Then one ``~member:event_time:user``
        per timeline trimmed: it dropped every entry below (event_time, member), its lowest kept
        (the amortised trim back to N + S/2 logs its bound, not the entries it dropped); it applies
-       to the entries of that timeline whose last change is in this entry or before
+       to the entries of that timeline whose last change is in this entry or before. Read by
+       the tests that check the fan-out; not archived (:func:`read` leaves it out): Delta derives
+       ``home_timeline`` from the facts (:mod:`pipelines.derived`)
 =====  ==========================================================================================
 
 The value of any key after the events of a consistent cut (:func:`cut`) is its last change in
 ``(s, position in the entry)`` order among the entries of that cut: the compaction's rule
-(:mod:`pipelines.speed.compaction`).
+(:mod:`pipelines.compaction`).
 """
 
 from __future__ import annotations
@@ -72,7 +74,8 @@ def _text(v) -> str:
 
 
 def read(client: redis.Redis, namespace: str, partition: int, start: int, end: int, page: int = 10_000):
-    """Entries of offsets ``[start, end)`` as dicts (partition, offset, seq, d, r, c, t), in order."""
+    """Entries of offsets ``[start, end)`` as dicts (partition, offset, seq, disposition, reason,
+    changes), in order."""
     out: list[dict] = []
     stream = key(namespace, "changelog", partition)
     lo = f"{start}-0"
@@ -88,7 +91,6 @@ def read(client: redis.Redis, namespace: str, partition: int, start: int, end: i
                     "disposition": f["d"],
                     "reason": f.get("r"),
                     "changes": f.get("c"),
-                    "timeline": f.get("t"),
                 }
             )
         if len(got) < page:

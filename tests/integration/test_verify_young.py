@@ -97,3 +97,80 @@ def test_verify_a_young_stack_with_a_post_id_shared_by_authors(
 
     # what verify prints names the partitions at position 0
     assert "partitions [1, 3] have nothing archived yet: position 0" in summary(report)
+
+
+def test_verify_reads_the_archive_at_the_views_position_while_the_archive_runs_ahead(
+    kafka_stack, topic_factory, speed_layer_factory
+):
+    """The archiver appends ``events_bronze`` and ``quarantine`` ahead of the compaction: verify
+    reads them at the compacted views' position P, as it recomputes them, so a scheduled verify
+    under live traffic raises no false alarm. P first covers partition 0 alone (the compaction is
+    ahead of partitions with no records); then partition 2 gets records that are archived, not
+    compacted; once compacted, verify covers them."""
+    from contract import functions
+    from pipelines.archiver import archive_once
+    from pipelines.compaction import compact_once
+    from pipelines.lake import Lake
+    from pipelines.speed import changelog
+    from tests.integration.verifying import worker_spark
+
+    settings, ns = kafka_stack.settings, "ahead"
+    topic = topic_factory(4)
+    producer = Producer({"bootstrap.servers": kafka_stack.bootstrap, "enable.idempotence": True})
+
+    def send(events: list[dict], bad_in: int) -> None:
+        for e in events:
+            producer.produce(
+                topic,
+                json.dumps(e).encode(),
+                key=str(e["user_id"]).encode(),
+                partition=PARTITION[e["user_id"]],
+            )
+        producer.produce(topic, b"{not json", key=b"0", partition=bad_in)  # quarantined
+        assert producer.flush(30) == 0
+
+    first = [_event(0, "user_registered", u, handle=f"u{u}", display_name=f"U {u}") for u in (1, 3)]
+    first += [_event(1, "followed", 3, followee_id=1), _event(2, "post_created", 1, post_id=5, text="a")]
+    send(first, bad_in=0)
+    sl = speed_layer_factory(topic=topic, namespace=ns, archive=False)
+    sl.wait_caught_up(timeout=600)
+
+    spark = worker_spark(settings)
+    client = functions.connect(settings.redis_url)
+    archiver = Lake(spark, settings.lake_dir, ns, writer="archiver")
+    archiver.ensure_tables()
+    compactor = Lake(spark, settings.lake_dir, ns, writer="compaction")
+
+    def archive() -> None:
+        assert archive_once(spark, archiver, client, settings, topic, changelog.cut(client, ns)) is not None
+
+    archive()
+    assert compact_once(spark, compactor, settings) is not None
+
+    second = [_event(3, "user_registered", u, handle=f"u{u}", display_name=f"U {u}") for u in (2, 4)]
+    second += [
+        _event(4, "post_created", 2, post_id=6, text="b"),
+        _event(5, "post_created", 1, post_id=7, text="c"),
+    ]
+    send(second, bad_in=2)
+    sl.wait_caught_up(timeout=600)
+    archive()  # archived, not compacted: the archive is ahead of the views
+
+    report = run_verify(settings, topic, ns)
+    assert report["position"]["end_offsets"] == {"0": len(first) + 1}
+    assert report["position"]["at_zero"] == [1, 2, 3]
+    for name in ("events_bronze", "quarantine"):
+        v = report["views"][name]
+        assert v["mismatches"] == 0 and v["live_rows"] == v["recomputed_rows"], (name, v)
+    assert report["views"]["events_bronze"]["live_rows"] == len(first)
+    assert report["views"]["quarantine"]["live_rows"] == 1
+    assert report["ok"], {k: v["mismatches"] for k, v in report["views"].items()}
+
+    assert compact_once(spark, compactor, settings) is not None
+    report = run_verify(settings, topic, ns)
+    assert report["position"]["at_zero"] == [1, 3]
+    assert report["views"]["events_bronze"]["live_rows"] == len(first) + len(second)
+    assert report["views"]["quarantine"]["live_rows"] == 2
+    assert report["ok"], {k: v["mismatches"] for k, v in report["views"].items()}
+    assert report["serving"]["ok"] is True, report["serving"]
+    sl.stop()

@@ -1,5 +1,6 @@
 """Compaction's rule on a changelog the real Redis functions wrote: the last change per key in
-sequence order is the view (docs/architecture.md, "Where state lives").
+sequence order is the view (docs/architecture.md, "Where state lives"); and ``home_timeline``
+derived from the compacted ``posts`` and ``follows`` (:mod:`pipelines.derived`).
 
 Events go through the keyed processor into a real redis-server; the changelog it leaves is read
 back as the archiver reads it and folded by :class:`pipelines.compaction.Changes`. Expected rows
@@ -17,7 +18,8 @@ import pytest
 import redis
 
 from pipelines.archiver import CHANGELOG_DDL
-from pipelines.compaction import Changes, first_n
+from pipelines.compaction import Changes
+from pipelines.derived import home_timeline
 from pipelines.speed import changelog
 from pipelines.speed.processor import Processor, ProcessorConfig
 from tests.unit.events import T0, ev
@@ -69,6 +71,12 @@ def t(s):
     return T0 + int(s * 1000)
 
 
+def timeline(changes: Changes, n: int = 800, threshold: int = 1000):
+    """``home_timeline`` derived from what ``changes`` compacts into ``posts`` and ``follows``
+    (one compaction of an empty namespace: the upserts are the tables)."""
+    return home_timeline(changes.posts(), changes.follows()[0], length=n, threshold=threshold)
+
+
 def test_users_status_follows(changes):
     assert rows(changes.users(), "user_id", "handle", "display_name", "registered_time") == [
         (1, "ann", "Ann", t(0)),
@@ -92,17 +100,13 @@ def test_posts_inbox_unread(changes):
     assert rows(changes.unread_counts(), "user_id", "unread") == [(2, 1)]
 
 
-def test_timelines_follow_the_sequence_not_the_offsets(changes):
-    upserts, deletes = changes.timelines()
-    # tl:1 = its own live post 11; tl:2 = 11 by the re-follow's backfill; post 10 left both
-    # (tl:2 by the unfollow in partition 0, after its fan-out from partition 1; tl:1 by the delete);
-    # user 3's follow backfilled 11 and its unfollow took it out again
-    assert rows(upserts, "user_id", "post_id", "author_id", "event_time") == [
+def test_the_timeline_follows_the_sequence_not_the_offsets(changes):
+    # tl:1 = its own live post 11; tl:2 = 11 by the re-follow (10 is deleted); user 3 followed
+    # and unfollowed 1 (partition 1), so nothing; post 10 is deleted
+    assert rows(timeline(changes), "user_id", "post_id", "author_id", "event_time") == [
         (1, 11, 1, t(4)),
         (2, 11, 1, t(4)),
     ]
-    assert rows(deletes, "user_id", "post_id", "author_id") == [(1, 10, 1), (2, 10, 1), (3, 11, 1)]
-    assert rows(first_n(upserts, changes.timeline_users(), 1), "user_id", "post_id") == [(1, 11), (2, 11)]
 
 
 @pytest.fixture
@@ -147,15 +151,14 @@ def test_an_erasure_compacts_into_deletes(erased):
     assert rows(erased.deletes("unread_counts"), "user_id") == [(1,)]
     upserts, deletes = erased.follows()
     assert rows(upserts, "user_id") == [] and rows(deletes, "user_id", "followee_id") == [(1, 2), (2, 1)]
-    tl_upserts, tl_deletes = erased.timelines()
-    assert rows(tl_upserts, "user_id", "post_id") == [(2, 20)]
-    assert rows(tl_deletes, "user_id", "post_id") == [(1, 10), (2, 10)]
+    # 1's post 10 left every timeline with 1; 2's own post after the erasure stays
+    assert rows(timeline(erased), "user_id", "post_id") == [(2, 20)]
 
 
 def test_one_post_id_of_two_authors_compacts_into_two_entries(spark, redis_url, ns):  # noqa: F811
     """docs/views.md, "Identity": 1 and 3 (partition 1) and 2 (partition 0) each write post 10;
-    4 (partition 0) follows all three; 3 deletes its own. Worked by hand: tl:4 keeps (10, by 2)
-    and (10, by 1), newest first, then by author; (10, by 3) was added and removed again."""
+    4 (partition 0) follows all three; 3 deletes its own. Worked by hand: tl:4 holds (10, by 2)
+    and (10, by 1), newest first, then by author; (10, by 3) is deleted."""
     r = apply(
         redis_url,
         ns,
@@ -167,62 +170,55 @@ def test_one_post_id_of_two_authors_compacts_into_two_entries(spark, redis_url, 
     )
     entries = [e for p in range(PARTITIONS) for e in changelog.read(r, ns, p, 0, 100)]
     changes = Changes(spark.createDataFrame(entries, CHANGELOG_DDL))
-    upserts, deletes = changes.timelines()
-    assert rows(upserts, "user_id", "author_id", "post_id") == [
+    assert rows(timeline(changes), "user_id", "author_id", "post_id") == [
         (1, 1, 10),
         (2, 2, 10),
         (4, 1, 10),
         (4, 2, 10),
     ]
-    assert rows(deletes, "user_id", "author_id", "post_id") == [(3, 3, 10), (4, 3, 10)]
     assert rows(changes.posts(), "author_id", "post_id", "deleted") == [
         (1, 10, False),
         (2, 10, False),
         (3, 10, True),
     ]
-    top = first_n(upserts, changes.timeline_users(), 1)
+    top = timeline(changes, n=1)  # 2's post is newer (t=2 against 1)
     assert rows(top, "user_id", "author_id", "post_id") == [(1, 1, 10), (2, 2, 10), (4, 2, 10)]
 
 
-def test_a_trim_drops_the_entries_below_its_bound_archived_or_not(spark, redis_url, ns):  # noqa: F811
-    """N = 2, slack 2: a timeline past N + S = 4 entries is trimmed back to M = 3 and the changelog
-    logs the bound, not the entries it dropped. 2 (partition 0) follows 1 (partition 1); 1 posts
-    10-13 (4 entries in tl:1 and tl:2, no trim), then 14: both timelines hold 5, keep 12, 13, 14
-    and drop 10 and 11. Worked by hand, once with 10-13 already archived (a later compaction
-    must find them in the table) and once all in one compaction."""
-    cfg = {"timeline_length": 2, "timeline_slack": 2}
-    batches = [
-        [ev("followed", 2, 0, followee_id=1)],
-        [ev("post_created", 1, k - 9, post_id=k, text="x") for k in range(10, 14)],
-        [ev("post_created", 1, 5, post_id=14, text="x")],
-    ]
-    r = apply(redis_url, ns, batches, **cfg)
+def test_the_timeline_skips_authors_above_the_threshold(spark, redis_url, ns):  # noqa: F811
+    """The hybrid rule (docs/views.md): with a threshold of 1 follower, 1 (followed by 2 and 4)
+    is merged at read time, so its posts are only in its own timeline; 3 (followed by 2 alone) is
+    fanned out. Worked by hand with N = 2: tl:2 = 3's two newest, tl:1 = its own two newest."""
+    r = apply(
+        redis_url,
+        ns,
+        [
+            [ev("followed", 2, 0, followee_id=1), ev("followed", 4, 0, followee_id=1)],
+            [ev("followed", 2, 0, followee_id=3)],
+            [ev("post_created", 1, k, post_id=10 + k, text="x") for k in (1, 2, 3)],
+            [ev("post_created", 3, k, post_id=30 + k, text="x") for k in (1, 2, 3)],
+        ],
+    )
     entries = [e for p in range(PARTITIONS) for e in changelog.read(r, ns, p, 0, 100)]
-    last = max(e["seq"] for e in entries)
-    assert [e["timeline"].count("~") for e in entries if e["seq"] == last] == [2]
-    before = Changes(spark.createDataFrame([e for e in entries if e["seq"] < last], CHANGELOG_DDL))
-    archived, gone = before.timelines()
-    assert rows(gone, "user_id") == []
-    assert rows(archived, "user_id", "post_id") == [(u, k) for u in (1, 2) for k in range(10, 14)]
-    after = Changes(spark.createDataFrame([e for e in entries if e["seq"] == last], CHANGELOG_DDL))
-    upserts, deletes = after.timelines(archived)
-    assert rows(upserts, "user_id", "post_id", "event_time") == [(1, 14, t(5)), (2, 14, t(5))]
-    assert rows(deletes, "user_id", "post_id") == [(1, 10), (1, 11), (2, 10), (2, 11)]
-    whole = Changes(spark.createDataFrame(entries, CHANGELOG_DDL))
-    upserts, deletes = whole.timelines()
-    assert rows(upserts, "user_id", "post_id") == [(u, k) for u in (1, 2) for k in (12, 13, 14)]
-    assert rows(deletes, "user_id", "post_id") == [(1, 10), (1, 11), (2, 10), (2, 11)]
-    assert sorted(r.zrange(f"{ns}:tl:2", 0, -1)) == [f"{k:019d}{1:019d}" for k in (12, 13, 14)]
+    changes = Changes(spark.createDataFrame(entries, CHANGELOG_DDL))
+    assert rows(timeline(changes, n=2, threshold=1), "user_id", "author_id", "post_id") == [
+        (1, 1, 12),
+        (1, 1, 13),
+        (2, 3, 32),
+        (2, 3, 33),
+        (3, 3, 32),
+        (3, 3, 33),
+    ]
 
 
 def test_compactions_round_after_round_hold_what_redis_holds(spark, redis_url, ns):  # noqa: F811
-    """The compaction's fold, over its own archived table, round after round, against the
-    timelines Redis holds (slack included: what a restore loads back). A seeded random log of
+    """The compaction's fold of ``posts`` and ``follows``, round after round, and the timeline
+    derived from them, against the first N of every timeline Redis holds. A seeded random log of
     follows, unfollows, posts and deletes among 6 users with N = 3, a slack of 2 and a threshold
-    of 3 followers, cut into batches of 1-60 events and compacted every 1-3 batches: trims ('~'
-    bounds over rows archived rounds ago and rows of the same round), refills, threshold
-    crossings both ways. The expected side is Redis itself, read with ZRANGE: two outputs of one
-    run that the changelog's rule says must agree."""
+    of 3 followers, cut into batches of 1-60 events and compacted every 1-3 batches: trims, refills
+    and threshold crossings both ways happen in Redis and nowhere in the lake. The expected side
+    is Redis itself, read with ZREVRANGE: the Redis functions and the derivation are two
+    implementations of one view (docs/views.md)."""
     rng = random.Random(53)
     users = list(range(1, 7))
     posts: dict[int, list[int]] = {u: [] for u in users}
@@ -239,15 +235,17 @@ def test_compactions_round_after_round_hold_what_redis_holds(spark, redis_url, n
             events.append(ev("post_created", u, t - rng.random() * 5, post_id=1000 + k, text="x"))
         else:
             events.append(ev("post_deleted", u, t, post_id=rng.choice(posts[u])))
+    n, threshold = 3, 3
     proc = Processor(
         ProcessorConfig(
-            redis_url=redis_url, namespace=ns, timeline_length=3, timeline_slack=2, fanout_threshold=3
+            redis_url=redis_url, namespace=ns, timeline_length=n, timeline_slack=2, fanout_threshold=threshold
         )
     )
     r = redis.Redis.from_url(redis_url, decode_responses=True)
     offsets: dict[int, int] = {}
-    table: dict[tuple[int, int, int], int] = {}  # the archived `timelines`: (user, post, author) -> time
-    done, trims, rounds, at = 0, 0, 0, 0
+    post_rows: dict[tuple[int, int], tuple] = {}  # the compacted `posts`: (author, post) -> row
+    edges: dict[tuple[int, int], int] = {}  # the compacted `follows`: (user, followee) -> since
+    done, rounds, at, crossings = 0, 0, 0, set()
     while at < len(events):
         for _ in range(rng.randint(1, 3)):
             batch = events[at : at + rng.randint(1, 60)]
@@ -261,21 +259,34 @@ def test_compactions_round_after_round_hold_what_redis_holds(spark, redis_url, n
             e for p in range(PARTITIONS) for e in changelog.read(r, ns, p, 0, 10**6) if e["seq"] > done
         ]
         done = max(e["seq"] for e in entries)
-        trims += sum((e["timeline"] or "").count("~") for e in entries)
-        archived = spark.createDataFrame(
-            [(u, post, a, et) for (u, post, a), et in table.items()],
-            "user_id bigint, post_id bigint, author_id bigint, event_time bigint",
-        )
-        upserts, deletes = Changes(spark.createDataFrame(entries, CHANGELOG_DDL)).timelines(archived)
+        changes = Changes(spark.createDataFrame(entries, CHANGELOG_DDL))
+        for row in changes.posts().collect():
+            post_rows[row.author_id, row.post_id] = tuple(row)
+        upserts, deletes = changes.follows()
         for row in deletes.collect():
-            table.pop((row.user_id, row.post_id, row.author_id), None)
+            edges.pop((row.user_id, row.followee_id), None)
         for row in upserts.collect():
-            table[row.user_id, row.post_id, row.author_id] = row.event_time
+            edges[row.user_id, row.followee_id] = row.since_time
         rounds += 1
-        held = {
-            (u, int(m[:19]), int(m[19:])): int(score)
+        followers = defaultdict(int)
+        for _, followee in edges:
+            followers[followee] += 1
+        crossings |= {a for a, c in followers.items() if c > threshold}
+        derived = home_timeline(
+            spark.createDataFrame(list(post_rows.values()), changes.posts().schema),
+            spark.createDataFrame(
+                [(u, f, s) for (u, f), s in edges.items()],
+                "user_id bigint, followee_id bigint, since_time bigint",
+            ),
+            length=n,
+            threshold=threshold,
+        )
+        held = sorted(
+            (u, int(m[:19]), int(m[19:]), int(score))
             for u in users
-            for m, score in r.zrange(f"{ns}:tl:{u}", 0, -1, withscores=True)
-        }
-        assert table == held, f"after round {rounds} (seq {done})"
-    assert rounds >= 8 and trims >= 20, (rounds, trims)  # the log exercised what it is here for
+            for m, score in r.zrevrange(f"{ns}:tl:{u}", 0, n - 1, withscores=True)
+        )
+        assert rows(derived, "user_id", "post_id", "author_id", "event_time") == held, (
+            f"after round {rounds} (seq {done})"
+        )
+    assert rounds >= 8 and crossings, (rounds, crossings)  # the log exercised what it is here for

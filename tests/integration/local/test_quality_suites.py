@@ -53,9 +53,9 @@ def _bronze(event_id, type_, user_id, offset, disposition="applied", event_time=
 
 @pytest.fixture(scope="module")
 def clean_lake(spark, tmp_path_factory):
-    """A consistent namespace: 3 users, 1 follows 2, timelines, an inbox, one batch row."""
+    """A consistent namespace: 3 users, 1 follows 2, posts (so timelines), an inbox, one batch row."""
     from pipelines.lake import Lake
-    from pipelines.tables import TABLES
+    from pipelines.tables import STORED
 
     var = tmp_path_factory.mktemp("quality-var")
     settings = get_settings(var_dir=var)
@@ -69,7 +69,8 @@ def clean_lake(spark, tmp_path_factory):
         "posts",
         [(2, 100, T, "hi", False, None), (1, 101, T, "me", False, None), (2, 102, T, "x", True, T + 5)],
     )
-    _rows(spark, lake, "home_timeline", [(1, 100, 2, T), (1, 101, 1, T), (2, 100, 2, T)])
+    # home_timeline is derived from posts and follows (pipelines/derived.py): 1 sees 100 and its
+    # own 101, 2 its own 100; 102 is deleted
     _rows(spark, lake, "inbox", [(1, 500, 2, "hey", T, False), (1, 501, 3, "yo", T, True)])
     _rows(spark, lake, "unread_counts", [(1, 1), (3, 0)])
     _rows(spark, lake, "user_status", [(1, "busy", T)])
@@ -85,7 +86,7 @@ def clean_lake(spark, tmp_path_factory):
         ],
     )
     _rows(spark, lake, "quarantine", [(0, 4, "3", "{not json", "bad_json", None, None, T)])
-    versions = {t: lake.version(t) for t in TABLES if t != "batches"}
+    versions = {t: lake.version(t) for t in STORED if t != "batches"}
     batch = (
         0,
         json.dumps({"0": 5}),
@@ -121,8 +122,18 @@ def _run(spark, settings, *suites, **kw):
     return quality.run(settings, namespace=NS, suites=suites or None, spark=spark, **kw)
 
 
-def _sql(spark, settings, table, statement):
-    spark.sql(statement.replace("{t}", f"delta.`{settings.lake_dir / NS / table}`"))
+def _sql(spark, settings, table, statement, monkeypatch):
+    """Break ``table`` with ``statement``; a derived view (``home_timeline``) has no table to break,
+    so its derivation is made to return the statement's rows besides its own."""
+    from pipelines import derived
+    from pipelines.tables import TABLES
+
+    if TABLES[table].stored:
+        spark.sql(statement.replace("{t}", f"delta.`{settings.lake_dir / NS / table}`"))
+        return
+    extra = spark.sql(statement.replace("INSERT INTO {t} VALUES", "VALUES"))
+    right = derived.home_timeline
+    monkeypatch.setattr(derived, "home_timeline", lambda *a, **kw: right(*a, **kw).union(extra))
 
 
 def test_clean_namespace_passes_every_suite_and_writes_data_docs(spark, lake_copy):
@@ -150,9 +161,9 @@ BREAKS = {
 }
 
 
-def test_each_break_fails_exactly_its_suite(spark, lake_copy):
+def test_each_break_fails_exactly_its_suite(spark, lake_copy, monkeypatch):
     for table, statement in BREAKS.values():
-        _sql(spark, lake_copy, table, statement)
+        _sql(spark, lake_copy, table, statement, monkeypatch)
     report = _run(spark, lake_copy, log_end={0: 5})
     failed = {r.suite for r in report.suites if not r.success}
     assert failed == set(BREAKS)
@@ -217,8 +228,8 @@ def test_analytics_tables_have_suites_that_name_the_broken_rows(spark, lake_copy
     ],
     ids=["negative-unread", "deleted-post-in-timeline", "time-in-seconds"],
 )
-def test_broken_table_fails_its_suite(spark, lake_copy, suite, table, statement):
-    _sql(spark, lake_copy, table, statement)
+def test_broken_table_fails_its_suite(spark, lake_copy, suite, table, statement, monkeypatch):
+    _sql(spark, lake_copy, table, statement, monkeypatch)
     report = _run(spark, lake_copy, suite)
     assert not report.ok
     assert report.suites[0].failures
@@ -231,14 +242,20 @@ def test_quarantine_rate_over_threshold_fails(spark, lake_copy):
     assert [f["column"] for f in report.suites[0].failures] == ["quarantine_pct"]
 
 
-def test_views_behind_the_log_and_old_are_stale(spark, lake_copy):
-    _sql(spark, lake_copy, "batches", f"UPDATE {{t}} SET visible_at = {int(time.time() * 1000) - 3_600_000}")
+def test_views_behind_the_log_and_old_are_stale(spark, lake_copy, monkeypatch):
+    _sql(
+        spark,
+        lake_copy,
+        "batches",
+        f"UPDATE {{t}} SET visible_at = {int(time.time() * 1000) - 3_600_000}",
+        monkeypatch,
+    )
     assert _run(spark, lake_copy, "log_health", log_end={0: 5}).ok  # caught up: an idle log is not stale
     report = _run(spark, lake_copy, "log_health", log_end={0: 6})  # one event not yet visible after 1 h
     assert [f["column"] for f in report.suites[0].failures] == ["staleness_s"]
 
 
-def test_in_flight_speed_layer_commits_are_not_read(spark, lake_copy):
+def test_in_flight_speed_layer_commits_are_not_read(spark, lake_copy, monkeypatch):
     """A micro-batch newer than the last batches row is invisible: tables are read as of that row."""
     from pipelines.lake import Lake
     from pipelines.quality import snapshot
@@ -246,7 +263,7 @@ def test_in_flight_speed_layer_commits_are_not_read(spark, lake_copy):
     lake = Lake(spark, lake_copy.lake_dir, NS)
     spark.conf.set("spark.databricks.delta.commitInfo.userMetadata", json.dumps({"batch_id": 1}))
     try:
-        _sql(spark, lake_copy, "unread_counts", "UPDATE {t} SET unread = 7 WHERE user_id = 1")
+        _sql(spark, lake_copy, "unread_counts", "UPDATE {t} SET unread = 7 WHERE user_id = 1", monkeypatch)
     finally:
         spark.conf.unset("spark.databricks.delta.commitInfo.userMetadata")
     snap = snapshot(spark, lake_copy, NS)
