@@ -107,6 +107,15 @@ def archive_position(settings: Settings, namespace: str) -> dict[int, int]:
     return found[1] if found else {}
 
 
+def archived_position(settings: Settings, namespace: str) -> dict[int, int]:
+    """The raw archive's position: the end offsets of the latest ``archives`` commit (the changelog,
+    ``events_bronze`` and ``quarantine`` in Delta, not compacted into the views yet)."""
+    from pipelines.lake import archived
+
+    done = archived(settings.lake_dir, namespace)
+    return done.end_offsets if done else {}
+
+
 def covered(position: dict[int, int], target: dict[int, int]) -> int:
     """Records of ``target`` (partition -> end offset) that ``position`` covers."""
     return sum(min(position.get(p, 0), end) for p, end in target.items())
@@ -128,12 +137,13 @@ def wait_caught_up(
     timeout_s: float,
     proc: subprocess.Popen | None = None,
 ) -> Progress:
-    """Block until each of ``paths`` (``serving``: the fences in Redis; ``archive``: the Delta
-    views' position) covers ``target``, drawing one progress bar per path that moves as it does."""
+    """Block until each of ``paths`` (``serving``: the fences in Redis; ``archived``: the raw
+    archive in Delta; ``archive``: the Delta views' position, compacted) covers ``target``, drawing
+    one progress bar per path that moves as it does."""
     from tqdm import tqdm
 
-    readers = {"serving": serving_position, "archive": archive_position}
-    labels = {"serving": "serving (Redis)", "archive": "archive (Delta)"}
+    readers = {"serving": serving_position, "archived": archived_position, "archive": archive_position}
+    labels = {"serving": "serving (Redis)", "archived": "archived (Delta)", "archive": "views (Delta)"}
     total = sum(target.values())
     progress = Progress()
     started = time.monotonic()
@@ -143,7 +153,7 @@ def wait_caught_up(
             initial=covered(readers[name](settings, namespace), target),  # its rate: from here on
             unit="ev",
             unit_scale=True,
-            desc=f"{labels[name]:<16}",
+            desc=f"{labels[name]:<17}",
             mininterval=0.5,
             position=i,
             file=sys.stderr,
@@ -522,7 +532,9 @@ def main(argv: list[str] | None = None) -> int:
 
         say("waiting for the serving path (fences in Redis) and the archive (Delta views) to cover the log")
         end = log_end_offsets(settings, topic)
-        final = wait_caught_up(settings, ns, end, ("serving", "archive"), args.catch_up_timeout, proc)
+        final = wait_caught_up(
+            settings, ns, end, ("serving", "archived", "archive"), args.catch_up_timeout, proc
+        )
         if proc is not None:
             proc.wait(timeout=300)
     finally:
