@@ -26,7 +26,9 @@ commands per event); ``threshold`` (``stories/bench_threshold.py``: the cost mod
 fan-out threshold is chosen from, measured on the same log); ``read_heavy``
 (``stories/bench_read_heavy.py``: timeline reads under hey beside the generator's writes at
 rising rates, the speed layer at the default threshold; the highest write rate whose reads keep
-p99 <= 50 ms at >= 20 reads per post). docs/reports.md says how to read each figure.
+p99 <= 50 ms at >= 20 reads per post); ``archive`` (``stories/bench_archive.py``: the default
+history archived and compacted, then 1,000 more events on that lake, beside a bare Spark read of
+the same offsets). docs/reports.md says how to read each figure.
 """
 
 from __future__ import annotations
@@ -482,6 +484,7 @@ def main(argv: list[str] | None = None) -> int:
         ("--cluster-burst-events", "cluster_burst_events", "the backlog drained (throughput)"),
         ("--erasure-log-events", "erasure_log_events", "the log the 10,000-event user is erased from"),
         ("--catchup-events", "catchup_events", "the default log the speed layer catches up"),
+        ("--archive-events", "archive_events", "the events archived on a lake holding that log"),
     ):
         default = getattr(BenchContext, field_name)
         p.add_argument(
@@ -503,6 +506,7 @@ def main(argv: list[str] | None = None) -> int:
         cluster_burst_events=a.cluster_burst_events,
         erasure_log_events=a.erasure_log_events,
         catchup_events=a.catchup_events,
+        archive_events=a.archive_events,
     )
     return 1 if any("error" in r for r in results.values()) else 0
 
@@ -513,6 +517,7 @@ import stories.bench_keyed  # noqa: E402,F401
 
 # isort: split
 import stories.bench_analytics  # noqa: E402,F401
+import stories.bench_archive  # noqa: E402,F401
 import stories.bench_batch  # noqa: E402,F401
 import stories.bench_catchup  # noqa: E402,F401
 import stories.bench_cluster  # noqa: E402,F401

@@ -66,6 +66,7 @@ class BenchContext:
     sealing_api_concurrency: int = 32  # sealing: asyncio clients posting at once
     erasure_log_events: int = 1_000_000  # erasure: the log the 10,000-event user is erased from
     catchup_events: int = 200_000  # catchup: the generator's default log, caught up at two thresholds
+    archive_events: int = 1_000  # archive: the events archived and compacted on a lake holding that log
     read_heavy_rates: tuple[int, ...] = (0, 30, 100, 300, 1_000, 3_000)  # read_heavy: writes, events/s
     read_heavy_seconds: int = 15  # read_heavy: hey's reads at each write rate
     # read_heavy: hey's connections. Fewer than serving's 32 (sized for 3,000 reads/s): a closed
