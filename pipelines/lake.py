@@ -50,6 +50,8 @@ class BatchOutput:
     user_status: DataFrame  # upserts
     # view -> keys to delete (users, user_status, posts, inbox, unread_counts): erasures
     deletes: dict[str, DataFrame] = field(default_factory=dict)
+    # the views with changes (None: every view may have some); the others are not written at all
+    touched: frozenset[str] | None = None
 
 
 @dataclass
@@ -237,14 +239,19 @@ class Lake:
 
         ``extra``: more writes (callables) of the same batch, fenced the same way, run first.
         """
-        writes = [
-            lambda: self.upsert("users", out.users, deletes=out.deletes.get("users")),
-            lambda: self.upsert("follows", out.follows_upserts, deletes=out.follows_deletes),
-            lambda: self.upsert("posts", out.posts, deletes=out.deletes.get("posts")),
-            lambda: self.upsert("inbox", out.inbox, deletes=out.deletes.get("inbox")),
-            lambda: self.upsert("unread_counts", out.unread_counts, deletes=out.deletes.get("unread_counts")),
-            lambda: self.upsert("user_status", out.user_status, deletes=out.deletes.get("user_status")),
-        ]
+        views = {
+            "users": lambda: self.upsert("users", out.users, deletes=out.deletes.get("users")),
+            "follows": lambda: self.upsert("follows", out.follows_upserts, deletes=out.follows_deletes),
+            "posts": lambda: self.upsert("posts", out.posts, deletes=out.deletes.get("posts")),
+            "inbox": lambda: self.upsert("inbox", out.inbox, deletes=out.deletes.get("inbox")),
+            "unread_counts": lambda: self.upsert(
+                "unread_counts", out.unread_counts, deletes=out.deletes.get("unread_counts")
+            ),
+            "user_status": lambda: self.upsert(
+                "user_status", out.user_status, deletes=out.deletes.get("user_status")
+            ),
+        }
+        writes = [w for name, w in views.items() if out.touched is None or name in out.touched]
         started = time.time()
         with self.fenced(batch_id, {"batch_id": batch_id, "end_offsets": meta["end_offsets"]}):
             for w in extra:
