@@ -89,9 +89,15 @@ def test_make_demo_passes_with_a_true_summary(tmp_path: Path, private_settings):
     result = json.loads((tmp_path / "var" / "reports" / "demo" / "summary.json").read_text())
     assert result["verify_ok"] and result["quality_ok"], tail
     assert all(n == 0 for n in result["mismatches"].values()), result["mismatches"]
+    # the archive's lag is reported: the Delta views reached the log's end after the serving path
+    # did (never before: they are compacted from what Redis applied), in seconds, within the run
+    assert 0 <= result["serving_caught_up_s"] <= result["archive_caught_up_s"] < took, result
+    assert "archive lag" in summary and "the Delta views covered the log" in summary
     # the serving path's freshness was measured on the live events, not left out
     assert result["freshness"]["events"] > 0 and result["freshness"]["p99_ms"] is not None
     # every injected pattern fired
     assert set(result["alerts"]["injected"]) == {"burst", "follow_churn", "message_flood"}, result["alerts"]
     verify = json.loads((tmp_path / "var" / "reports" / "verify" / "latest.json").read_text())
     assert verify["ok"], {k: v for k, v in verify.items() if k in ("keyed", "batch_layer", "serving")}
+    # and it says where its time went
+    assert verify["phases"] and sum(verify["phases"].values()) <= verify["seconds"] + 1, verify["phases"]
