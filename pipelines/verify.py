@@ -44,7 +44,7 @@ from pipelines.batch_layer.verify import verify_batch_layer
 from pipelines.lake import Lake
 from pipelines.parse import parse_records, received_date
 from pipelines.replay import read_log
-from pipelines.tables import TABLES, VIEWS
+from pipelines.tables import STORED, TABLES, VIEWS
 
 log = logging.getLogger("verify")
 EXAMPLES = 5
@@ -176,13 +176,20 @@ def changelog_once(changelog: DataFrame, position: dict[int, int]) -> dict:
 
 
 def compare_serving(
-    spark, lake: Lake, settings: Settings, end_offsets: dict[int, int], versions: dict
+    spark,
+    lake: Lake,
+    settings: Settings,
+    end_offsets: dict[int, int],
+    versions: dict,
+    home_timeline: DataFrame | None = None,
 ) -> dict:
     """The keyed state in Redis against the Delta views, when both cover the same log position.
 
     The Delta views are compacted from the changelog the Redis functions write, so this checks
-    the archiver and the compaction. Redis runs ahead of Delta while events flow; the comparison
-    is made when they cover the same offsets (a caught-up stream) and skipped otherwise.
+    the archiver and the compaction; the Redis timelines are checked against ``home_timeline``
+    derived from the Delta views (``home_timeline``: already derived, at ``versions``). Redis runs
+    ahead of Delta while events flow; the comparison is made when they cover the same offsets (a
+    caught-up stream) and skipped otherwise.
     """
     from contract.serving import ServingStore, connect
 
@@ -194,9 +201,9 @@ def compare_serving(
     out = {}
     tl = list(store.dump_timelines(settings.timeline_length))
     redis_tl = spark.createDataFrame(tl, "user_id BIGINT, author_id BIGINT, post_id BIGINT")
-    out["home_timeline"] = compare(
-        redis_tl, derived.read(lake, "home_timeline", versions, settings), ["user_id", "author_id", "post_id"]
-    )
+    if home_timeline is None:
+        home_timeline = derived.read(lake, "home_timeline", versions, settings)
+    out["home_timeline"] = compare(redis_tl, home_timeline, ["user_id", "author_id", "post_id"])
     unread = [(int(u), int(n)) for u, n in store.dump_hash("unread").items()]
     out["unread_counts"] = compare(
         spark.createDataFrame(unread, "user_id BIGINT, unread BIGINT"),
@@ -328,6 +335,12 @@ def live_at(
     return derived.read(lake, name, versions, settings)
 
 
+def _recorded(record) -> dict[str, int | None]:
+    """The versions a batch recorded, as :func:`pipelines.quality.consistent_versions` gives them
+    when nothing else wrote a table since."""
+    return {name: record.versions.get(name) for name in STORED}
+
+
 def timed(phases: dict[str, float], name: str, fn, *args, **kwargs):
     """``fn(*args, **kwargs)``, its wall time (seconds) recorded as ``phases[name]``."""
     t0 = time.time()
@@ -374,10 +387,12 @@ def verify(
             batch, **{name: getattr(batch, name).localCheckpoint() for name in VIEWS}
         ),
     )
-    views = {}
+    views, lives = {}, {}
     for name, df in expected_tables(spark, settings, topic, position, batch).items():
-        live = live_at(lake, name, versions, position, settings)
-        views[name] = timed(phases, f"compare_{name}", compare, live, df, TABLES[name].columns)
+        lives[name] = live_at(lake, name, versions, position, settings)
+        if not TABLES[name].stored:  # derived once, compared with the batch layer's and with Redis
+            lives[name] = timed(phases, f"derive_{name}", lives[name].localCheckpoint)
+        views[name] = timed(phases, f"compare_{name}", compare, lives[name], df, TABLES[name].columns)
         log.info("%s: %s", name, {k: v for k, v in views[name].items() if k != "examples"})
     disabled = {"ok": None, "skipped": "disabled"}
     report = {
@@ -397,7 +412,15 @@ def verify(
         "changelog": timed(phases, "changelog", changelog_once, lake.read("changelog"), position),
         "freshness": freshness(lake, record.batch_id),
         "serving": timed(
-            phases, "serving", compare_serving, spark, lake, settings, record.end_offsets, record.versions
+            phases,
+            "serving",
+            compare_serving,
+            spark,
+            lake,
+            settings,
+            record.end_offsets,
+            record.versions,
+            home_timeline=lives["home_timeline"] if versions == _recorded(record) else None,
         )
         if serving
         else disabled,
