@@ -23,6 +23,7 @@ from app_sim.api.eventlog import EventLog, LogUnavailable
 from contract.ids import new_event_id, wall_clock_ms
 from contract.keys import KeyStore
 from infra import clients
+from infra.cli import command_name
 from infra.settings import Settings, get_settings
 
 
@@ -84,7 +85,7 @@ async def erase(user_id: int, settings: Settings) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog=command_name("app_sim.erase"), description=__doc__.splitlines()[0])
     p.add_argument("--user-id", type=int, required=True, help="the user to erase")
     args = p.parse_args(argv)
     if args.user_id < 1:

@@ -54,6 +54,7 @@ from app_sim import graph
 from contract.ids import MAX_WORKER_ID, Snowflake, event_ids
 from contract.keys import KeyStore, Sealer
 from contract.writers import WriterIdUnavailable
+from infra.cli import command_name
 
 SIM_EPOCH_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z: start of the simulated server clock
 # Worker bits of records that no one writes to a log as they are (``generate``, ``pattern_events``):
@@ -929,7 +930,7 @@ def main(argv: list[str] | None = None) -> int:
 
     settings = get_settings()
     d = GeneratorConfig()
-    p = argparse.ArgumentParser(prog="python -m app_sim.generator", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog=command_name("app_sim.generator"), description=__doc__.split("\n\n")[0])
     p.add_argument("--events", type=int, default=200_000, help="records to write in total (default 200000)")
     p.add_argument("--users", type=int, default=d.users)
     p.add_argument("--seed", type=int, default=d.seed)

@@ -27,6 +27,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from infra.cli import command_name
 from infra.html import render as render_page
 from infra.settings import REPO_ROOT, Settings, get_settings
 
@@ -260,7 +261,7 @@ def plot_steps(table: list[dict], max_read_p99_ms: float, out_dir: Path) -> Path
 
 def main(argv: list[str] | None = None) -> int:
     settings = get_settings()
-    p = argparse.ArgumentParser(prog="python -m app_sim.load", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog=command_name("app_sim.load"), description=__doc__.splitlines()[0])
     p.add_argument(
         "--host", default=api_url(settings), help="API base URL (default: settings api_host:api_port)"
     )

@@ -7,10 +7,11 @@ import sys
 
 from contract import DOCS_PATH
 from contract.docs import render
+from infra.cli import command_name
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m contract")
+    parser = argparse.ArgumentParser(prog=command_name("contract"))
     sub = parser.add_subparsers(dest="command", required=True)
     docs = sub.add_parser("docs", help="write docs/events.md from the schema")
     docs.add_argument("--check", action="store_true", help="exit 1 if docs/events.md is stale")

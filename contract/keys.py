@@ -43,6 +43,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 import contract
+from infra.cli import command_name
 from infra.settings import Settings, get_settings
 
 PREFIX = contract.SEALED_PREFIX
@@ -316,7 +317,10 @@ def honour_erasures(settings: Settings) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="The data-key store of crypto-shredding (docs/erasure.md).")
+    p = argparse.ArgumentParser(
+        prog=command_name("contract.keys"),
+        description="The data-key store of crypto-shredding (docs/erasure.md).",
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("stats", help="keys and erased users in the store of SOCIAL_EVENTS_TOPIC")
     sub.add_parser("honour-erasures", help="after restoring a key store backup: delete erased users' keys")

@@ -46,6 +46,7 @@ import orjson
 
 from contract.ids import MAX_WORKER_ID
 from infra import clients
+from infra.cli import command_name
 from infra.settings import Settings, get_settings
 from infra.stack import ensure_writers_topic, writers_topic, writers_topic_configs
 
@@ -295,7 +296,7 @@ def read_claims(settings: Settings, events_topic: str | None = None, timeout_s: 
 
 def main(argv: list[str] | None = None) -> int:
     settings = get_settings()
-    p = argparse.ArgumentParser(prog="python -m contract.writers", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog=command_name("contract.writers"), description=__doc__.splitlines()[0])
     p.add_argument("--topic", default=settings.events_topic, help="the event log whose registry to list")
     a = p.parse_args(argv)
     try:

@@ -21,6 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from infra.cli import command_name
 from infra.settings import REPO_ROOT, Settings, get_settings
 
 DAGS_FOLDER = REPO_ROOT / "dags"
@@ -123,7 +124,7 @@ def run_in_process(dag_id: str, conf: dict | None = None) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m infra.airflow", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog=command_name("infra.airflow"), description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("env", help="print `export` lines for this project's Airflow")
     sub.add_parser("db", help="create/migrate the metadata DB")

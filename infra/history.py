@@ -13,6 +13,7 @@ import os
 import sys
 from pathlib import Path
 
+from infra.cli import command_name
 from infra.settings import get_settings
 
 
@@ -32,7 +33,7 @@ def command(events: Path, port: int) -> tuple[list[str], dict[str, str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m infra.history", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog=command_name("infra.history"), description=__doc__.splitlines()[0])
     p.add_argument("--port", type=int, default=18080)
     args = p.parse_args(argv)
     events = Path(get_settings().var_dir) / "spark-events"

@@ -22,6 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from infra.cli import command_name
 from infra.settings import REPO_ROOT, Settings, get_settings
 
 JVM_DIR = REPO_ROOT / "infra" / "jvm"
@@ -228,7 +229,7 @@ def spark_jars(settings: Settings | None = None) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m infra.jars", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=command_name("infra.jars"), description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=["fetch", "verify", "lock"])
     args = parser.parse_args(argv)
     try:

@@ -14,6 +14,7 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
+from infra.cli import command_name
 from infra.html import render
 from infra.settings import Settings, get_settings
 
@@ -76,9 +77,9 @@ def write_index(settings: Settings | None = None) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argparse.ArgumentParser(prog="python -m infra.reports", description=__doc__.splitlines()[0]).parse_args(
-        argv
-    )
+    argparse.ArgumentParser(
+        prog=command_name("infra.reports"), description=__doc__.splitlines()[0]
+    ).parse_args(argv)
     print(write_index())
     return 0
 

@@ -489,6 +489,10 @@ def _environment_model() -> type[_Environment]:
     )
 
 
+class SettingsError(ValueError):
+    """A setting given in the environment that is not valid: its variable, its value, what it wants."""
+
+
 def _from_environment(skip=()) -> dict:
     """The settings given by environment variables, validated; a bad value is a one-line ValueError.
 
@@ -505,7 +509,7 @@ def _from_environment(skip=()) -> dict:
             env = str(error["loc"][0])
             kind = getattr(hints.get(by_env.get(env)), "__name__", "a valid value")
             problems.append(f"{env}={error['input']!r}: expected {kind}")
-        raise ValueError("; ".join(problems)) from None
+        raise SettingsError("; ".join(problems)) from None
     return {name: getattr(read, name) for name in read.model_fields_set if name not in skip}
 
 

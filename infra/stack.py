@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from infra.cli import command_name
 from infra.jars import JarsError
 from infra.kafka_admin import (
     EVENTS_TOPIC_CONFIGS,
@@ -310,7 +311,7 @@ def ensure_redis() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m infra.stack", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=command_name("infra.stack"), description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=["up", "down", "status", "ensure-redis"])
     args = parser.parse_args(argv)
     settings = get_settings()

@@ -12,6 +12,7 @@ import argparse
 import os
 import sys
 
+from infra.cli import command_name
 from infra.jars import kafka_classpath, require_java
 from infra.settings import Settings, get_settings
 
@@ -37,7 +38,7 @@ def command(settings: Settings, topic: str, from_beginning: bool, max_messages: 
 
 def main(argv: list[str] | None = None) -> int:
     settings = get_settings()
-    p = argparse.ArgumentParser(prog="python -m infra.tail", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog=command_name("infra.tail"), description=__doc__.splitlines()[0])
     p.add_argument("--topic", default=settings.events_topic)
     p.add_argument(
         "--from-beginning", action="store_true", help="the whole retained log, not only new records"

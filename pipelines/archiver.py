@@ -54,6 +54,7 @@ from tenacity import Retrying, before_sleep_log, stop_after_attempt, wait_expone
 
 from contract import functions, namespaces
 from infra import logs
+from infra.cli import command_name
 from infra.settings import Settings, get_settings
 from pipelines.lake import Archive, Lake, archived, covers, latest_metadata, side_by_side
 from pipelines.parse import parse_records, received_date
@@ -375,7 +376,7 @@ def run(
 def main(argv: list[str] | None = None) -> int:
     from pipelines.spark import run_behind_serving_path
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog=command_name("pipelines.archiver"), description=__doc__.splitlines()[0])
     p.add_argument("--namespace", help="views version to archive (default: the active one)")
     p.add_argument("--topic", help="event topic (default: SOCIAL_EVENTS_TOPIC)")
     p.add_argument("--once", action="store_true", help="archive what Redis holds now, compact, and stop")

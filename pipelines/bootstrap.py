@@ -25,6 +25,7 @@ import redis
 
 from contract import functions, namespaces
 from infra import clients
+from infra.cli import command_name
 from infra.settings import Settings, get_settings
 from pipelines.speed import compacted
 
@@ -169,7 +170,7 @@ def wait_published(client: redis.Redis, namespace: str, timeout_s: float) -> boo
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog=command_name("pipelines.bootstrap"), description=__doc__.splitlines()[0])
     p.add_argument("--namespace", help="views version (default: the active one)")
     p.add_argument(
         "--topic", help="event topic the compacted topics are named after (default: SOCIAL_EVENTS_TOPIC)"

@@ -43,6 +43,8 @@ import lz4.block
 import lz4.frame
 import zstandard
 
+from infra.cli import command_name
+
 SEGMENT = re.compile(r"^\d{20}\.log$")
 LZ4_JAVA_MAGIC = b"LZ4Block"
 
@@ -348,9 +350,10 @@ def main(argv: list[str] | None = None) -> int:
     from infra.settings import get_settings
 
     p = argparse.ArgumentParser(
+        prog=command_name("pipelines.erasure_audit"),
         description="Audit erasures: each erased user's data key is gone and nothing sealed with it "
         "opens anywhere under the var dir (docs/erasure.md). Default: the users erased since the "
-        "last clean audit. Exit 1 when a check fails."
+        "last clean audit. Exit 1 when a check fails.",
     )
     p.add_argument("--user-id", type=int, action="append", help="audit this user (repeatable)")
     p.add_argument("--no-progress", action="store_true")

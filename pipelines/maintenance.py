@@ -42,6 +42,7 @@ from pathlib import Path
 
 from contract import namespaces
 from infra import logs
+from infra.cli import command_name
 from infra.settings import Settings, get_settings
 
 log = logging.getLogger("maintenance")
@@ -274,7 +275,9 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m pipelines.maintenance", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog=command_name("pipelines.maintenance"), description=__doc__.splitlines()[0]
+    )
     p.add_argument(
         "--step",
         action="append",

@@ -23,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+from infra.cli import command_name
 from infra.settings import Settings, get_settings
 
 # Prometheus histogram buckets (seconds) for the freshness histogram (kept in 10 ms buckets)
@@ -229,7 +230,7 @@ def summary(snap: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m pipelines.metrics", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog=command_name("pipelines.metrics"), description=__doc__.splitlines()[0])
     p.add_argument("--port", type=int, default=9464, help="port of /metrics (9464)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--summary", action="store_true", help="print the headline numbers once and exit")

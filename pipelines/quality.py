@@ -43,6 +43,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from infra import logs
+from infra.cli import command_name
 from infra.settings import REPO_ROOT, Settings, get_settings
 
 log = logging.getLogger("quality")
@@ -548,7 +549,7 @@ def summary(report: QualityResult) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m pipelines.quality", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog=command_name("pipelines.quality"), description=__doc__.splitlines()[0])
     p.add_argument("--namespace", help="views version to check (default: the active one)")
     p.add_argument("--topic", help="event topic, for freshness (default: SOCIAL_EVENTS_TOPIC)")
     p.add_argument("--suite", action="append", help="run only this suite (repeatable)")

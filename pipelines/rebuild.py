@@ -43,6 +43,7 @@ from pathlib import Path
 
 from contract import namespaces
 from infra import logs
+from infra.cli import command_name
 from infra.settings import Settings, get_settings
 
 log = logging.getLogger("rebuild")
@@ -266,7 +267,7 @@ def rebuild(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m pipelines.rebuild", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog=command_name("pipelines.rebuild"), description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
     for name, doc in [
         ("run", "build, verify, switch"),

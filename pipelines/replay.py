@@ -19,6 +19,7 @@ import time
 
 from pyspark.sql import DataFrame, SparkSession
 
+from infra.cli import command_name
 from infra.settings import Settings, get_settings
 
 
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     from pipelines.progress import spark_tasks
     from pipelines.spark import build_spark
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog=command_name("pipelines.replay"), description=__doc__.splitlines()[0])
     p.add_argument("--topic")
     p.add_argument("--until", help="JSON {partition: end offset}; default: the head of the log")
     p.add_argument("--namespace", help="the scratch Redis namespace (default: <active>__replay)")

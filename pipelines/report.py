@@ -20,6 +20,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from infra.cli import command_name
 from infra.html import render as render_page
 
 FRESHNESS_CAP_MS = 120_000  # the speed layer's cap on a recorded delay (pipelines/speed/processor.py)
@@ -315,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     from infra.settings import get_settings
 
     default = get_settings().reports_dir / "verify" / "latest.json"
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog=command_name("pipelines.report"), description=__doc__.splitlines()[0])
     p.add_argument("report", nargs="?", default=str(default))
     p.add_argument("out", nargs="?")
     args = p.parse_args(argv)

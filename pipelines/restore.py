@@ -36,6 +36,7 @@ from pyspark.sql import functions as F
 
 from contract import functions, namespaces
 from infra import logs
+from infra.cli import command_name
 from infra.settings import Settings, get_settings
 from pipelines import derived
 from pipelines.archiver import BRONZE_DISPOSITION
@@ -264,7 +265,7 @@ def restore(spark, settings: Settings, namespace: str, *, force: bool = False) -
 def main(argv: list[str] | None = None) -> int:
     from pipelines.spark import build_spark
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog=command_name("pipelines.restore"), description=__doc__.splitlines()[0])
     p.add_argument("--namespace", help="keyed state to restore (default: the active one)")
     p.add_argument("--force", action="store_true", help="drop the namespace's keys in Redis first")
     p.add_argument(

@@ -15,6 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from infra.cli import command_name
 from infra.settings import REPO_ROOT, Settings, get_settings
 
 # The class archive: the classes a Spark driver with Delta loads at start (~25,000), parsed and
@@ -345,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     p = argparse.ArgumentParser(
-        prog="python -m pipelines.spark", description="the Spark drivers' class archive"
+        prog=command_name("pipelines.spark"), description="the Spark drivers' class archive"
     )
     sub = p.add_subparsers(dest="command", required=True)
     archive = sub.add_parser("class-archive", help="dump the class archive unless it exists (make setup)")

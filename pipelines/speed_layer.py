@@ -20,6 +20,7 @@ import time
 
 from contract import functions, namespaces
 from infra import logs
+from infra.cli import command_name
 from infra.settings import Settings, get_settings
 from pipelines.spark import build_spark
 from pipelines.speed import stream as keyed
@@ -91,7 +92,9 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog=command_name("pipelines.speed_layer"), description=__doc__.splitlines()[0]
+    )
     p.add_argument("--namespace", help="views version to maintain (default: the active one)")
     p.add_argument("--topic", help="event topic (default: SOCIAL_EVENTS_TOPIC)")
     p.add_argument("--available-now", action="store_true", help="process what is in the log, then stop")

@@ -35,6 +35,7 @@ from pyspark.sql import functions as F
 from contract import namespaces
 from contract.functions import connect as keyed_connect
 from infra import logs
+from infra.cli import command_name
 from infra.settings import Settings, get_settings
 from pipelines import derived
 from pipelines.batch_layer.definition import QUARANTINED, REJECTED, BatchViews, below
@@ -480,7 +481,7 @@ def write_report(report: dict, directory: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog=command_name("pipelines.verify"), description=__doc__.splitlines()[0])
     p.add_argument("--namespace", help="views version to verify (default: the active one)")
     p.add_argument("--topic", help="event topic (default: SOCIAL_EVENTS_TOPIC)")
     p.add_argument("--no-serving", action="store_true", help="skip the Redis comparison")

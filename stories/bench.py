@@ -44,6 +44,7 @@ import traceback
 from pathlib import Path
 
 from contract.functions import connect as keyed_connect
+from infra.cli import command_name
 from infra.settings import Settings, get_settings
 from stories.bench_common import SECTIONS, BenchContext, section
 
@@ -454,7 +455,7 @@ def run(only: list[str] | None, events: int, settings: Settings | None = None, *
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m stories.bench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog=command_name("stories.bench"), description=__doc__.split("\n\n")[0])
     p.add_argument("--only", action="append", help="run only this section (repeatable)")
     p.add_argument("--events", type=int, default=1_000_000, help="events per ingest run (default 1M)")
     p.add_argument("--keyed-seconds", type=int, default=120, help="keyed: seconds at each fixed rate")

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from contract.functions import connect as keyed_connect
 from infra import clients
+from infra.cli import command_name
 from infra.html import render as render_page
 from infra.settings import REPO_ROOT, Settings, get_settings
 
@@ -312,7 +313,7 @@ def write(report: dict, directory: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     from infra.stack import BACKBONE, Stack, port_listening
 
-    p = argparse.ArgumentParser(prog="python -m stories.compare", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog=command_name("stories.compare"), description=__doc__.splitlines()[0])
     p.add_argument("--events", type=int, default=200_000, help="events in the generated log (default 200k)")
     a = p.parse_args(argv)
     settings = get_settings()

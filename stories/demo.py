@@ -43,6 +43,7 @@ from pathlib import Path
 
 from contract.functions import connect as keyed_connect
 from infra import clients
+from infra.cli import command_name
 from infra.reports import write_index
 from infra.settings import REPO_ROOT, Settings, get_settings
 
@@ -418,7 +419,7 @@ def _rate(n: int, seconds: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m stories.demo", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog=command_name("stories.demo"), description=__doc__.splitlines()[0])
     p.add_argument(
         "--events",
         type=int,

@@ -70,6 +70,7 @@ from pathlib import Path
 
 from app_sim.api.dual_write import FAILURE, FAULTS, corrected_time, journal_key
 from infra import clients
+from infra.cli import command_name
 from infra.html import render as render_page
 from infra.settings import Settings, get_settings
 from pipelines.report import png_bytes
@@ -813,7 +814,7 @@ def print_table(report: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     settings = get_settings()
-    p = argparse.ArgumentParser(prog="python -m stories.dual_write", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog=command_name("stories.dual_write"), description=__doc__.splitlines()[0])
     p.add_argument("--users", type=int, default=30, help="Locust users (30)")
     p.add_argument("--run-time", type=int, default=15, help="seconds of Locust per run (15)")
     p.add_argument("--seed", type=int, default=settings.fault_seed)

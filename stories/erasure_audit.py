@@ -38,6 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from infra import clients
+from infra.cli import command_name
 from infra.html import render as render_page
 from infra.settings import Settings, get_settings
 
@@ -433,7 +434,9 @@ def scratch_audit(base: Settings, name: str = "erasure_audit", **audit_args) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog=command_name("stories.erasure_audit"), description=__doc__.splitlines()[0]
+    )
     p.add_argument("--world-events", type=int, default=20_000, help="generator events around the canary")
     p.add_argument("--world-users", type=int, default=100, help="the generator's users")
     p.add_argument("--canary-posts", type=int, default=3, help="posts the canary writes through the API")

@@ -33,6 +33,7 @@ import orjson
 from app_sim.generator import EventGenerator, GeneratorConfig
 from contract import writers
 from infra import clients
+from infra.cli import command_name
 from infra.settings import Settings
 from infra.stack import KafkaBroker, admin_client, end_offsets
 
@@ -271,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from infra.settings import get_settings
 
-    p = argparse.ArgumentParser(prog="python -m stories.faults", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog=command_name("stories.faults"), description=__doc__.splitlines()[0])
     p.add_argument("run", choices=["spark-worker"])
     p.add_argument("--seconds", type=float, default=30.0)
     p.add_argument("--rate", type=float, default=1000.0)

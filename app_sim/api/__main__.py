@@ -15,12 +15,13 @@ import sys
 import uvicorn
 
 from app_sim.api.metrics import prepare_multiproc_dir
+from infra.cli import command_name
 from infra.settings import get_settings
 
 
 def main(argv: list[str] | None = None) -> int:
     settings = get_settings()
-    p = argparse.ArgumentParser(prog="python -m app_sim.api", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog=command_name("app_sim.api"), description=__doc__.splitlines()[0])
     p.add_argument("--host", default=settings.api_host)
     p.add_argument("--port", type=int, default=settings.api_port)
     p.add_argument("--workers", type=int, default=settings.api_workers)

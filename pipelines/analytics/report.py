@@ -21,6 +21,7 @@ from pathlib import Path
 from pyspark.sql import functions as F
 
 from contract import namespaces
+from infra.cli import command_name
 from infra.html import render as render_page
 from infra.settings import Settings, get_settings
 from pipelines.analytics.joins import time_to_read_per_hour
@@ -233,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     from pipelines.spark import build_spark
 
     p = argparse.ArgumentParser(
-        prog="python -m pipelines.analytics.report", description=__doc__.splitlines()[0]
+        prog=command_name("pipelines.analytics.report"), description=__doc__.splitlines()[0]
     )
     p.add_argument("--namespace", help="lake namespace (default: the active one)")
     p.add_argument(

@@ -37,6 +37,7 @@ from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 
 from contract import namespaces
 from infra import logs
+from infra.cli import command_name
 from infra.settings import Settings, get_settings
 from pipelines.analytics import joins, rules, source, windows
 from pipelines.analytics.config import AnalyticsConfig
@@ -379,7 +380,7 @@ def run(
 def main(argv: list[str] | None = None) -> int:
     from pipelines.spark import run_behind_serving_path
 
-    p = argparse.ArgumentParser(prog="python -m pipelines.analytics", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog=command_name("pipelines.analytics"), description=__doc__.splitlines()[0])
     p.add_argument("--namespace", help="lake namespace to write under (default: the active one)")
     p.add_argument("--topic", help="event topic (default: SOCIAL_EVENTS_TOPIC)")
     p.add_argument("--only", action="append", choices=QUERIES, help="run only this query (repeatable)")

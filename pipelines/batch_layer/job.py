@@ -26,6 +26,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from contract import namespaces
+from infra.cli import command_name
 from infra.settings import Settings, get_settings
 from pipelines.batch_layer.definition import BatchConfig, BatchViews, compute
 from pipelines.lake import latest_metadata
@@ -247,7 +248,9 @@ def run(
 def main(argv: list[str] | None = None) -> int:
     from pipelines.spark import build_spark
 
-    p = argparse.ArgumentParser(prog="python -m pipelines.batch_layer", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog=command_name("pipelines.batch_layer"), description=__doc__.splitlines()[0]
+    )
     p.add_argument("--namespace", help="the archive's namespace (default: the active one)")
     p.add_argument("--upto", default="archived", help="'archived' (default) or JSON {partition: end offset}")
     p.add_argument("--out", help=f"output namespace (default: <namespace>{SUFFIX})")

@@ -24,6 +24,7 @@ from pyspark.sql import functions as F
 
 from contract import functions, namespaces
 from contract.functions import connect as keyed_connect
+from infra.cli import command_name
 from infra.settings import Settings, get_settings
 from pipelines.batch_layer.cross_check import cross_check
 from pipelines.batch_layer.definition import QUARANTINED, BatchViews, below
@@ -98,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     from pipelines.spark import build_spark
 
     p = argparse.ArgumentParser(
-        prog="python -m pipelines.batch_layer.verify", description=__doc__.splitlines()[0]
+        prog=command_name("pipelines.batch_layer.verify"), description=__doc__.splitlines()[0]
     )
     p.add_argument("--namespace", help="the archive's namespace (default: the active one)")
     p.add_argument("--redis-namespace", help="the keyed state to compare (default: --namespace)")

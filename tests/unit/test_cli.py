@@ -23,7 +23,7 @@ OWN_HELP = {
     "airflow": "standalone",
     "tail": "--max-messages",
     "history": "--port",
-    "reports": "usage: python -m infra.reports",
+    "reports": "usage: social reports",
     "settings": "usage: social settings",
     "contract-docs": "--check",
     "api": "--workers",
@@ -71,6 +71,51 @@ def test_command_help_is_the_modules_own(command):
     result = runner.invoke(app, [command, "--help"])
     assert result.exit_code == 0, result.output
     assert OWN_HELP[command] in result.output
+
+
+@pytest.mark.parametrize("command", sorted(OWN_HELP))
+def test_command_help_names_the_command_typed(command):
+    """The module's usage line names the ``social`` command, not ``__main__.py`` or ``python -m``
+    (a module whose first argument is a subcommand, ``social up``, shows ``social`` and its choices)."""
+    result = runner.invoke(app, [command, "--help"])
+    usage = result.output.split("usage: ", 1)[1]
+    prefixed = bool(COMMANDS[command][1])
+    assert usage.startswith("social " if prefixed else f"social {command} "), result.output[:200]
+
+
+# commands that read the settings first thing, each with its one line for a bad value
+BAD_SETTING = [
+    ["status"],
+    ["archiver"],
+    ["restore"],
+    ["generate"],
+    ["replay"],
+    ["rebuild", "status"],
+    ["tail"],
+]
+
+
+@pytest.mark.parametrize("argv", BAD_SETTING, ids=" ".join)
+def test_a_bad_setting_is_one_line_naming_it(argv):
+    command = argv[0]
+    result = runner.invoke(app, argv, env={"SOCIAL_KAFKA_PORT": "x"})
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert lines == [
+        f"social {command}: bad setting: SOCIAL_KAFKA_PORT='x': expected int (docs/configuration.md)"
+    ]
+
+
+def test_an_unreachable_redis_is_one_line_naming_it():
+    from redis.exceptions import ConnectionError as RedisDown
+
+    from social.cli import one_line
+
+    down = RedisDown("Error 111 connecting to 127.0.0.1:1. Connection refused.")
+    assert one_line("restore", down) == (
+        "social restore: Redis does not answer: Error 111 connecting to 127.0.0.1:1. Connection refused."
+    )
+    assert one_line("restore", KeyError("a bug")) is None  # anything else keeps its traceback
 
 
 def test_every_console_script_module_has_a_command():
