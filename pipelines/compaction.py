@@ -120,15 +120,6 @@ class Changes:
         return self._last_upserts("N", ["user_id"], _g(1).alias("user_id"), _g(2).alias("unread"))
 
 
-# view -> the change kinds that write it
-_KINDS = {
-    "users": {"U", "U-"},
-    "follows": {"F+", "F-"},
-    "posts": {"P", "P-"},
-    "inbox": {"I", "I-"},
-    "unread_counts": {"N", "N-"},
-    "user_status": {"S", "S-"},
-}
 # view -> (its upsert kind, the key columns of its removal kind ``<kind>-``)
 _REMOVALS = {
     "users": ("U", ["user_id"]),
@@ -137,6 +128,8 @@ _REMOVALS = {
     "inbox": ("I", ["recipient_id", "message_id"]),
     "unread_counts": ("N", ["user_id"]),
 }
+# view -> the change kinds that write it: its upsert and its removal, and a follow's two
+_KINDS = {view: {kind, kind + "-"} for view, (kind, _) in _REMOVALS.items()} | {"follows": {"F+", "F-"}}
 
 
 def _merge_hist(rows) -> dict[str, int]:

@@ -63,10 +63,9 @@ def read(lake, name: str, versions: Mapping[str, int | None], settings) -> DataF
     t = TABLES[name]
     if t.stored:
         return lake.read(name, versions.get(name))
-    sources = {s: lake.read(s, versions.get(s)) for s in t.derived_from}
-    return home_timeline(
-        sources["posts"],
-        sources["follows"],
-        length=settings.timeline_length,
-        threshold=settings.fanout_threshold,
-    )
+    sources = [lake.read(s, versions.get(s)) for s in t.derived_from]
+    return DERIVE[name](*sources, length=settings.timeline_length, threshold=settings.fanout_threshold)
+
+
+# each derived view (pipelines/tables.py: ``derived_from``) -> its function of those tables, in order
+DERIVE = {"home_timeline": home_timeline}

@@ -344,11 +344,11 @@ def _recorded(record) -> dict[str, int | None]:
 
 def timed(phases: dict[str, float], name: str, fn, *args, **kwargs):
     """``fn(*args, **kwargs)``, its wall time (seconds) recorded as ``phases[name]``."""
-    t0 = time.time()
+    t0 = time.monotonic()
     try:
         return fn(*args, **kwargs)
     finally:
-        phases[name] = round(time.time() - t0, 1)
+        phases[name] = round(time.monotonic() - t0, 2)
 
 
 def verify(

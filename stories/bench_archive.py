@@ -25,19 +25,11 @@ from stories.bench_common import BenchContext, section, stream_settings, wait_fe
 TARGET_SMALL_S = 10.0
 
 
-def _timed(fn, *args):
-    t0 = time.monotonic()
-    out = fn(*args)
-    return out, round(time.monotonic() - t0, 2)
-
-
-def _bare_read_s(spark, settings, topic: str, starts: dict[int, int], ends: dict[int, int]) -> float:
-    """Seconds to count the records of a range with Spark alone (the Kafka source, no parse)."""
+def _bare_read(spark, settings, topic: str, starts: dict[int, int], ends: dict[int, int]) -> int:
+    """Count the records of a range with Spark alone (the Kafka source, no parse): the yardstick."""
     from pipelines.replay import read_range
 
-    t0 = time.monotonic()
-    read_range(spark, settings, topic, starts, ends).count()
-    return round(time.monotonic() - t0, 2)
+    return read_range(spark, settings, topic, starts, ends).count()
 
 
 @section("archive")
@@ -51,6 +43,7 @@ def archive_section(ctx: BenchContext) -> dict:
     from pipelines.spark import build_spark
     from pipelines.speed import changelog
     from pipelines.speed_layer_process import SpeedLayerProcess
+    from pipelines.verify import timed
 
     namespace = f"bench_archive_{ctx.run_id}".lower()
     topic = ctx.topic("archive")
@@ -76,12 +69,20 @@ def archive_section(ctx: BenchContext) -> dict:
         lake = Lake(spark, settings.lake_dir, namespace, writer="archiver")
         lake.ensure_tables()
         compactor = Lake(spark, settings.lake_dir, namespace, writer="compaction")
-        _, out["history_archive_s"] = _timed(
-            archive_once, spark, lake, r, settings, topic, changelog.cut(r, namespace)
+        timed(
+            out,
+            "history_archive_s",
+            archive_once,
+            spark,
+            lake,
+            r,
+            settings,
+            topic,
+            changelog.cut(r, namespace),
         )
-        _, out["history_compaction_s"] = _timed(compact_once, spark, compactor, settings)
+        timed(out, "history_compaction_s", compact_once, spark, compactor, settings)
         zero = {p: 0 for p in ends}
-        out["history_bare_read_s"] = _bare_read_s(spark, settings, topic, zero, ends)
+        timed(out, "history_bare_read_s", _bare_read, spark, settings, topic, zero, ends)
 
         # a few seconds of the same world's traffic (its graph, no registrations again)
         more = GeneratorConfig(seed=history.seed + 1, graph_seed=history.seed, emit_bootstrap=False)
@@ -91,11 +92,11 @@ def archive_section(ctx: BenchContext) -> dict:
             raise RuntimeError(
                 f"the speed layer did not apply {ctx.archive_events} events; see {sl.log_path}"
             )
-        _, out["small_archive_s"] = _timed(
-            archive_once, spark, lake, r, settings, topic, changelog.cut(r, namespace)
+        timed(
+            out, "small_archive_s", archive_once, spark, lake, r, settings, topic, changelog.cut(r, namespace)
         )
-        _, out["small_compaction_s"] = _timed(compact_once, spark, compactor, settings)
-        out["small_bare_read_s"] = _bare_read_s(spark, settings, topic, ends, after)
+        timed(out, "small_compaction_s", compact_once, spark, compactor, settings)
+        timed(out, "small_bare_read_s", _bare_read, spark, settings, topic, ends, after)
     finally:
         sl.stop()
         drop_namespace(r, namespace)

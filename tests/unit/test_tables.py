@@ -20,3 +20,12 @@ def test_every_key_is_a_column_and_every_view_is_a_table():
         assert set(t.keys) <= set(t.columns), t.name
         assert set(t.partition_by) <= set(t.columns), t.name
     assert set(VIEWS) <= set(TABLES)
+
+
+def test_every_derived_view_has_its_derivation_over_stored_tables():
+    from pipelines.derived import DERIVE
+
+    derived = {name for name, t in TABLES.items() if not t.stored}
+    assert set(DERIVE) == derived
+    for name in derived:
+        assert all(TABLES[s].stored for s in TABLES[name].derived_from), name
