@@ -132,8 +132,8 @@ def _sql(spark, settings, table, statement, monkeypatch):
         spark.sql(statement.replace("{t}", f"delta.`{settings.lake_dir / NS / table}`"))
         return
     extra = spark.sql(statement.replace("INSERT INTO {t} VALUES", "VALUES"))
-    right = derived.home_timeline
-    monkeypatch.setattr(derived, "home_timeline", lambda *a, **kw: right(*a, **kw).union(extra))
+    right = derived.DERIVE[table]
+    monkeypatch.setitem(derived.DERIVE, table, lambda *a, **kw: right(*a, **kw).union(extra))
 
 
 def test_clean_namespace_passes_every_suite_and_writes_data_docs(spark, lake_copy):
