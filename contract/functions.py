@@ -120,6 +120,29 @@ def fences(client: redis.Redis, namespace: str) -> dict[int, int]:
     return {int(p): int(o) for p, o in sorted(raw.items(), key=lambda kv: int(kv[0]))}
 
 
+def layout_fences(
+    client: redis.Redis, namespace: str, layout: str, partitions: int, *, whole: bool = True
+) -> dict[int, int]:
+    """:func:`fences` in either layout (``SOCIAL_SERVING_LAYOUT``). In the partitioned layout a
+    partition's own fence, lowered (``whole``) to the offset below which every other partition has
+    its deliveries too: the position whose state is complete. Empty when nothing was applied."""
+    if layout != "partitioned":
+        return fences(client, namespace)
+    pipe = client.pipeline(transaction=False)
+    for p in range(partitions):
+        pipe.get(pkey(namespace, p, "fence"))
+    for p in range(partitions):
+        pipe.hgetall(pkey(namespace, p, "dfence"))
+    got = pipe.execute()
+    own = {p: int(v) for p, v in enumerate(got[:partitions]) if v is not None}
+    if not whole:
+        return own
+    delivered = [{int(s): int(o) for s, o in raw.items()} for raw in got[partitions:]]
+    return {
+        s: min([o] + [delivered[q].get(s, 0) for q in range(partitions) if q != s]) for s, o in own.items()
+    }
+
+
 def accounting(client: redis.Redis, namespace: str, partitions: list[int]) -> dict[str, int]:
     """Events applied, duplicates, rejected and quarantined, summed over partitions."""
     totals = {"applied": 0, "duplicates": 0, "rejected": 0, "quarantined": 0}
@@ -145,3 +168,71 @@ def drop_namespace(r: redis.Redis, namespace: str) -> int:
     if batch:
         n += r.unlink(*batch)
     return n
+
+
+# --- the partitioned layout (docs/architecture.md, "The partitioned layout") -------------------
+PARTITIONED = LIBRARY.with_name("partitioned.lua")
+PROTOCOL_FILE = LIBRARY.with_name("protocol.json")
+
+
+def protocol() -> dict:
+    """The call protocol between the processor and ``partitioned.lua``: one schema, read here by the
+    encoder and substituted into the library's source when it is loaded (:func:`partitioned_source`)."""
+    import json
+
+    return json.loads(PROTOCOL_FILE.read_text())
+
+
+def partitioned_source() -> str:
+    """The library as Redis loads it: ``partitioned.lua`` with ``protocol.json`` in its place."""
+    text = PARTITIONED.read_text()
+    if "@PROTOCOL@" not in text:
+        raise RuntimeError(f"{PARTITIONED}: no @PROTOCOL@ placeholder")
+    text = text.replace("@PROTOCOL@", _lua({k: v for k, v in protocol().items() if not k.startswith("_")}))
+    # the version Redis reports names this source and protocol exactly: any change is loaded
+    return re.sub(r"^local VERSION = '[^']+'", f"local VERSION = '{partitioned_version()}'", text, flags=re.M)
+
+
+def _lua(value) -> str:
+    """A JSON value (objects, lists, strings) as a Lua table constructor (a library cannot call
+    cjson while it is being loaded)."""
+    import json
+
+    if isinstance(value, dict):
+        return "{" + ",".join(f"[{json.dumps(k)}]={_lua(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "{" + ",".join(_lua(v) for v in value) + "}"
+    if isinstance(value, str):
+        return json.dumps(value)
+    raise TypeError(f"protocol.json: {value!r} is not a string, list or object")
+
+
+def partitioned_version() -> str:
+    """The library's VERSION line and a digest of its source and protocol."""
+    import hashlib
+
+    text = PARTITIONED.read_text()
+    m = re.search(r"^local VERSION = '([^']+)'", text, re.MULTILINE)
+    if m is None:
+        raise RuntimeError(f"{PARTITIONED}: no VERSION line")
+    digest = hashlib.sha256((text + PROTOCOL_FILE.read_text()).encode()).hexdigest()[:12]
+    return f"{m.group(1)}-{digest}"
+
+
+def ensure_partitioned_loaded(client: redis.Redis) -> str:
+    """Load ``partitioned.lua`` unless Redis has this version of it (with this protocol)."""
+    want = partitioned_version()
+    try:
+        have = client.fcall_ro("p_version", 0)
+        have = have.decode() if isinstance(have, bytes) else have
+    except redis.ResponseError:
+        have = None
+    if have != want:
+        client.function_load(partitioned_source(), replace=True)
+    return want
+
+
+def pkey(namespace: str, partition: int, *parts) -> str:
+    """A key of the partitioned layout: ``<ns>:{<partition>}:<parts...>`` (hash-tagged by the Kafka
+    partition that owns it, so a partition's keys share one Redis Cluster slot)."""
+    return ":".join([f"{namespace}:{{{partition}}}", *map(str, parts)])

@@ -141,3 +141,63 @@ class ServingReader:
     async def status(self, user_id: int) -> tuple[dict | None, dict[str, int]]:
         as_of, (raw,) = await self._with_as_of(("hget", self.k("status"), user_id))
         return (orjson.loads(raw) if raw else None), as_of
+
+
+class PartitionedReader:
+    """The read model in the partitioned layout (docs/architecture.md, "The partitioned layout"):
+    a user's views are in the keys of the partition that owns the user (``partition_of(user)``),
+    each read one round trip to that partition's slot. ``as_of`` is the cut the data covers: the
+    owning partition's fence, and each other partition's offset below which its deliveries are in.
+    """
+
+    def __init__(self, client: redis.asyncio.Redis, namespace: str, partition_of):
+        self.r = client
+        self.ns = namespace
+        self.partition_of = partition_of
+
+    def k(self, partition: int, *parts) -> str:
+        return functions.pkey(self.ns, partition, *parts)
+
+    @staticmethod
+    def _as_of(partition: int, cut) -> dict[str, int]:
+        fence, dfence = cut
+        out = {str(int(s)): int(o) for s, o in zip(dfence[::2], dfence[1::2], strict=True)}
+        out[str(partition)] = int(fence)
+        return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
+
+    async def _cut_and(self, partition: int, *commands: tuple) -> tuple[dict[str, int], list]:
+        pipe = self.r.pipeline(transaction=False)
+        pipe.fcall_ro("p_cut", 1, self.k(partition, "fence"), self.ns, partition)
+        for name, *args in commands:
+            getattr(pipe, name)(*args)
+        cut, *results = await pipe.execute()
+        return self._as_of(partition, cut), results
+
+    async def timeline(self, user_id: int, limit: int = 50) -> tuple[list[dict], dict[str, int]]:
+        p = self.partition_of(user_id)
+        cut, bodies = await self.r.fcall_ro("p_timeline", 1, self.k(p, "fence"), self.ns, p, user_id, limit)
+        return [orjson.loads(b) for b in bodies if b], self._as_of(p, cut)
+
+    async def inbox(self, user_id: int, limit: int = 50) -> tuple[list[dict], dict[str, int]]:
+        p = self.partition_of(user_id)
+        as_of, (ids,) = await self._cut_and(p, ("zrevrange", self.k(p, "inbox", user_id), 0, limit - 1))
+        if not ids:
+            return [], as_of
+        mids = [str(int(m)) for m in ids]
+        # each message's body and, beside it, its read state (field "<message>:r")
+        got = await self.r.hmget(self.k(p, "msgs", user_id), [f for m in mids for f in (m, f"{m}:r")])
+        out = []
+        for body, read in zip(got[::2], got[1::2], strict=True):
+            if body:
+                out.append({**orjson.loads(body), "read": read is not None})
+        return out, as_of
+
+    async def unread(self, user_id: int) -> tuple[int, dict[str, int]]:
+        p = self.partition_of(user_id)
+        as_of, (n,) = await self._cut_and(p, ("hget", self.k(p, "unread"), user_id))
+        return int(n or 0), as_of
+
+    async def status(self, user_id: int) -> tuple[dict | None, dict[str, int]]:
+        p = self.partition_of(user_id)
+        as_of, (raw,) = await self._cut_and(p, ("hget", self.k(p, "status"), user_id))
+        return (orjson.loads(raw) if raw else None), as_of

@@ -255,6 +255,14 @@ class Settings:
     processor_group_size: int = _setting(
         "SOCIAL_PROCESSOR_GROUP_SIZE", 200, "events per Redis function call (one atomic run, one round trip)"
     )
+    serving_layout: str = _setting(
+        "SOCIAL_SERVING_LAYOUT",
+        "keyed",
+        "the keyed state's layout in Redis: `keyed` (social.lua, one keyspace) or `partitioned` "
+        "(partitioned.lua: every key hash-tagged by its Kafka partition, posts and erasures delivered "
+        "between partitions; docs/architecture.md, The partitioned layout). Read by the speed layer's "
+        "stream and the catch-up bench; the readers, verify and restore read `keyed` only so far",
+    )
     processor_group_posts: int = _setting(
         "SOCIAL_PROCESSOR_GROUP_POSTS",
         200,

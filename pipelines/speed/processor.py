@@ -46,6 +46,8 @@ class ProcessorConfig:
     # costly event (one insert per follower), so a group also ends at this many posts
     group_posts: int = 200
     record_freshness: bool = True
+    layout: str = "keyed"  # SOCIAL_SERVING_LAYOUT: keyed (this module) or partitioned (speed/partitioned.py)
+    partitions: int = 0  # the event topic's partitions (the partitioned layout delivers to each)
 
 
 def encode(offset: int, value: bytes | None) -> list:

@@ -65,12 +65,21 @@ def processor_for(cfg: ProcessorConfig) -> Processor:
     """
     proc = _PROCESSORS.get(cfg)
     if proc is None:
-        proc = _PROCESSORS[cfg] = Processor(cfg)
+        if cfg.layout == "partitioned":
+            from pipelines.speed.partitioned import PartitionedProcessor
+
+            proc = _PROCESSORS[cfg] = PartitionedProcessor(cfg, cfg.partitions)
+        else:
+            proc = _PROCESSORS[cfg] = Processor(cfg)
     return proc
 
 
-def processor_config(settings: Settings, namespace: str, *, record_freshness: bool = True) -> ProcessorConfig:
+def processor_config(
+    settings: Settings, namespace: str, *, record_freshness: bool = True, partitions: int = 0
+) -> ProcessorConfig:
     return ProcessorConfig(
+        layout=settings.serving_layout,
+        partitions=partitions or settings.events_partitions,
         redis_url=settings.redis_url,
         namespace=namespace,
         timeline_length=settings.timeline_length,
@@ -102,6 +111,8 @@ def apply_partitions(cfg: ProcessorConfig):
                 done: Applied = proc.process(
                     parts[start], zip(offsets[start:end], values[start:end], strict=True)
                 )
+                if cfg.layout == "partitioned":  # its posts, deletes and erasures, to every partition
+                    proc.pump(parts[start])
                 rows.append(
                     {
                         "partition": parts[start],
@@ -156,10 +167,11 @@ def topic_partitions(settings: Settings, topic: str, timeout_s: float = 10.0) ->
 def starting_offsets(settings: Settings, namespace: str, topic: str) -> str:
     """Kafka ``startingOffsets`` from Redis's fences: every partition, -2 (earliest) where none."""
     client = functions.connect(settings.redis_url)
-    fences = functions.fences(client, namespace)
+    parts = topic_partitions(settings, topic)
+    fences = functions.layout_fences(client, namespace, settings.serving_layout, len(parts), whole=False)
     if not fences:
         return "earliest"
-    return json.dumps({topic: {str(p): fences.get(p, -2) for p in topic_partitions(settings, topic)}})
+    return json.dumps({topic: {str(p): fences.get(p, -2) for p in parts}})
 
 
 def kafka_options(settings: Settings) -> dict[str, str]:
@@ -233,8 +245,11 @@ def start(
     block)."""
     from pyspark.sql import functions as F
 
-    cfg = processor_config(settings, namespace)
+    cfg = processor_config(settings, namespace, partitions=len(topic_partitions(settings, topic)))
     functions.ensure_loaded(functions.connect(settings.redis_url))
+    if cfg.layout == "partitioned":
+        # deliveries a crash left in the outboxes: applied before any new record
+        processor_for(cfg).settle()
     # one task per core, each applying its Kafka partitions one after the other: with a task per
     # partition, a batch of 8 partitions on 2 cores pays 4 waves of task start-up
     tasks = settings.speed_tasks or spark.sparkContext.defaultParallelism

@@ -115,3 +115,65 @@ def diff_dispositions(want: dict, got: dict, label: str = "") -> list[str]:
 
 def diff_accounting(want: dict, got: dict, label: str = "") -> list[str]:
     return [] if want == got else [f"{label}accounting: spec {want} != impl {got}"]
+
+
+# ------------------------------------------------------------------------------------------------
+# (a) in the partitioned layout: the same views, read from the partition that owns each user
+# ------------------------------------------------------------------------------------------------
+def partitioned_views(url: str, ns: str, users: list[int], n: int, partition_of) -> dict:
+    from contract.functions import pkey
+    from contract.serving import PartitionedReader
+
+    async def read() -> dict:
+        client = redis.asyncio.Redis.from_url(url)
+        try:
+            reader = PartitionedReader(client, ns, partition_of)
+            out: dict = {k: {} for k in ("timeline", "inbox", "unread", "status", "follows", "users")}
+            for u in users:
+                p = partition_of(u)
+                out["timeline"][u] = (await reader.timeline(u, n))[0]
+                box = (await reader.inbox(u, 10_000))[0]
+                out["inbox"][u] = {m["message_id"]: m for m in box}
+                out["unread"][u] = (await reader.unread(u))[0]
+                out["status"][u] = (await reader.status(u))[0]
+                out["follows"][u] = {int(f) for f in await client.smembers(pkey(ns, p, "following", u))}
+                raw = await client.hget(pkey(ns, p, "users"), u)
+                out["users"][u] = json.loads(raw) if raw else None
+            return out
+        finally:
+            await client.aclose()
+
+    return asyncio.run(read())
+
+
+def partitioned_dispositions(client: redis.Redis, ns: str, partitions) -> dict:
+    """Every record's disposition from the changelogs (an event's entry is ``<offset + 1>-0``; a
+    delivery's entries, disposition ``x``, are not records of the partition)."""
+    from contract.functions import pkey
+
+    out = {}
+    for p in partitions:
+        for entry_id, fields in client.xrange(pkey(ns, p, "changelog")):
+            entry_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+            f = {
+                (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+                for k, v in fields.items()
+            }
+            if f["d"] == "x":
+                continue
+            ms, seq = entry_id.split("-")
+            assert seq == "0", f"partition {p}: event entry {entry_id} is not <offset + 1>-0"
+            out[p, int(ms) - 1] = (DISPOSITION[f["d"]], f.get("r") or None)
+    return out
+
+
+def partitioned_accounting(client: redis.Redis, ns: str, partitions) -> dict[str, int]:
+    from contract.functions import pkey
+
+    totals = dict.fromkeys(ACCOUNTING, 0)
+    for p in partitions:
+        for name, v in client.hgetall(pkey(ns, p, "stats")).items():
+            name = name.decode() if isinstance(name, bytes) else name
+            if name in totals:
+                totals[name] += int(v)
+    return totals

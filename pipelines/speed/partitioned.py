@@ -1,0 +1,224 @@
+"""The keyed processor in the partitioned layout: one partition's records -> its own state, then
+its deliveries to every other partition (docs/architecture.md, "The partitioned layout").
+
+Two calls, each over the keys of one Kafka partition (one Redis Cluster slot):
+
+- ``p_apply`` (:meth:`PartitionedProcessor.process`): a partition's records, in offset order,
+  applied to the state that partition owns, each with its changelog entry and at most one outbox
+  entry (a post, a delete or an erasure that other partitions' followers and inboxes see);
+- ``p_deliver`` (:meth:`PartitionedProcessor.deliver`): a source partition's outbox entries below
+  its fence, applied by a target partition, fenced per (target, source): a delivery applied twice
+  changes nothing, so a crash between the source's call and its deliveries loses nothing (the
+  outbox stays until every target's fence has passed it).
+
+The arguments of both follow ``contract/redis_functions/protocol.json`` by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import redis
+
+import contract
+from contract import functions
+from infra import clients
+from pipelines.speed.processor import Applied, ProcessorConfig
+
+PROTOCOL = functions.protocol()
+# protocol names -> the event's field (the rest have the same name in the event)
+_FROM_EVENT = {"followee": "followee_id", "user": "user_id"}
+
+
+def _text(v) -> str:
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def encode(offset: int, value: bytes | None) -> list:
+    """One record as ``p_apply``'s arguments: the ``event`` fields and its type's, by name
+    (``quarantined`` for a record the contract rejects)."""
+    reason = None
+    event = None
+    if value is None:
+        reason = "bad_json"
+    else:
+        try:
+            event, reason = contract.parse_and_validate(value)
+        except Exception as exc:  # a bug in the contract code must not stop the stream either
+            event, reason = None, f"processing_error:{type(exc).__name__}"
+    if reason is None and event["type"] not in PROTOCOL["events"]:
+        reason = "unknown_type"
+    if reason is not None:
+        return [{"offset": offset, "type": "!", "reason": reason}[n] for n in PROTOCOL["quarantined"]]
+    e = dict(event)
+    e["offset"] = offset
+    e["event_time"] = e["device_time"] + (e["received_time"] - e["sent_time"])
+    if e["type"] == "message_sent":  # keyed by the recipient: the inbox's owner is the "user"
+        e["sender"], e["user_id"] = e["user_id"], e["recipient_id"]
+    names = PROTOCOL["event"] + PROTOCOL["events"][e["type"]]
+    return [e[_FROM_EVENT.get(n, n)] for n in names]
+
+
+@dataclass
+class Delivered:
+    """What :meth:`PartitionedProcessor.deliver` did."""
+
+    applied: int = 0
+    skipped: int = 0
+    quarantined: int = 0
+    calls: int = 0
+
+
+class PartitionedProcessor:
+    """Applies records and their deliveries through ``partitioned.lua``."""
+
+    def __init__(self, cfg: ProcessorConfig, partitions: int, client: redis.Redis | None = None):
+        self.cfg = cfg
+        self.partitions = partitions
+        self.r = client or clients.redis_client(cfg.redis_url)
+        functions.ensure_partitioned_loaded(self.r)
+        self._header = {
+            "namespace": cfg.namespace,
+            "dedup_window_ms": cfg.dedup_window_ms,
+            "dedup_grace_ms": cfg.dedup_grace_ms,
+            "timeline_n": cfg.timeline_length,
+            "fanout_threshold": cfg.fanout_threshold,
+            "timeline_slack": cfg.timeline_slack,
+        }
+
+    def k(self, partition: int, *parts) -> str:
+        return functions.pkey(self.cfg.namespace, partition, *parts)
+
+    def _head(self, call: str, **values) -> list:
+        named = {**self._header, **values}
+        return [named[n] for n in PROTOCOL[call]]
+
+    def process(self, partition: int, records: Iterable[tuple[int, bytes | None]]) -> Applied:
+        """Apply ``(offset, value)`` records of one partition, in offset order (its deliveries are
+        left in its outbox for :meth:`deliver`)."""
+        out = Applied()
+        head = self._head("apply", partition=partition)
+        fence = self.k(partition, "fence")
+        pipe = self.r.pipeline(transaction=False)
+        args: list = []
+        n = posts = 0
+        calls = 0
+        for offset, value in records:
+            ev = encode(offset, value)
+            args += ev
+            n += 1
+            posts += ev[1] == "post_created"
+            out.records += 1
+            if n >= self.cfg.group_size or posts >= self.cfg.group_posts:
+                pipe.fcall("p_apply", 1, fence, *head, *args)
+                args, n, posts = [], 0, 0
+                calls += 1
+        if n:
+            pipe.fcall("p_apply", 1, fence, *head, *args)
+            calls += 1
+        if calls:
+            for counts in pipe.execute():
+                out.add(counts)
+        return out
+
+    def deliver(self, source: int, target: int, limit: int | None = None, replay: int = 0) -> Delivered:
+        """Apply ``source``'s outbox entries that ``target`` has not applied (at most ``limit``;
+        ``replay``: also that many before its fence again, which the fence skips)."""
+        done = Delivered()
+        if source == target:
+            return done
+        pipe = self.r.pipeline(transaction=False)
+        pipe.get(self.k(source, "fence"))
+        pipe.hget(self.k(target, "dfence"), source)
+        upto, covered = (int(v or 0) for v in pipe.execute())
+        if covered >= upto:
+            return done
+        entries = self._outbox(source, covered, upto)
+        if replay:
+            entries = self._outbox(source, 0, covered)[-replay:] + entries
+        if limit is not None and len(entries) > limit:
+            entries = entries[:limit]
+            upto = entries[-1][0] + 1 if entries else covered
+        head = self._head("deliver", partition=target, source=source, upto=upto)
+        args: list = []
+        for offset, kind, values in entries:
+            args += [offset, kind, len(values), *values]
+        a, s, q = self.r.fcall("p_deliver", 1, self.k(target, "fence"), *head, *args)
+        done.applied, done.skipped, done.quarantined, done.calls = int(a), int(s), int(q), 1
+        return done
+
+    def _outbox(self, source: int, start: int, end: int) -> list[tuple[int, str, list[str]]]:
+        """Outbox entries of offsets ``[start, end)``: (offset, kind, values in protocol order)."""
+        if end <= start:
+            return []
+        out = []
+        for entry_id, fields in self.r.xrange(self.k(source, "out"), min=f"{start}-0", max=f"{end - 1}-1"):
+            f = {_text(k): _text(v) for k, v in fields.items()}
+            kind = f.pop("kind")
+            names = PROTOCOL["deliveries"].get(kind)
+            # a kind this code does not know travels as it is: the target quarantines it with a reason
+            values = [f[n] for n in names] if names and set(names) <= set(f) else list(f.values())
+            out.append((int(_text(entry_id).split("-")[0]), kind, values))
+        return out
+
+    def pump(self, source: int, chunk: int = 2000) -> Delivered:
+        """Deliver ``source``'s outbox to every other partition that has not applied it, then trim
+        it: three round trips (the fences, the outbox, the targets' calls pipelined)."""
+        total = Delivered()
+        targets = [q for q in range(self.partitions) if q != source]
+        if not targets:
+            return total
+        pipe = self.r.pipeline(transaction=False)
+        pipe.get(self.k(source, "fence"))
+        for q in targets:
+            pipe.hget(self.k(q, "dfence"), source)
+        upto, *covered = (int(v or 0) for v in pipe.execute())
+        behind = {q: c for q, c in zip(targets, covered, strict=True) if c < upto}
+        if not behind:
+            return total
+        entries = self._outbox(source, min(behind.values()), upto)
+        pipe = self.r.pipeline(transaction=False)
+        for q, c in behind.items():
+            mine = [e for e in entries if e[0] >= c]
+            for i in range(0, max(len(mine), 1), chunk):
+                part = mine[i : i + chunk]
+                end = upto if i + chunk >= len(mine) else part[-1][0] + 1
+                args: list = []
+                for offset, kind, values in part:
+                    args += [offset, kind, len(values), *values]
+                head = self._head("deliver", partition=q, source=source, upto=end)
+                pipe.fcall("p_deliver", 1, self.k(q, "fence"), *head, *args)
+        for a, s, qn in pipe.execute():
+            total.applied += int(a)
+            total.skipped += int(s)
+            total.quarantined += int(qn)
+            total.calls += 1
+        # every target has applied everything below `upto` now
+        self.r.xtrim(self.k(source, "out"), minid=f"{upto}-0", approximate=False)
+        return total
+
+    def fences(self) -> dict[int, int]:
+        """Partition -> next offset to apply (each partition's own fence)."""
+        pipe = self.r.pipeline(transaction=False)
+        for p in range(self.partitions):
+            pipe.get(self.k(p, "fence"))
+        return {p: int(v or 0) for p, v in enumerate(pipe.execute())}
+
+    def delivered(self) -> dict[int, int]:
+        """Source partition -> the offset below which every other partition has its deliveries."""
+        pipe = self.r.pipeline(transaction=False)
+        for q in range(self.partitions):
+            pipe.hgetall(self.k(q, "dfence"))
+        low: dict[int, int] = {}
+        for q, raw in enumerate(pipe.execute()):
+            got = {int(s): int(o) for s, o in raw.items()}
+            for s in range(self.partitions):
+                if s != q:
+                    low[s] = min(low.get(s, got.get(s, 0)), got.get(s, 0))
+        return low
+
+    def settle(self) -> None:
+        """Deliver every outbox entry to every partition (a quiet log's state at its fences)."""
+        for source in range(self.partitions):
+            self.pump(source)
