@@ -44,16 +44,18 @@ def library_commands(r: redis.Redis) -> dict[str, int]:
     return {k: n for k, n in stats.items() if k not in _CLIENT_COMMANDS}
 
 
-def catch_up(ctx: BenchContext, label: str, threshold: int, events: int) -> dict:
-    """One catch-up of the default log at ``threshold``; the speed layer is started first and
-    waits for records, as a running stack does."""
+def catch_up(ctx: BenchContext, label: str, threshold: int, events: int, layout: str = "keyed") -> dict:
+    """One catch-up of the default log at ``threshold`` in ``layout``; the speed layer is started
+    first and waits for records, as a running stack does."""
     from app_sim.generator import GeneratorConfig, produce
     from contract.functions import drop_namespace
     from infra.stack import end_offsets
 
     namespace = f"bench_catchup_{label}_{ctx.run_id}".lower()
     topic = ctx.topic(f"catchup_{label}")
-    settings = stream_settings(ctx, f"catchup_{label}", topic, namespace, fanout_threshold=threshold)
+    settings = stream_settings(
+        ctx, f"catchup_{label}", topic, namespace, fanout_threshold=threshold, serving_layout=layout
+    )
     r = keyed_connect(settings.redis_url)
     sl = SpeedLayerProcess(settings, topic, namespace, Path(settings.var_dir) / "speed_layer.log")
     sl.start()
@@ -65,7 +67,7 @@ def catch_up(ctx: BenchContext, label: str, threshold: int, events: int) -> dict
             events, GeneratorConfig(), topic=topic, bootstrap=settings.kafka_bootstrap, progress=False
         )
         produced_s = time.monotonic() - started
-        waited = wait_fences(r, namespace, end_offsets(settings, topic), 1800)
+        waited = wait_fences(r, namespace, end_offsets(settings, topic), 1800, layout)
         if waited is None:
             raise RuntimeError(f"the speed layer did not catch up in 30 minutes; see {sl.log_path}")
         seconds = produced_s + waited
@@ -76,6 +78,7 @@ def catch_up(ctx: BenchContext, label: str, threshold: int, events: int) -> dict
         drop_namespace(r, namespace)
     n = summary.events
     return {
+        "layout": layout,
         "fanout_threshold": threshold,
         "events": n,
         "produce_s": round(produced_s, 1),
@@ -99,6 +102,10 @@ def catchup_section(ctx: BenchContext) -> dict:
     out: dict = {"events": events}
     full = catch_up(ctx, "full_fanout", FULL_FANOUT, events)  # above any follower count
     out["full_fanout"] = full
+    # the same work in the layout that shards (docs/architecture.md, "The partitioned layout")
+    part = catch_up(ctx, "full_fanout_partitioned", FULL_FANOUT, events, layout="partitioned")
+    out["full_fanout_partitioned"] = part
+    out["partitioned_vs_keyed"] = round(part["events_per_s"] / full["events_per_s"], 2)
     out["threshold_10"] = catch_up(ctx, "threshold_10", WRITE_HEAVY_THRESHOLD, events)
     if ctx.settings.fanout_threshold not in (FULL_FANOUT, WRITE_HEAVY_THRESHOLD):
         out["default"] = catch_up(ctx, "default", ctx.settings.fanout_threshold, events)

@@ -145,13 +145,16 @@ def redis_cpu_s(r: redis.Redis) -> float:
     return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
 
-def wait_fences(r: redis.Redis, namespace: str, ends: dict[int, int], timeout_s: float) -> float | None:
-    """Seconds until every partition's fence reaches ``ends`` (None: not within the timeout)."""
+def wait_fences(
+    r: redis.Redis, namespace: str, ends: dict[int, int], timeout_s: float, layout: str = "keyed"
+) -> float | None:
+    """Seconds until every partition's fence reaches ``ends`` (None: not within the timeout); in the
+    partitioned layout, with every delivery caused below ``ends`` applied too."""
     from contract import functions
 
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout_s:
-        f = functions.fences(r, namespace)
+        f = functions.layout_fences(r, namespace, layout, len(ends))
         if all(f.get(p, 0) >= o for p, o in ends.items()):
             return time.monotonic() - t0
         time.sleep(0.05)
