@@ -116,14 +116,16 @@ async def revoke(client, user_id: int) -> None:
     await pipe.execute()
 
 
-def revoked_commands(user_id: int, namespace: str) -> list[tuple]:
-    """Redis commands whose replies say whether ``user_id``'s tokens are revoked: any true one."""
-    return [("sismember", REVOKED_KEY, user_id), ("sismember", f"{namespace}:erased", user_id)]
+def revoked_commands(user_id: int, store) -> list[tuple]:
+    """Redis commands whose replies say whether ``user_id``'s tokens are revoked: any true one
+    (``store``: the read model, :func:`contract.serving.reader`, which knows where the user's
+    erasure is kept)."""
+    return [("sismember", REVOKED_KEY, user_id), ("sismember", store.key_for(user_id, "erased"), user_id)]
 
 
-async def revoked(client, user_id: int, namespace: str) -> bool:
+async def revoked(client, user_id: int, store) -> bool:
     """True if the user's tokens are revoked, or the served views hold the user as erased."""
     pipe = client.pipeline(transaction=False)
-    for name, *args in revoked_commands(user_id, namespace):
+    for name, *args in revoked_commands(user_id, store):
         getattr(pipe, name)(*args)
     return any(await pipe.execute())

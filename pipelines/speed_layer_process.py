@@ -79,8 +79,17 @@ class SpeedLayerProcess:
         return committed[1] if committed else {}
 
     def redis_position(self) -> dict[int, int]:
-        """The log position the keyed state in Redis covers (its fences)."""
-        return self.store().fences()
+        """The log position the keyed state in Redis covers (its fences; in the partitioned layout,
+        with every delivery caused below them applied)."""
+        if self.settings.serving_layout != "partitioned":
+            return self.store().fences()
+        from contract import functions
+        from pipelines.speed.stream import topic_partitions
+
+        if not hasattr(self, "_partitions"):
+            self._partitions = len(topic_partitions(self.settings, self.topic))
+        client = functions.connect(self.settings.redis_url)
+        return functions.layout_fences(client, self.namespace, "partitioned", self._partitions)
 
     def position(self) -> dict[int, int]:
         """Where both the keyed state and the Delta views are (the smaller offset per partition)."""

@@ -38,7 +38,7 @@ async def caller(
         user_id = api.tokens.verify(credentials.credentials)
     except auth.InvalidToken as exc:
         raise ApiError(401, "unauthorized", f"invalid token: {exc}", challenge) from None
-    if await auth.revoked(api.redis, user_id, await api.namespace()):
+    if await auth.revoked(api.redis, user_id, await api.store()):
         raise ApiError(401, "unauthorized", f"invalid token: user {user_id} is erased", challenge)
     return user_id
 

@@ -31,7 +31,6 @@ from app_sim import auth
 from app_sim.api import models as m
 from app_sim.api.errors import json_response, store_unavailable
 from app_sim.api.routes.reads import timeline_body
-from contract.serving import ServingReader, timeline_reply
 
 PATH = "/v1/timeline"
 DEFAULT_LIMIT = 50  # the route's default
@@ -84,9 +83,9 @@ class TimelineFastPath:
         except auth.InvalidToken:
             return False
         try:
-            store = ServingReader(api.redis, await api.namespace())
+            store = await api.store()
             pipe = api.redis.pipeline(transaction=False)
-            for name, *args in auth.revoked_commands(user_id, store.ns):
+            for name, *args in auth.revoked_commands(user_id, store):
                 getattr(pipe, name)(*args)
             pipe.fcall_ro(*store.timeline_args(user_id, limit))
             *revoked, reply = await pipe.execute()
@@ -97,7 +96,7 @@ class TimelineFastPath:
         else:
             if any(revoked):
                 return False
-            response = json_response(timeline_body(api.keystore, user_id, *timeline_reply(reply)))
+            response = json_response(timeline_body(api.keystore, user_id, *store.timeline_reply(reply)))
         scope["route"] = self._route or self._find_route(scope["app"])
         await response(scope, receive, send)
         return True

@@ -47,9 +47,10 @@ class Api:
         return ns
 
     async def store(self):
-        from contract.serving import ServingReader
+        from contract.serving import reader
 
-        return ServingReader(self.redis, await self.namespace())
+        s = self.settings
+        return reader(self.redis, await self.namespace(), s.serving_layout, s.events_partitions)
 
     # hints about the API's own recent writes (see the package docstring)
     async def remember(self, kind: str, ident: int, value) -> None:
@@ -58,7 +59,7 @@ class Api:
     async def user_exists(self, user_id: int) -> bool:
         store = await self.store()
         pipe = self.redis.pipeline(transaction=False)
-        pipe.hexists(store.k("users"), user_id)
+        pipe.hexists(store.key_for(user_id, "users"), user_id)
         pipe.exists(f"api:recent:user:{user_id}")
         in_store, recent = await pipe.execute()
         return bool(in_store or recent)
@@ -68,7 +69,7 @@ class Api:
         store = await self.store()
         pipe = self.redis.pipeline(transaction=False)
         pipe.get(f"api:recent:post:{author_id}:{post_id}")
-        pipe.hget(store.k("pids", author_id), post_id)
+        pipe.hget(store.key_for(author_id, "pids", author_id), post_id)
         recent, live = await pipe.execute()
         if recent is not None:
             return recent == "live"
@@ -77,7 +78,7 @@ class Api:
     async def in_inbox(self, user_id: int, message_id: int) -> bool:
         store = await self.store()
         pipe = self.redis.pipeline(transaction=False)
-        pipe.hexists(store.k("msgs", user_id), message_id)
+        pipe.hexists(store.key_for(user_id, "msgs", user_id), message_id)
         pipe.get(f"api:recent:msg:{message_id}")
         in_store, recipient = await pipe.execute()
         return bool(in_store) or recipient == str(user_id)

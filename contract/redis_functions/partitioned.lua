@@ -794,11 +794,11 @@ local function p_deliver(keys, args)
   return {counts.applied, counts.skipped, counts.quarantined}
 end
 
--- `FCALL_RO p_cut 1 <ns>:{<p>}:fence <ns> <p>` -> {fence, {source, dfence, ...}}: what partition p's
--- state covers, read atomically (its own log below `fence`, each source's deliveries below dfence).
+-- `FCALL_RO p_cut 1 <ns>:{<p>}:fence <ns> <p>` -> {fence, {source, dfence, ...}, p}: what partition
+-- p's state covers, read atomically (its own log below `fence`, each source's deliveries below dfence).
 local function p_cut(keys, args)
   local pre = args[1] .. ':{' .. args[2] .. '}:'
-  return {tonumber(redis.call('GET', pre .. 'fence') or '0'), redis.call('HGETALL', pre .. 'dfence')}
+  return {tonumber(redis.call('GET', pre .. 'fence') or '0'), redis.call('HGETALL', pre .. 'dfence'), tonumber(args[2])}
 end
 
 -- The home timeline read: tl:u merged with the posts of the authors u follows that are
