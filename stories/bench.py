@@ -515,6 +515,7 @@ def main(argv: list[str] | None = None) -> int:
 # the other sections live in their own modules; importing them registers them, in this order: keyed
 # and scaling first, then the others by module name
 import stories.bench_keyed  # noqa: E402,F401
+import stories.bench_layouts  # noqa: E402,F401
 
 # isort: split
 import stories.bench_analytics  # noqa: E402,F401

@@ -16,7 +16,7 @@ What crosses partitions. A post, a delete and an erasure concern followers and i
 partitions: the source call writes one outbox entry (`out`, id `<offset>-1`) and every other
 partition applies it with `p_deliver`, fenced per (target, source) by `dfence[source]`, so a
 delivery applied twice changes nothing. Each partition keeps a replica of every other author's
-latest N + S live posts with their bodies (`ap:<a>`, `p:<a>:<post>`): the only posts that can be
+latest N + S live posts with their bodies (`ap:<a>`, `b:<member>`): the only posts that can be
 in any timeline, so a follow's backfill, an unfollow's removal, a refill after a delete and the
 read-time merge of celebrities are all local. The fan-out threshold is per partition: an author
 with more than T followers among p's users is merged at read time in p (`celebs`), which is a
@@ -92,6 +92,10 @@ function Ctx:k(a, b)
 end
 
 -- A view change for the changelog; numbers as integer strings (cjson would round them).
+-- A post's body, keyed by its timeline member (post then author, padded): a read finds each
+-- body by the member it merged, with no string surgery per post.
+function Ctx:bkey(a, pid_padded) return self.pre .. 'b:' .. pid_padded .. pad(a) end
+
 function Ctx:change(...)
   local row = {...}
   for i = 1, select('#', ...) do
@@ -400,7 +404,7 @@ function Ctx:drop_author(u, key, bodies)
   local latest = {}
   for i, m in ipairs(redis.call('ZREVRANGE', key, 0, self.N + self.S - 1)) do latest[i] = tl_member(m, u) end
   if bodies then
-    for _, m in ipairs(redis.call('ZRANGE', key, 0, -1)) do redis.call('DEL', self:k('p', u .. ':' .. unpad(m))) end
+    for _, m in ipairs(redis.call('ZRANGE', key, 0, -1)) do redis.call('DEL', self:bkey(u, m)) end
   end
   redis.call('DEL', key)
   local celeb = self:is_celeb(u)
@@ -456,7 +460,7 @@ function apply.post_created(c, e)
   local m = pad(pid)
   redis.call('HSET', c:k('pids', a), pid, 1)
   redis.call('ZADD', c:k('posts', a), et, m)
-  redis.call('SET', c:k('p', a .. ':' .. pid), post_json(pid, a, e.text, et))
+  redis.call('SET', c:bkey(a, m), post_json(pid, a, e.text, et))
   c:change('P', a, pid, et, e.text, 0, nil)
   local post = {tl_member(m, a), et, a, fmt(et)}
   c:queue({a}, post)
@@ -471,10 +475,10 @@ function apply.post_deleted(c, e)
   if live == '0' then return 'post_already_deleted' end
   local m = pad(pid)
   local created = tonumber(redis.call('ZSCORE', c:k('posts', a), m))
-  local body = cjson.decode(redis.call('GET', c:k('p', a .. ':' .. pid)))
+  local body = cjson.decode(redis.call('GET', c:bkey(a, m)))
   redis.call('HSET', c:k('pids', a), pid, 0)
   redis.call('ZREM', c:k('posts', a), m)
-  redis.call('DEL', c:k('p', a .. ':' .. pid))
+  redis.call('DEL', c:bkey(a, m))
   c:change('P', a, pid, created, body.text, 1, e.event_time)
   local tm = tl_member(m, a)
   c:tl_delete(a, tm)
@@ -486,7 +490,7 @@ function apply.post_deleted(c, e)
   local nxt = redis.call('ZREVRANGE', c:k('posts', a), k, k, 'WITHSCORES')
   if nxt[1] then
     local npid = unpad(nxt[1])
-    local ntext = cjson.decode(redis.call('GET', c:k('p', a .. ':' .. npid))).text
+    local ntext = cjson.decode(redis.call('GET', c:bkey(a, nxt[1]))).text
     c:outbox('delete', a, pid, npid, nxt[2], ntext)
   else
     c:outbox('delete', a, pid, '', '', '')
@@ -567,7 +571,7 @@ function Ctx:trim_replica(a)
   local over = redis.call('ZCARD', key) - (self.N + self.S)
   if over <= 0 then return end
   for _, m in ipairs(redis.call('ZRANGE', key, 0, over - 1)) do
-    redis.call('DEL', self:k('p', a .. ':' .. unpad(m)))
+    redis.call('DEL', self:bkey(a, m))
   end
   redis.call('ZREMRANGEBYRANK', key, 0, over - 1)
 end
@@ -577,7 +581,7 @@ function deliver.post(c, d)
   if c:is_gone(a) then return end
   local m = pad(pid)
   if redis.call('ZADD', c:k('ap', a), et, m) == 0 then error('post ' .. a .. ':' .. pid .. ' delivered twice') end
-  redis.call('SET', c:k('p', a .. ':' .. pid), post_json(pid, a, d.text, et))
+  redis.call('SET', c:bkey(a, m), post_json(pid, a, d.text, et))
   c:trim_replica(a)
   if not c:is_celeb(a) then
     c:queue(redis.call('SMEMBERS', c:k('lfol', a)), {tl_member(m, a), et, a, fmt(et)})
@@ -589,9 +593,9 @@ function deliver.delete(c, d)
   if c:is_gone(a) then return end
   local key = c:k('ap', a)
   redis.call('ZREM', key, pad(pid))
-  redis.call('DEL', c:k('p', a .. ':' .. pid))
+  redis.call('DEL', c:bkey(a, pad(pid)))
   if d.next_post ~= '' and redis.call('ZADD', key, d.next_time, pad(d.next_post)) == 1 then
-    redis.call('SET', c:k('p', a .. ':' .. d.next_post), post_json(d.next_post, a, d.next_text, tonumber(d.next_time)))
+    redis.call('SET', c:bkey(a, pad(d.next_post)), post_json(d.next_post, a, d.next_text, tonumber(d.next_time)))
   end
   if not c:is_celeb(a) then
     local tm = tl_member(pad(pid), a)
@@ -816,40 +820,38 @@ local function p_timeline(keys, args)
   end
   local bodies = {}
   if limit < 1 then return {cut, bodies} end
-  local function body(m) bodies[#bodies + 1] = pre .. 'p:' .. unpad(m:sub(20)) .. ':' .. unpad(m:sub(1, 19)) end
-  if #srcs == 1 then
-    for _, m in ipairs(redis.call('ZREVRANGE', srcs[1], 0, limit - 1)) do body(m) end
+  local bpre = pre .. 'b:'
+  if #srcs == 1 then -- no celebrity followed: the fanned-out timeline is the answer
+    for i, m in ipairs(redis.call('ZREVRANGE', srcs[1], 0, limit - 1)) do bodies[i] = bpre .. m end
     if #bodies > 0 then bodies = redis.call('MGET', unpack(bodies)) end
     return {cut, bodies}
   end
+  -- each source read in pages as the merge consumes it, its members made whole once per page
   local page = math.min(limit, math.max(4, math.ceil(2 * limit / #srcs)))
-  local rows, at, off, hs = {}, {}, {}, {}
+  local ms, ss, at, off, full = {}, {}, {}, {}, {}
   local function fill(i)
     local r = redis.call('ZREVRANGE', srcs[i], off[i], off[i] + page - 1, 'WITHSCORES')
-    rows[i], at[i], off[i] = r, 1, off[i] + page
-    hs[i] = r[2] and tonumber(r[2])
+    local m, sc, sfx = {}, {}, suffix[i]
+    for j = 1, #r, 2 do
+      m[#m + 1] = r[j] .. sfx
+      sc[#sc + 1] = tonumber(r[j + 1])
+    end
+    ms[i], ss[i], at[i], off[i], full[i] = m, sc, 1, off[i] + page, #m == page
   end
   for i = 1, #srcs do off[i] = 0; fill(i) end
   local n = #srcs
   while #bodies < limit do
-    local best, bs, m
+    local best, bs, bm
     for i = 1, n do
-      local s = hs[i]
-      if s and (best == nil or s > bs or (s == bs and rows[i][at[i]] .. suffix[i] > m)) then
-        best, bs, m = i, s, rows[i][at[i]] .. suffix[i]
+      local s = ss[i][at[i]]
+      if s and (best == nil or s > bs or (s == bs and ms[i][at[i]] > bm)) then
+        best, bs, bm = i, s, ms[i][at[i]]
       end
     end
     if best == nil then break end
-    body(m)
-    if #bodies == limit then break end
-    at[best] = at[best] + 2
-    if rows[best][at[best]] then
-      hs[best] = tonumber(rows[best][at[best] + 1])
-    elseif #rows[best] < 2 * page then
-      hs[best] = nil
-    else
-      fill(best)
-    end
+    bodies[#bodies + 1] = bpre .. bm
+    at[best] = at[best] + 1
+    if ss[best][at[best]] == nil and full[best] then fill(best) end
   end
   if #bodies > 0 then bodies = redis.call('MGET', unpack(bodies)) end
   return {cut, bodies}
