@@ -184,7 +184,8 @@ class PartitionedReader:
     def _as_of(partition: int, cut) -> dict[str, int]:
         fence, dfence = cut
         out = {str(int(s)): int(o) for s, o in zip(dfence[::2], dfence[1::2], strict=True)}
-        out[str(partition)] = int(fence)
+        # the owner's own log: its fence, lowered to where its own deliveries (its posts' fan-out) are
+        out[str(partition)] = min(int(fence), out.get(str(partition), 0))
         return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
 
     def _as_of_cut(self, cut) -> dict[str, int]:

@@ -6,8 +6,8 @@ so the figures are the libraries' own (docs/architecture.md, "The partitioned la
 - the yardstick: ``redis-benchmark -t zadd -P 64`` on the same Redis in the same run;
 - the library: the generator's default log (``--catchup-events``, 200,000 events of 1,000 users)
   in 8 partitions by the producers' partitioner, applied in micro-batches of 2,500 records per
-  partition, round robin, every post fanned out on write (the partitioned processor delivers each
-  partition's outbox right after it), each layout twice, alternating: Redis CPU per event (``INFO
+  partition, round robin, every post fanned out on write (the partitioned processor delivers the
+  outboxes after each round, as a micro-batch's task does), each layout twice, alternating: Redis CPU per event (``INFO
   cpu``) and per command (``INFO commandstats``: calls and µs per event, so where every µs goes),
   timeline entries per event and Redis memory per timeline entry (``MEMORY USAGE`` of every
   timeline over its entries);
@@ -27,6 +27,7 @@ import zlib
 import orjson
 import redis
 
+from infra import clients
 from stories.bench_common import BenchContext, redis_cpu_s, section
 
 PARTITIONS = 8
@@ -80,13 +81,13 @@ def _processor(r: redis.Redis, layout: str, namespace: str, threshold: int):
 def _apply(proc, layout: str, parts: dict[int, list[tuple[int, bytes]]]) -> None:
     pos = dict.fromkeys(parts, 0)
     while any(pos[p] < len(parts[p]) for p in parts):
-        for p in sorted(parts):
+        for p in sorted(parts):  # a micro-batch: every partition's next records
             recs = parts[p][pos[p] : pos[p] + BATCH]
             if recs:
                 proc.process(p, recs)
                 pos[p] += len(recs)
-                if layout == "partitioned":
-                    proc.pump(p)
+        if layout == "partitioned":  # then their deliveries, as the stream's task does
+            proc.pump(parts)
 
 
 def _timeline_memory(r: redis.Redis, namespace: str) -> tuple[int, int]:
@@ -202,7 +203,7 @@ def layouts_section(ctx: BenchContext) -> dict:
     """The keyed and the partitioned layout on the same records and reads, in one run."""
     from contract import functions
 
-    r = redis.Redis.from_url(ctx.settings.redis_url)
+    r = clients.redis_client(ctx.settings.redis_url)
     functions.ensure_loaded(r)
     functions.ensure_partitioned_loaded(r)
     out: dict = {"zadd_pipelined_per_s": zadd_yardstick(ctx.settings.redis_port)}

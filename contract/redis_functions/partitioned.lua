@@ -7,20 +7,21 @@ partition's state can live on its own Redis Cluster node.
 
 Who owns what. Partition p owns the users whose events it holds (the contract's partition key:
 user_id, the recipient of a message): their profile, status, inbox, unread counter, follows
-(`following:<u>`), posts (`posts:<a>`, `pids:<a>`, bodies `p:<a>:<post>`), home timeline
+(`following:<u>`), posts (`posts:<a>`, `pids:<a>`, bodies `b:<member>`), home timeline
 (`tl:<u>`), and `lfol:<a>`: the followers of any author a among p's users (the fan-out's targets
 in p). Nothing is shared by all partitions: fences, dedup, statistics, the changelog and its
 order are per partition.
 
-What crosses partitions. A post, a delete and an erasure concern followers and inboxes in other
-partitions: the source call writes one outbox entry (`out`, id `<offset>-1`) and every other
-partition applies it with `p_deliver`, fenced per (target, source) by `dfence[source]`, so a
-delivery applied twice changes nothing. Each partition keeps a replica of every other author's
-latest N + S live posts with their bodies (`ap:<a>`, `b:<member>`): the only posts that can be
-in any timeline, so a follow's backfill, an unfollow's removal, a refill after a delete and the
-read-time merge of celebrities are all local. The fan-out threshold is per partition: an author
-with more than T followers among p's users is merged at read time in p (`celebs`), which is a
-representation, not a view (the timeline read is the same either way).
+Fan-out as deliveries. A post, a delete and an erasure concern timelines, replicas and inboxes in
+every partition, its own included: the source call changes only the facts it owns and writes one
+outbox entry (`out`, id `<offset>-1`), and every partition applies it with `p_deliver`, fenced
+per (target, source) by `dfence[source]`, so a delivery applied twice changes nothing. Each
+partition keeps a replica of every author's latest N + S delivered posts (`ap:<a>`, with the
+bodies of other partitions' authors): the only posts that can be in any timeline, so a follow's
+backfill, an unfollow's removal, a refill and the read-time merge of celebrities are all local
+and see only what was delivered. The fan-out threshold is per partition: an author with more than
+T followers among p's users is merged at read time in p (`celebs`), which is a representation, not
+a view (the timeline read is the same either way).
 
 The call protocol is named: `protocol.json` lists every argument, substituted below when the
 library is loaded (contract/functions.py), and read by the Python encoder.
@@ -31,9 +32,11 @@ rejected is the `quarantined` fields. Per event, atomically: the fence (an offse
 skipped), dedup, the effects, one changelog entry (id `<offset + 1>-0`: d disposition, r reason,
 c view changes as in pipelines/speed/changelog.py) and at most one outbox entry.
 
-`FCALL p_deliver 1 <ns>:{<q>}:fence <deliver header> <delivery>...`: the outbox entries of
-`source` below offset `upto` (the source's fence when they were read), each `offset kind n
-field...`; entries below dfence[source] are skipped. Changes a delivery makes to facts (an
+`FCALL p_deliver 1 <ns>:{<q>}:fence <deliver header> <segment>...`: per source partition, a
+`segment` (source, upto: the source's fence when its outbox was read, count) and its outbox entries
+below `upto`, each `offset kind n field...`; entries below dfence[source] are skipped, and
+dfence[source] becomes `upto`. The queued fan-out of every segment is applied at the end, one ZADD
+per timeline. Changes a delivery makes to facts (an
 erasure's edges and messages) are a changelog entry `<fence>-<n>` (d `x`, src `<source>:<offset>`).
 A delivery it cannot apply is kept in `dlq` with its reason and counted, never dropped.
 ]]
@@ -79,7 +82,7 @@ local function new_ctx(ns, p, header)
     N = tonumber(header.timeline_n), T = tonumber(header.fanout_threshold),
     S = tonumber(header.timeline_slack)}, Ctx)
   c.M = c.N + math.floor(c.S / 2)
-  c.pending, c.pending_order, c.card, c.min = {}, {}, {}, {}
+  c.pending, c.pending_order, c.card, c.min, c.lfol = {}, {}, {}, {}, {}
   c.any_erased = redis.call('EXISTS', c:k('erased')) == 1
   c.any_gone = redis.call('EXISTS', c:k('gone')) == 1
   return c
@@ -116,13 +119,9 @@ function Ctx:is_gone(u)
   return redis.call('SISMEMBER', self:k('gone'), u) == 1
 end
 
--- Author a's posts as this partition holds them: all of them when a's events are here, else the
--- replica of the latest N + S.
-function Ctx:src_key(a)
-  local own = self:k('posts', a)
-  if redis.call('EXISTS', own) == 1 then return own end
-  return self:k('ap', a)
-end
+-- Author a's posts as timelines here may hold them: the replica of a's latest N + S delivered
+-- posts (a's own partition keeps one too, fed by the same deliveries as every other partition).
+function Ctx:src_key(a) return self:k('ap', a) end
 
 -- ---------------------------------------------------------------------------------------------
 -- Timelines: tl:u keeps the latest K posts of u's sources, N <= K <= N + S whenever that many are
@@ -349,6 +348,16 @@ local function members_of(posts)
   return out
 end
 
+-- a's followers here, read once per call (no event of a delivery call changes them)
+function Ctx:followers(a)
+  local f = self.lfol[a]
+  if f == nil then
+    f = redis.call('SMEMBERS', self:k('lfol', a))
+    self.lfol[a] = f
+  end
+  return f
+end
+
 function Ctx:set_celeb(a, celeb)
   if celeb then redis.call('SADD', self:k('celebs'), a) else redis.call('SREM', self:k('celebs'), a) end
 end
@@ -462,9 +471,6 @@ function apply.post_created(c, e)
   redis.call('ZADD', c:k('posts', a), et, m)
   redis.call('SET', c:bkey(a, m), post_json(pid, a, e.text, et))
   c:change('P', a, pid, et, e.text, 0, nil)
-  local post = {tl_member(m, a), et, a, fmt(et)}
-  c:queue({a}, post)
-  if not c:is_celeb(a) then c:queue(redis.call('SMEMBERS', c:k('lfol', a)), post) end
   c:outbox('post', a, pid, fmt(et), e.text)
 end
 
@@ -480,11 +486,6 @@ function apply.post_deleted(c, e)
   redis.call('ZREM', c:k('posts', a), m)
   redis.call('DEL', c:bkey(a, m))
   c:change('P', a, pid, created, body.text, 1, e.event_time)
-  local tm = tl_member(m, a)
-  c:tl_delete(a, tm)
-  if not c:is_celeb(a) then
-    for _, f in ipairs(redis.call('SMEMBERS', c:k('lfol', a))) do c:tl_delete(f, tm) end
-  end
   -- the post that now enters a's latest N + S, for the replicas elsewhere
   local k = c.N + c.S - 1
   local nxt = redis.call('ZREVRANGE', c:k('posts', a), k, k, 'WITHSCORES')
@@ -535,8 +536,9 @@ function apply.user_erased(c, e)
   local pids = redis.call('HKEYS', c:k('pids', u))
   table.sort(pids, function(x, y) return pad(x) < pad(y) end)
   for _, pid in ipairs(pids) do c:change('P-', u, pid) end
-  redis.call('DEL', c:k('pids', u))
-  c:drop_author(u, c:k('posts', u), true)
+  for _, m in ipairs(redis.call('ZRANGE', c:k('posts', u), 0, -1)) do redis.call('DEL', c:bkey(u, m)) end
+  redis.call('DEL', c:k('pids', u), c:k('posts', u))
+  c:drop_author(u, c:k('ap', u), true)
   -- u's own timeline, and the edges u made (the authors u followed may fall back under T here)
   redis.call('DEL', c:k('tl', u))
   c.card[u], c.min[u] = 0, false
@@ -570,22 +572,24 @@ function Ctx:trim_replica(a)
   local key = self:k('ap', a)
   local over = redis.call('ZCARD', key) - (self.N + self.S)
   if over <= 0 then return end
-  for _, m in ipairs(redis.call('ZRANGE', key, 0, over - 1)) do
-    redis.call('DEL', self:bkey(a, m))
+  if not self.own then
+    for _, m in ipairs(redis.call('ZRANGE', key, 0, over - 1)) do redis.call('DEL', self:bkey(a, m)) end
   end
   redis.call('ZREMRANGEBYRANK', key, 0, over - 1)
 end
 
+-- A post enters the replica (its body too, unless it was written here, in its author's partition)
+-- and the timelines here it goes to: the author's own, when it is here, and its followers here.
 function deliver.post(c, d)
   local a, pid, et = d.author, d.post_id, tonumber(d.event_time)
   if c:is_gone(a) then return end
   local m = pad(pid)
   if redis.call('ZADD', c:k('ap', a), et, m) == 0 then error('post ' .. a .. ':' .. pid .. ' delivered twice') end
-  redis.call('SET', c:bkey(a, m), post_json(pid, a, d.text, et))
+  if not c.own then redis.call('SET', c:bkey(a, m), post_json(pid, a, d.text, et)) end
   c:trim_replica(a)
-  if not c:is_celeb(a) then
-    c:queue(redis.call('SMEMBERS', c:k('lfol', a)), {tl_member(m, a), et, a, fmt(et)})
-  end
+  local post = {tl_member(m, a), et, a, fmt(et)}
+  if c.own then c:queue({a}, post) end
+  if not c:is_celeb(a) then c:queue(c:followers(a), post) end
 end
 
 function deliver.delete(c, d)
@@ -593,17 +597,19 @@ function deliver.delete(c, d)
   if c:is_gone(a) then return end
   local key = c:k('ap', a)
   redis.call('ZREM', key, pad(pid))
-  redis.call('DEL', c:bkey(a, pad(pid)))
-  if d.next_post ~= '' and redis.call('ZADD', key, d.next_time, pad(d.next_post)) == 1 then
+  if not c.own then redis.call('DEL', c:bkey(a, pad(pid))) end
+  if d.next_post ~= '' and redis.call('ZADD', key, d.next_time, pad(d.next_post)) == 1 and not c.own then
     redis.call('SET', c:bkey(a, pad(d.next_post)), post_json(d.next_post, a, d.next_text, tonumber(d.next_time)))
   end
+  local tm = tl_member(pad(pid), a)
+  if c.own then c:tl_delete(a, tm) end
   if not c:is_celeb(a) then
-    local tm = tl_member(pad(pid), a)
-    for _, f in ipairs(redis.call('SMEMBERS', c:k('lfol', a))) do c:tl_delete(f, tm) end
+    for _, f in ipairs(c:followers(a)) do c:tl_delete(f, tm) end
   end
 end
 
 function deliver.erase(c, d)
+  if c.own then return end -- the source's own call did all of it
   local u = d.user
   c:flush()
   redis.call('SADD', c:k('gone'), u)
@@ -753,47 +759,53 @@ local function p_deliver(keys, args)
   local c = new_ctx(header.namespace, header.partition, header)
   if keys[1] ~= c:k('fence') then return redis.error_reply('protocol: key ' .. tostring(keys[1]) .. ' is not ' .. c:k('fence')) end
   check_layout(c)
-  local src, upto = header.source, tonumber(header.upto)
   local dfence = c:k('dfence')
-  local start = tonumber(redis.call('HGET', dfence, src) or '0')
   local fence = redis.call('GET', keys[1]) or '0'
   local counts = {applied = 0, skipped = 0, quarantined = 0}
-  local covered = start
   while i <= #args do
-    local d = named(args, i, PROTOCOL.delivery)
-    local n = tonumber(args[i + 2])
-    local offset = tonumber(d.offset)
-    local values = {unpack(args, i + 3, i + 2 + n)}
-    i = i + 3 + n
-    if offset < covered then
-      counts.skipped = counts.skipped + 1
-    else
-      covered = offset + 1
-      c.changes = {}
-      local names = PROTOCOL.deliveries[d.kind]
-      local ok, err
-      if names == nil or #names ~= n then
-        ok, err = false, 'unexpected delivery ' .. tostring(d.kind) .. ' with ' .. n .. ' fields'
+    local seg
+    seg, i = named(args, i, PROTOCOL.segment)
+    local src, upto = seg.source, tonumber(seg.upto)
+    c.own = src == c.p
+    local start = tonumber(redis.call('HGET', dfence, src) or '0')
+    local covered = start
+    for _ = 1, tonumber(seg.count) do
+      local d = named(args, i, PROTOCOL.delivery)
+      local n = tonumber(args[i + 2])
+      local offset = tonumber(d.offset)
+      local values = {unpack(args, i + 3, i + 2 + n)}
+      i = i + 3 + n
+      if offset < covered then
+        counts.skipped = counts.skipped + 1
       else
-        named(values, 1, names, d)
-        ok, err = pcall(deliver[d.kind], c, d)
-      end
-      if ok then
-        counts.applied = counts.applied + 1
-        if #c.changes > 0 then
-          redis.call('XADD', c:k('changelog'), fence .. '-*', 'd', 'x', 'src', src .. ':' .. d.offset,
-            'c', cjson.encode(c.changes))
+        covered = offset + 1
+        c.changes = {}
+        local names = PROTOCOL.deliveries[d.kind]
+        local ok, err
+        if names == nil or #names ~= n then
+          ok, err = false, 'unexpected delivery ' .. tostring(d.kind) .. ' with ' .. n .. ' fields'
+        else
+          named(values, 1, names, d)
+          ok, err = pcall(deliver[d.kind], c, d)
         end
-      else
-        counts.quarantined = counts.quarantined + 1
-        redis.call('XADD', c:k('dlq'), '*', 'source', src, 'offset', d.offset, 'kind', tostring(d.kind),
-          'reason', tostring(err):sub(1, 200), 'fields', cjson.encode(values))
+        if ok then
+          counts.applied = counts.applied + 1
+          if #c.changes > 0 then
+            redis.call('XADD', c:k('changelog'), fence .. '-*', 'd', 'x', 'src', src .. ':' .. d.offset,
+              'c', cjson.encode(c.changes))
+          end
+        else
+          counts.quarantined = counts.quarantined + 1
+          redis.call('XADD', c:k('dlq'), '*', 'source', src, 'offset', d.offset, 'kind', tostring(d.kind),
+            'reason', tostring(err):sub(1, 200), 'fields', cjson.encode(values))
+        end
       end
     end
+    if upto > covered then covered = upto end
+    if covered > start then redis.call('HSET', dfence, src, fmt(covered)) end
   end
+  c.own = false
   c:flush()
-  if upto > covered then covered = upto end
-  if covered > start then redis.call('HSET', dfence, src, fmt(covered)) end
   if counts.quarantined > 0 then redis.call('HINCRBY', c:k('stats'), 'deliveries_quarantined', counts.quarantined) end
   return {counts.applied, counts.skipped, counts.quarantined}
 end

@@ -126,8 +126,6 @@ class PartitionedProcessor:
         """Apply ``source``'s outbox entries that ``target`` has not applied (at most ``limit``;
         ``replay``: also that many before its fence again, which the fence skips)."""
         done = Delivered()
-        if source == target:
-            return done
         pipe = self.r.pipeline(transaction=False)
         pipe.get(self.k(source, "fence"))
         pipe.hget(self.k(target, "dfence"), source)
@@ -140,13 +138,23 @@ class PartitionedProcessor:
         if limit is not None and len(entries) > limit:
             entries = entries[:limit]
             upto = entries[-1][0] + 1 if entries else covered
-        head = self._head("deliver", partition=target, source=source, upto=upto)
-        args: list = []
-        for offset, kind, values in entries:
-            args += [offset, kind, len(values), *values]
-        a, s, q = self.r.fcall("p_deliver", 1, self.k(target, "fence"), *head, *args)
+        a, s, q = self.r.fcall(
+            "p_deliver",
+            1,
+            self.k(target, "fence"),
+            *self._head("deliver", partition=target),
+            *self._segment(source, upto, entries),
+        )
         done.applied, done.skipped, done.quarantined, done.calls = int(a), int(s), int(q), 1
         return done
+
+    @staticmethod
+    def _segment(source: int, upto: int, entries: list[tuple[int, str, list[str]]]) -> list:
+        seg = {"source": source, "upto": upto, "count": len(entries)}
+        args = [seg[n] for n in PROTOCOL["segment"]]
+        for offset, kind, values in entries:
+            args += [offset, kind, len(values), *values]
+        return args
 
     def _outbox(self, source: int, start: int, end: int) -> list[tuple[int, str, list[str]]]:
         """Outbox entries of offsets ``[start, end)``: (offset, kind, values in protocol order)."""
@@ -162,40 +170,63 @@ class PartitionedProcessor:
             out.append((int(_text(entry_id).split("-")[0]), kind, values))
         return out
 
-    def pump(self, source: int, chunk: int = 2000) -> Delivered:
-        """Deliver ``source``'s outbox to every other partition that has not applied it, then trim
-        it: three round trips (the fences, the outbox, the targets' calls pipelined)."""
+    def pump(self, sources: Iterable[int], chunk: int = 4000) -> Delivered:
+        """Deliver the outboxes of ``sources`` to every partition (their own included: a post's
+        fan-out is a delivery too), each target in one call for all sources (its timelines take a
+        whole micro-batch's posts in one insert each), then trim the outboxes: three round trips."""
         total = Delivered()
-        targets = [q for q in range(self.partitions) if q != source]
-        if not targets:
+        sources = sorted(set(sources))
+        if not sources:
             return total
+        targets = range(self.partitions)
         pipe = self.r.pipeline(transaction=False)
-        pipe.get(self.k(source, "fence"))
+        for s in sources:
+            pipe.get(self.k(s, "fence"))
         for q in targets:
-            pipe.hget(self.k(q, "dfence"), source)
-        upto, *covered = (int(v or 0) for v in pipe.execute())
-        behind = {q: c for q, c in zip(targets, covered, strict=True) if c < upto}
-        if not behind:
-            return total
-        entries = self._outbox(source, min(behind.values()), upto)
+            pipe.hmget(self.k(q, "dfence"), sources)
+        got = pipe.execute()
+        upto = {s: int(v or 0) for s, v in zip(sources, got[: len(sources)], strict=True)}
+        covered = {
+            q: {s: int(v or 0) for s, v in zip(sources, row, strict=True)}
+            for q, row in zip(targets, got[len(sources) :], strict=True)
+        }
+        low = {s: min(covered[q][s] for q in targets) for s in sources}
+        outbox = {s: self._outbox(s, low[s], upto[s]) for s in sources if low[s] < upto[s]}
         pipe = self.r.pipeline(transaction=False)
-        for q, c in behind.items():
-            mine = [e for e in entries if e[0] >= c]
-            for i in range(0, max(len(mine), 1), chunk):
-                part = mine[i : i + chunk]
-                end = upto if i + chunk >= len(mine) else part[-1][0] + 1
-                args: list = []
-                for offset, kind, values in part:
-                    args += [offset, kind, len(values), *values]
-                head = self._head("deliver", partition=q, source=source, upto=end)
-                pipe.fcall("p_deliver", 1, self.k(q, "fence"), *head, *args)
-        for a, s, qn in pipe.execute():
-            total.applied += int(a)
-            total.skipped += int(s)
-            total.quarantined += int(qn)
-            total.calls += 1
+        calls = 0
+        for q in targets:
+            args: list = []
+            size = 0
+            for s in outbox:
+                if covered[q][s] >= upto[s]:
+                    continue
+                mine = [e for e in outbox[s] if e[0] >= covered[q][s]]
+                # a call stays bounded (reads wait behind it): a source's entries split at `chunk`
+                for i in range(0, max(len(mine), 1), chunk):
+                    part = mine[i : i + chunk]
+                    end = upto[s] if i + chunk >= len(mine) else part[-1][0] + 1
+                    if size and size + len(part) > chunk:
+                        pipe.fcall(
+                            "p_deliver", 1, self.k(q, "fence"), *self._head("deliver", partition=q), *args
+                        )
+                        calls += 1
+                        args, size = [], 0
+                    args += self._segment(s, end, part)
+                    size += len(part)
+            if args:
+                pipe.fcall("p_deliver", 1, self.k(q, "fence"), *self._head("deliver", partition=q), *args)
+                calls += 1
+        if calls:
+            for a, sk, qn in pipe.execute():
+                total.applied += int(a)
+                total.skipped += int(sk)
+                total.quarantined += int(qn)
+                total.calls += 1
         # every target has applied everything below `upto` now
-        self.r.xtrim(self.k(source, "out"), minid=f"{upto}-0", approximate=False)
+        pipe = self.r.pipeline(transaction=False)
+        for s in outbox:
+            pipe.xtrim(self.k(s, "out"), minid=f"{upto[s]}-0", approximate=False)
+        pipe.execute()
         return total
 
     def fences(self) -> dict[int, int]:
@@ -206,19 +237,17 @@ class PartitionedProcessor:
         return {p: int(v or 0) for p, v in enumerate(pipe.execute())}
 
     def delivered(self) -> dict[int, int]:
-        """Source partition -> the offset below which every other partition has its deliveries."""
+        """Source partition -> the offset below which every partition has its deliveries."""
         pipe = self.r.pipeline(transaction=False)
         for q in range(self.partitions):
             pipe.hgetall(self.k(q, "dfence"))
         low: dict[int, int] = {}
-        for q, raw in enumerate(pipe.execute()):
+        for raw in pipe.execute():
             got = {int(s): int(o) for s, o in raw.items()}
             for s in range(self.partitions):
-                if s != q:
-                    low[s] = min(low.get(s, got.get(s, 0)), got.get(s, 0))
+                low[s] = min(low.get(s, got.get(s, 0)), got.get(s, 0))
         return low
 
     def settle(self) -> None:
         """Deliver every outbox entry to every partition (a quiet log's state at its fences)."""
-        for source in range(self.partitions):
-            self.pump(source)
+        self.pump(range(self.partitions))

@@ -111,8 +111,6 @@ def apply_partitions(cfg: ProcessorConfig):
                 done: Applied = proc.process(
                     parts[start], zip(offsets[start:end], values[start:end], strict=True)
                 )
-                if cfg.layout == "partitioned":  # its posts, deletes and erasures, to every partition
-                    proc.pump(parts[start])
                 rows.append(
                     {
                         "partition": parts[start],
@@ -128,6 +126,8 @@ def apply_partitions(cfg: ProcessorConfig):
                     }
                 )
                 start = end
+            if cfg.layout == "partitioned":  # the posts, deletes and erasures, to every partition
+                proc.pump({r["partition"] for r in rows})
             if rows:
                 yield pa.RecordBatch.from_pylist(rows, schema=_arrow_schema())
 

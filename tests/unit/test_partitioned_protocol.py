@@ -132,28 +132,12 @@ def test_every_key_a_call_writes_is_in_its_partitions_slot(redis_url):
 def test_a_delivery_the_library_cannot_apply_is_quarantined_and_counted(redis_url):
     ns = f"t{uuid.uuid4().hex[:8]}"
     proc = _proc(redis_url, ns)
-    head = proc._head("deliver", partition=0, source=1, upto=8)
+    head = proc._head("deliver", partition=0)
     fence = functions.pkey(ns, 0, "fence")
-    # an unknown kind, and a known kind with the wrong number of fields; the next one still applies
-    got = proc.r.fcall(
-        "p_deliver",
-        1,
-        fence,
-        *head,
-        5,
-        "repost",
-        2,
-        "1",
-        "2",
-        6,
-        "post",
-        1,
-        "1",
-        7,
-        "erase",
-        1,
-        "42",
-    )
+    # one segment (source 1, up to offset 8, 3 deliveries): an unknown kind, a known kind with the
+    # wrong number of fields, and one that applies
+    segment = [1, 8, 3, 5, "repost", 2, "1", "2", 6, "post", 1, "1", 7, "erase", 1, "42"]
+    got = proc.r.fcall("p_deliver", 1, fence, *head, *segment)
     assert got == [1, 0, 2]
     dlq = proc.r.xrange(functions.pkey(ns, 0, "dlq"))
     assert [(f[b"offset"], f[b"kind"]) for _, f in dlq] == [(b"5", b"repost"), (b"6", b"post")]
@@ -161,4 +145,4 @@ def test_a_delivery_the_library_cannot_apply_is_quarantined_and_counted(redis_ur
     assert proc.r.hget(functions.pkey(ns, 0, "stats"), "deliveries_quarantined") == b"2"
     assert proc.r.hget(functions.pkey(ns, 0, "dfence"), "1") == b"8"
     # the fence: the same deliveries again change nothing
-    assert proc.r.fcall("p_deliver", 1, fence, *head, 7, "erase", 1, "42") == [0, 1, 0]
+    assert proc.r.fcall("p_deliver", 1, fence, *head, 1, 8, 1, 7, "erase", 1, "42") == [0, 1, 0]
