@@ -838,32 +838,44 @@ local function p_timeline(keys, args)
     if #bodies > 0 then bodies = redis.call('MGET', unpack(bodies)) end
     return {cut, bodies}
   end
-  -- each source read in pages as the merge consumes it, its members made whole once per page
-  local page = math.min(limit, math.max(4, math.ceil(2 * limit / #srcs)))
-  local ms, ss, at, off, full = {}, {}, {}, {}, {}
-  local function fill(i)
-    local r = redis.call('ZREVRANGE', srcs[i], off[i], off[i] + page - 1, 'WITHSCORES')
-    local m, sc, sfx = {}, {}, suffix[i]
-    for j = 1, #r, 2 do
-      m[#m + 1] = r[j] .. sfx
-      sc[#sc + 1] = tonumber(r[j + 1])
+  -- tl:u's first `limit`, then of each celebrity only the posts at or above the lowest of those
+  -- (when tl:u has `limit`, nothing below it can be in the answer): most reads take a few posts
+  -- of each celebrity, not a page. Each source is read once, its members made whole once.
+  local first = redis.call('ZREVRANGE', srcs[1], 0, limit - 1, 'WITHSCORES')
+  local floor = #first == 2 * limit and first[#first] or nil
+  -- the celebrities' candidates (few: at or above tl:u's lowest), sorted, then merged with tl:u,
+  -- whose members are whole already and whose scores are read only while candidates are left
+  local cands = {}
+  for i = 2, #srcs do
+    local r
+    if floor then
+      r = redis.call('ZREVRANGEBYSCORE', srcs[i], '+inf', floor, 'WITHSCORES', 'LIMIT', 0, limit)
+    else
+      r = redis.call('ZREVRANGE', srcs[i], 0, limit - 1, 'WITHSCORES')
     end
-    ms[i], ss[i], at[i], off[i], full[i] = m, sc, 1, off[i] + page, #m == page
+    local sfx = suffix[i]
+    for j = 1, #r, 2 do cands[#cands + 1] = {tonumber(r[j + 1]), r[j] .. sfx} end
   end
-  for i = 1, #srcs do off[i] = 0; fill(i) end
-  local n = #srcs
+  table.sort(cands, function(x, y) return cmp_gt(x[1], x[2], y[1], y[2]) end)
+  local t, k, nt = 1, 1, #first
   while #bodies < limit do
-    local best, bs, bm
-    for i = 1, n do
-      local s = ss[i][at[i]]
-      if s and (best == nil or s > bs or (s == bs and ms[i][at[i]] > bm)) then
-        best, bs, bm = i, s, ms[i][at[i]]
+    local c = cands[k]
+    if c == nil then -- the rest of tl:u as it is
+      while #bodies < limit and t < nt do
+        bodies[#bodies + 1] = bpre .. first[t]
+        t = t + 2
       end
+      break
     end
-    if best == nil then break end
-    bodies[#bodies + 1] = bpre .. bm
-    at[best] = at[best] + 1
-    if ss[best][at[best]] == nil and full[best] then fill(best) end
+    local m = first[t]
+    local s = m and tonumber(first[t + 1])
+    if s ~= nil and (s > c[1] or (s == c[1] and m > c[2])) then
+      bodies[#bodies + 1] = bpre .. m
+      t = t + 2
+    else
+      bodies[#bodies + 1] = bpre .. c[2]
+      k = k + 1
+    end
   end
   if #bodies > 0 then bodies = redis.call('MGET', unpack(bodies)) end
   return {cut, bodies}
