@@ -78,7 +78,7 @@ from infra.services import (
     require_redis_version,
     with_a_collector,
 )
-from infra.settings import Settings, get_settings
+from infra.settings import Settings, get_settings, redact_url
 
 __all__ = [
     "BACKBONE",
@@ -323,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
             for name, what in stack.up().items():
                 print(f"{name}: {what}")
             print(
-                f"kafka {settings.kafka_bootstrap}  redis {settings.redis_url}  state under {settings.var_dir}"
+                f"kafka {settings.kafka_bootstrap}  redis {redact_url(settings.redis_url)}  state under {settings.var_dir}"
             )
         elif args.command == "down":
             for name, what in stack.down().items():

@@ -133,9 +133,7 @@ def ingest(ctx: BenchContext) -> dict:
             sample.append(raw)
     generate_only = n_gen / (time.perf_counter() - t)
 
-    summary = produce(
-        n, cfg, topic=ctx.topic("ingest-generator"), bootstrap=ctx.settings.kafka_bootstrap, progress=False
-    )
+    summary = produce(n, cfg, topic=ctx.topic("ingest-generator"), bootstrap=ctx.settings, progress=False)
 
     # ProducerPerformance sends real generator records (same sizes, same compressibility), but
     # without keys: it never does less work than the generator per record.
