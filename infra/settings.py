@@ -475,10 +475,6 @@ class Settings:
                 raise ValueError(
                     f"SOCIAL_KAFKA_SECURITY_PROTOCOL={self.kafka_security_protocol} needs SOCIAL_KAFKA_SASL_USERNAME"
                 )
-        if self.clustered and self.kafka_external:
-            raise ValueError(
-                "SOCIAL_KAFKA_EXTERNAL=1: the cluster profile starts its own brokers (use `local`)"
-            )
 
     def __repr__(self) -> str:
         """Every setting, the secrets masked (a traceback or a log line never shows one)."""

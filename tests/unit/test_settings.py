@@ -138,7 +138,6 @@ def test_redact_url_masks_the_password_only(url, shown):
             "SOCIAL_KAFKA_SASL_MECHANISM='GSSAPI': expected one of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512",
         ),
         ({"kafka_security_protocol": "SASL_PLAINTEXT"}, "needs SOCIAL_KAFKA_SASL_USERNAME"),
-        ({"profile": "cluster", "kafka_external": 1}, "SOCIAL_KAFKA_EXTERNAL=1: the cluster profile"),
     ],
 )
 def test_inconsistent_kafka_security_is_one_line_naming_the_variable(overrides, message):

@@ -1,0 +1,245 @@
+"""An existing Kafka with SASL/SCRAM and ACLs, for real: a KRaft broker started here whose only
+client listener is SASL_PLAINTEXT (SCRAM-SHA-512), with the StandardAuthorizer denying every
+operation no ACL allows. The project's user ``social`` is created as ``kafka-configs
+--alter --add-config SCRAM-SHA-512=...`` does (the AlterUserScramCredentials API) and allowed only
+the topics under ``ext.``; ``nobody`` exists and is allowed nothing.
+
+Tested: the settings' security group reaches the confluent clients (the check, a producer and a
+consumer) and the Java client (Kafka's console consumer, the ``make tail`` command: the same JAAS
+properties Spark's Kafka source and sink get), and each start-up check's one line
+(infra/external.py) when the password is wrong, the user may not, or the topic is unfit.
+"""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import uuid
+from dataclasses import replace
+
+import pytest
+
+from infra import clients, tail
+from infra.external import ExternalUnfit, check_kafka
+from infra.processes import port_free
+from infra.services import KafkaBroker
+from infra.settings import Settings
+
+pytestmark = pytest.mark.integration
+
+ADMIN, ADMIN_PASSWORD = "admin", "admin-s3cret"
+USER, PASSWORD = "social", "social-s3cret"
+JAAS = "org.apache.kafka.common.security.scram.ScramLoginModule required"
+PREFIX = "ext."
+
+
+class ScramBroker(KafkaBroker):
+    """The stack's KRaft node with a SASL/SCRAM client listener and ACLs that deny by default.
+
+    The controller listener stays PLAINTEXT on 127.0.0.1 (its principal, ANONYMOUS, is a super
+    user, as the broker's own ``admin`` is: the node's requests to itself)."""
+
+    def server_properties(self) -> dict[str, str]:
+        props = super().server_properties()
+        port, controller = self.broker_port, self.controller_port
+        props.update(
+            {
+                "listeners": f"SASL_PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}",
+                "advertised.listeners": f"SASL_PLAINTEXT://127.0.0.1:{port}",
+                "inter.broker.listener.name": "SASL_PLAINTEXT",
+                "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT",
+                "sasl.enabled.mechanisms": "SCRAM-SHA-512",
+                "sasl.mechanism.inter.broker.protocol": "SCRAM-SHA-512",
+                "listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config": (
+                    f'{JAAS} username="{ADMIN}" password="{ADMIN_PASSWORD}";'
+                ),
+                "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+                "allow.everyone.if.no.acl.found": "false",
+                "super.users": f"User:{ADMIN};User:ANONYMOUS",
+            }
+        )
+        return props
+
+    def format_args(self) -> list[str]:
+        # the broker's own user must exist before it starts (it talks to itself with it)
+        return ["--add-scram", f"SCRAM-SHA-512=[name={ADMIN},password={ADMIN_PASSWORD}]"]
+
+
+def free_ports(n: int) -> list[int]:
+    rng = random.Random()
+    ports: list[int] = []
+    while len(ports) < n:
+        port = rng.randrange(19000, 20000)
+        if port not in ports and port_free(port):
+            ports.append(port)
+    return ports
+
+
+def as_user(settings: Settings, user: str, password: str, **more) -> Settings:
+    return replace(
+        settings,
+        kafka_security_protocol="SASL_PLAINTEXT",
+        kafka_sasl_mechanism="SCRAM-SHA-512",
+        kafka_sasl_username=user,
+        kafka_sasl_password=password,
+        **{"kafka_external": 1, **more},
+    )
+
+
+def allow(admin, user: str, operations: list[str]) -> None:
+    """ACLs for ``user`` on every topic under PREFIX (what a Kafka team would grant the project),
+    and Read on the consumer groups it commits to (``social.``: the speed layer's and the archive's
+    positions) and ``make tail``'s (``console-consumer-``)."""
+    from confluent_kafka.admin import (
+        AclBinding,
+        AclOperation,
+        AclPermissionType,
+        ResourcePatternType,
+        ResourceType,
+    )
+
+    bindings = [
+        AclBinding(
+            ResourceType.TOPIC,
+            PREFIX,
+            ResourcePatternType.PREFIXED,
+            f"User:{user}",
+            "*",
+            AclOperation[op],
+            AclPermissionType.ALLOW,
+        )
+        for op in operations
+    ]
+    bindings += [
+        AclBinding(
+            ResourceType.GROUP,
+            group,
+            ResourcePatternType.PREFIXED,
+            f"User:{user}",
+            "*",
+            AclOperation.READ,
+            AclPermissionType.ALLOW,
+        )
+        for group in ("social.", "console-consumer-")
+    ]
+    for future in admin.create_acls(bindings, request_timeout=20).values():
+        future.result(timeout=20)
+
+
+@pytest.fixture(scope="module")
+def scram_kafka(tmp_path_factory):
+    """(admin settings, the project user's settings) of a running SASL/SCRAM broker with ACLs."""
+    from confluent_kafka.admin import ScramCredentialInfo, ScramMechanism, UserScramCredentialUpsertion
+
+    from infra.jars import fetch
+
+    fetch()  # no-op when `make setup` ran
+    port, controller = free_ports(2)
+    admin_settings = as_user(
+        Settings(
+            var_dir=tmp_path_factory.mktemp("var-scram"),
+            kafka_port=port,
+            kafka_controller_port=controller,
+            kafka_bootstrap=f"127.0.0.1:{port}",
+            events_topic=f"{PREFIX}events",
+            events_partitions=4,
+            compacted_partitions=1,
+        ),
+        ADMIN,
+        ADMIN_PASSWORD,
+        kafka_external=0,
+    )
+    broker = ScramBroker(admin_settings)
+    broker.start()  # creates ext.events (4 partitions, kept forever) and its writer registry as admin
+    try:
+        admin = clients.kafka_admin(admin_settings)
+        info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 4096)
+        for user, password in ((USER, PASSWORD), ("nobody", "nobody-s3cret")):
+            upsert = UserScramCredentialUpsertion(user, info, password.encode())
+            for future in admin.alter_user_scram_credentials([upsert], request_timeout=20).values():
+                future.result(timeout=20)
+        allow(admin, USER, ["READ", "WRITE", "DESCRIBE", "DESCRIBE_CONFIGS", "CREATE"])
+        yield admin_settings, as_user(admin_settings, USER, PASSWORD)
+    finally:
+        broker.stop()
+
+
+def test_the_project_user_passes_and_its_clients_produce_and_consume(scram_kafka):
+    from confluent_kafka import TopicPartition
+
+    _admin, settings = scram_kafka
+    line = check_kafka(settings)
+    assert line == (
+        f"kafka at {settings.kafka_bootstrap} (SASL_PLAINTEXT, SCRAM-SHA-512 as social): topic ext.events, "
+        "4 partitions, kept forever; registry ext.events.writers"
+    )
+    value = uuid.uuid4().hex.encode()
+    producer = clients.kafka_producer(settings, "external-test")
+    producer.produce(settings.events_topic, value, b"1", partition=0)
+    assert producer.flush(20) == 0
+    consumer = clients.kafka_consumer(settings, "external-test")
+    try:
+        consumer.assign([TopicPartition(settings.events_topic, 0, 0)])
+        seen = [m.value() for m in iter(lambda: consumer.poll(5), None) if m.error() is None]
+    finally:
+        consumer.close()
+    assert value in seen
+
+    # the Java client with the same settings: `make tail`'s console consumer reads it back
+    cmd = tail.command(settings, settings.events_topic, True, 1)
+    assert PASSWORD not in " ".join(cmd)  # the JAAS line is in a file only this user reads
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
+    assert value.decode() in done.stdout, done.stderr[-2000:]
+
+
+def test_a_missing_topic_is_created_when_the_user_may(scram_kafka):
+    admin_settings, settings = scram_kafka
+    fresh = replace(settings, events_topic=f"{PREFIX}fresh-{uuid.uuid4().hex[:6]}")
+    assert "4 partitions, kept forever" in check_kafka(fresh)
+    topic = (
+        clients.kafka_admin(admin_settings)
+        .list_topics(fresh.events_topic, timeout=10)
+        .topics[fresh.events_topic]
+    )
+    assert len(topic.partitions) == 4
+
+
+def test_a_wrong_password_is_one_line(scram_kafka):
+    _admin, settings = scram_kafka
+    with pytest.raises(ExternalUnfit) as failed:
+        check_kafka(replace(settings, kafka_sasl_password="wrong-s3cret"), timeout_s=20)
+    (line,) = failed.value.problems
+    assert line.startswith(
+        f"kafka at {settings.kafka_bootstrap} (SASL_PLAINTEXT, SCRAM-SHA-512 as social): authentication failed ("
+    )
+    assert "wrong-s3cret" not in line and "\n" not in line
+
+
+def test_a_user_without_acls_is_one_line(scram_kafka):
+    _admin, settings = scram_kafka
+    nobody = replace(settings, kafka_sasl_username="nobody", kafka_sasl_password="nobody-s3cret")
+    with pytest.raises(ExternalUnfit) as failed:
+        check_kafka(nobody)
+    assert failed.value.problems == [
+        f"kafka at {settings.kafka_bootstrap} (SASL_PLAINTEXT, SCRAM-SHA-512 as nobody): not allowed to describe "
+        "topic ext.events (ACLs the project needs on it: Read, Write, Describe)"
+    ]
+
+
+def test_an_unfit_topic_is_a_line_per_problem(scram_kafka):
+    from confluent_kafka.admin import NewTopic
+
+    admin_settings, settings = scram_kafka
+    short = f"{PREFIX}short-{uuid.uuid4().hex[:6]}"
+    admin = clients.kafka_admin(admin_settings)
+    new = NewTopic(short, num_partitions=2, replication_factor=1, config={"retention.ms": "604800000"})
+    admin.create_topics([new])[short].result(timeout=20)
+    with pytest.raises(ExternalUnfit) as failed:
+        check_kafka(replace(settings, events_topic=short))
+    where = f"kafka at {settings.kafka_bootstrap} (SASL_PLAINTEXT, SCRAM-SHA-512 as social)"
+    assert failed.value.problems == [
+        f"{where}: topic {short} has 2 partitions, the contract's is 4 "
+        "(SOCIAL_EVENTS_PARTITIONS; a record's partition is part of its identity)",
+        f"{where}: topic {short} is not kept forever (retention.ms=604800000; the log is the source of truth: "
+        "retention.ms=-1, retention.bytes=-1, cleanup.policy=delete)",
+    ]
