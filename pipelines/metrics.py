@@ -241,7 +241,10 @@ def main(argv: list[str] | None = None) -> int:
 
         kafka = settings.kafka_bootstrap.split(",")[0]
         redis_port = int(settings.redis_url.rsplit(":", 1)[1].split("/")[0])
-        if not (port_listening(int(kafka.rsplit(":", 1)[1])) and port_listening(redis_port)):
+        # the local stack's ports; an external Kafka or Redis is asked by the snapshot itself
+        local = [int(kafka.rsplit(":", 1)[1])] * (not settings.kafka_external)
+        local += [redis_port] * (not settings.redis_external)
+        if not all(port_listening(p) for p in local):
             print(f"metrics: none (Kafka {kafka} or Redis {redis_port} is not running)")
             return 0
         try:

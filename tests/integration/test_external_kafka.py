@@ -243,3 +243,44 @@ def test_an_unfit_topic_is_a_line_per_problem(scram_kafka):
         f"{where}: topic {short} is not kept forever (retention.ms=604800000; the log is the source of truth: "
         "retention.ms=-1, retention.bytes=-1, cleanup.policy=delete)",
     ]
+
+
+def test_spark_reads_and_writes_the_log_with_the_same_settings(scram_kafka):
+    """The Spark Kafka source (the replay's, the archiver's reader: ``kafka_options``) and sink (the
+    analytics' alerts: ``clients.spark_kafka_options``), given the security settings ``kafka.``-prefixed."""
+    from confluent_kafka import TopicPartition
+
+    from infra.kafka_admin import end_offsets
+    from pipelines.replay import read_range
+    from pipelines.spark import build_spark
+
+    _admin, settings = scram_kafka
+    topic = settings.events_topic
+    value = uuid.uuid4().hex.encode()
+    producer = clients.kafka_producer(settings, "external-test-spark")
+    producer.produce(topic, value, b"2", partition=1)
+    assert producer.flush(20) == 0
+    ends = end_offsets(settings, topic)
+    spark = build_spark("external-kafka", replace(settings, spark_master="local[1]"), testing=True)
+    try:
+        rows = read_range(spark, settings, topic, dict.fromkeys(ends, 0), ends).select("value").collect()
+        assert value in [bytes(r.value) for r in rows]
+        written = uuid.uuid4().hex
+        (
+            spark.createDataFrame([("3", written)], "key STRING, value STRING")
+            .write.format("kafka")
+            .options(**clients.spark_kafka_options(settings))
+            .option("topic", topic)
+            .save()
+        )
+    finally:
+        spark.stop()
+    after = end_offsets(settings, topic)
+    grew = [p for p in after if after[p] > ends[p]]
+    consumer = clients.kafka_consumer(settings, "external-test-spark")
+    try:
+        consumer.assign([TopicPartition(topic, p, ends[p]) for p in grew])
+        seen = [m.value() for m in iter(lambda: consumer.poll(5), None) if m.error() is None]
+    finally:
+        consumer.close()
+    assert written.encode() in seen
