@@ -4,7 +4,7 @@
 ``make up`` (:meth:`infra.stack.Stack.up`) runs them before it starts any process of its own, and
 starts none when one fails: each problem is one line naming the component (its address, the
 password masked) and what the design needs of it (docs/running.md, "Your own Kafka" and "Your own
-Redis"). ``python -m infra.external`` runs them alone.
+Redis"). ``social check-external`` (``python -m infra.external``) runs them alone.
 
 - Redis: answers with the URL's credentials, version >= 7.0 (the Redis functions),
   ``maxmemory-policy noeviction`` (an evicted key is serving state lost without a trace) and an
@@ -216,8 +216,11 @@ def _ensure_topic(
     where = kafka_where(settings)
     described, error = _describe(admin, topic, timeout_s)
     if error is not None and error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
-        new = NewTopic(topic, num_partitions=partitions, replication_factor=-1, config=dict(configs))
-        try:  # -1: the cluster's default replication factor
+        # the cluster's own replication and min.insync.replicas (-1, left out): the local stack's
+        # values (1 broker) would weaken a replicated cluster's guarantee
+        kept = {k: v for k, v in configs.items() if k != "min.insync.replicas"}
+        new = NewTopic(topic, num_partitions=partitions, replication_factor=-1, config=kept)
+        try:
             admin.create_topics([new], operation_timeout=timeout_s)[topic].result(timeout=timeout_s)
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
@@ -226,7 +229,17 @@ def _ensure_topic(
                         f"{where}: topic {topic} does not exist and this user may not create it ({exc.args[0].str()})"
                     ]
                 ) from None
-        described, error = _describe(admin, topic, timeout_s)
+        # a new topic's metadata reaches every broker a moment after its creation is answered
+        deadline = time.monotonic() + timeout_s
+        while True:
+            described, error = _describe(admin, topic, timeout_s)
+            if (
+                error is None
+                or error.code() != KafkaError.UNKNOWN_TOPIC_OR_PART
+                or time.monotonic() > deadline
+            ):
+                break
+            time.sleep(0.2)
     if error is not None:
         if error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
             raise ExternalUnfit(

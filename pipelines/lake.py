@@ -84,6 +84,33 @@ def has_commits(table: Path | str) -> bool:
     return delta_log(table) is not None
 
 
+def latest_version(table: Path | str) -> int | None:
+    """The table's latest committed version, None when it has no commit yet."""
+    log = delta_log(table)
+    return None if log is None else log.version()
+
+
+def commit_metadata_since(table: Path | str, version: int) -> list[str | None]:
+    """The ``userMetadata`` of every commit after ``version``, oldest first (None: a commit without)."""
+    log = delta_log(table)
+    latest = -1 if log is None else log.version()
+    if latest <= version:
+        return []
+    commits = sorted(log.history(latest - version), key=lambda c: c["version"])
+    return [c.get("userMetadata") for c in commits if c["version"] > version]
+
+
+def last_commit_ms(table: Path | str, *, newest_of_all: bool = False) -> int | None:
+    """The timestamp (epoch ms) of the table's latest commit (``newest_of_all``: the largest of
+    every commit's), None when it has none."""
+    log = delta_log(table)
+    if log is None:
+        return None
+    commits = log.history() if newest_of_all else log.history(1)
+    stamps = [c["timestamp"] for c in commits if c.get("timestamp") is not None]
+    return max(stamps) if stamps else None
+
+
 def latest_metadata(table_dir: Path | str, field: str) -> dict | None:
     """The ``userMetadata`` of the table's latest commit that has ``field``, from the Delta log alone."""
     log = delta_log(table_dir)

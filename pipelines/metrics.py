@@ -18,7 +18,6 @@ Every metric, its labels and its meaning: docs/metrics.md.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -33,18 +32,12 @@ DISPOSITIONS = ("applied", "duplicates", "rejected", "quarantined")
 
 def _archive(settings: Settings, namespace: str) -> tuple[dict[int, int], float | None]:
     """The archive's position (partition -> next offset) and its last commit time (epoch s)."""
-    from pipelines.lake import committed_position
+    from pipelines.lake import committed_position, last_commit_ms
 
     found = committed_position(settings.lake_dir, namespace)
     position = found[1] if found else {}
-    log_dir = Path(settings.lake_dir) / namespace / "batches" / "_delta_log"
-    commits = sorted(log_dir.glob("*.json")) if log_dir.exists() else []
-    at = None
-    for line in commits[-1].read_text().splitlines() if commits else []:
-        info = json.loads(line).get("commitInfo")
-        if info and info.get("timestamp"):
-            at = info["timestamp"] / 1000
-    return position, at
+    committed_ms = last_commit_ms(Path(settings.lake_dir) / namespace / "batches")
+    return position, None if committed_ms is None else committed_ms / 1000
 
 
 def snapshot(settings: Settings) -> dict:

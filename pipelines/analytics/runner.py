@@ -130,8 +130,9 @@ class PostsEnrichedSink:
 
 
 def _latest_version(table: Path) -> int | None:
-    commits = [int(f.name[:-5]) for f in (table / "_delta_log").glob("*.json") if f.name[:-5].isdigit()]
-    return max(commits) if commits else None
+    from pipelines.lake import latest_version
+
+    return latest_version(table)
 
 
 class AlertSink:

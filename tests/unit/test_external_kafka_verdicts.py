@@ -46,3 +46,15 @@ def test_where_names_the_broker_and_how_it_is_reached_never_the_password():
         kafka_sasl_password="pw-not-shown",
     )
     assert kafka_where(sasl) == "kafka at k:9094 (SASL_SSL, SCRAM-SHA-256 as social)"
+
+
+def test_with_an_external_kafka_the_stack_starts_no_broker_and_shows_it_as_external(tmp_path):
+    from infra.stack import SERVICES, Stack
+
+    own = Stack(Settings(var_dir=tmp_path))
+    assert "kafka" in [s.name for s in own.services]
+    external = Stack(Settings(var_dir=tmp_path, kafka_external=1, kafka_bootstrap="k1:9094,k2:9094"))
+    names = [s.name for s in external.services]
+    assert "kafka" not in names and "redis" in names and len(names) == len(own.services) - 1
+    assert external.status()[0] == ("kafka", "external", "-", "k1:9094,k2:9094", "-")
+    assert SERVICES[0].__name__ == "KafkaBroker"  # the order `up` starts them in is unchanged

@@ -57,3 +57,30 @@ def test_the_version_is_the_latest_commits(tmp_path):
     assert not views.exists()  # no batches table yet
     commit(tmp_path / "ns" / "batches", json.dumps({"batch_id": 0, "end_offsets": {}}))
     assert views.exists()
+
+
+def test_commit_metadata_since_a_version_oldest_first(tmp_path):
+    table = tmp_path / "users"
+    commit(table, "a")  # version 0
+    commit(table)  # 1: none
+    commit(table, "c")  # 2
+    assert lake.commit_metadata_since(table, 0) == [None, "c"]
+    assert lake.commit_metadata_since(table, 2) == []
+    assert lake.commit_metadata_since(tmp_path / "nowhere", -1) == []
+    assert lake.latest_version(table) == 2 and lake.latest_version(tmp_path / "nowhere") is None
+
+
+def test_last_commit_time_and_files(tmp_path):
+    from pipelines.batch_layer.job import table_files
+
+    table = tmp_path / "accounting"
+    assert lake.last_commit_ms(table) is None
+    assert table_files(table) == {"files": 0, "version": -1}
+    commit(table)
+    commit(table)
+    stamps = [c["timestamp"] for c in lake.delta_log(table).history()]
+    assert lake.last_commit_ms(table) == stamps[0]
+    assert lake.last_commit_ms(table, newest_of_all=True) == max(stamps)
+    assert table_files(table) == {"files": 2, "version": 1}
+    write_deltalake(str(table), pa.table({"n": [7]}), mode="overwrite")
+    assert table_files(table) == {"files": 1, "version": 2}  # the overwritten files are gone
