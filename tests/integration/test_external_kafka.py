@@ -5,9 +5,10 @@ operation no ACL allows. The project's user ``social`` is created as ``kafka-con
 the topics under ``ext.``; ``nobody`` exists and is allowed nothing.
 
 Tested: the settings' security group reaches the confluent clients (the check, a producer and a
-consumer) and the Java client (Kafka's console consumer, the ``make tail`` command: the same JAAS
-properties Spark's Kafka source and sink get), and each start-up check's one line
-(infra/external.py) when the password is wrong, the user may not, or the topic is unfit.
+consumer) and the Java client (Kafka's console consumer, the ``make tail`` command; Spark's Kafka
+source and sink); each start-up check's one line (infra/external.py) when the password is wrong,
+the user may not, or the topic is unfit; and the stack's own processes (speed layer, archiver, API)
+started by ``up`` on this Kafka and a Redis with a password, neither started by ``up``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from infra import clients, tail
 from infra.external import ExternalUnfit, check_kafka
 from infra.processes import port_free
 from infra.services import KafkaBroker
-from infra.settings import Settings
+from infra.settings import Settings, get_settings
 
 pytestmark = pytest.mark.integration
 
@@ -136,7 +137,7 @@ def scram_kafka(tmp_path_factory):
     fetch()  # no-op when `make setup` ran
     port, controller = free_ports(2)
     admin_settings = as_user(
-        Settings(
+        get_settings(  # the environment's JVM and Spark flags (the Makefile's), as every stack test
             var_dir=tmp_path_factory.mktemp("var-scram"),
             kafka_port=port,
             kafka_controller_port=controller,
@@ -284,3 +285,82 @@ def test_spark_reads_and_writes_the_log_with_the_same_settings(scram_kafka):
     finally:
         consumer.close()
     assert written.encode() in seen
+
+
+def test_up_starts_only_the_projects_processes_on_the_external_kafka_and_redis(scram_kafka, tmp_path):
+    """``up`` with SOCIAL_KAFKA_EXTERNAL=1 and SOCIAL_REDIS_EXTERNAL=1: both checked, neither
+    started; the speed layer applies the log into the password-protected Redis, the archiver
+    archives it to Delta, the API answers; no password reaches a log."""
+    import shutil
+    import time
+    import urllib.request
+
+    from app_sim.generator import GeneratorConfig, produce
+    from contract import functions, namespaces
+    from infra.kafka_admin import end_offsets
+    from infra.stack import Stack
+    from pipelines.lake import archived, covers
+
+    _admin, user_settings = scram_kafka
+    redis_port, api_port = free_ports(2)
+    redis_password = "redis-" + uuid.uuid4().hex[:8]
+    server = subprocess.Popen(
+        [shutil.which("redis-server") or "redis-server", "--port", str(redis_port), "--bind", "127.0.0.1",
+         "--requirepass", redis_password, "--appendonly", "yes", "--save", "", "--dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    settings = replace(
+        user_settings,
+        var_dir=tmp_path / "var",
+        events_topic=f"{PREFIX}stack-{uuid.uuid4().hex[:6]}",
+        events_partitions=4,
+        redis_external=1,
+        redis_url=f"redis://:{redis_password}@127.0.0.1:{redis_port}/0",
+        redis_port=redis_port,
+        api_port=api_port,
+        api_workers=1,
+        analytics=0,
+        off_path_nice=0,
+    )
+    stack = Stack(settings)
+    try:
+        deadline = time.monotonic() + 20
+        while True:  # the Redis answers
+            try:
+                clients.redis_client(settings.redis_url, "probe").ping()
+                break
+            except Exception:  # noqa: BLE001 - not up yet
+                assert time.monotonic() < deadline, "redis-server did not start"
+                time.sleep(0.05)
+        outcome = stack.up()
+        assert [k for k, v in outcome.items() if "external" in k] == ["redis (external)", "kafka (external)"]
+        assert outcome["speed_layer"] == outcome["archiver"] == outcome["api"] == "started"
+        assert not any(s.name in ("kafka", "redis") for s in stack.services)
+
+        config = GeneratorConfig(users=100, mean_followers=5, seed=65)
+        summary = produce(3_000, config, topic=settings.events_topic, bootstrap=settings, progress=False)
+        assert summary.delivery_failures == 0
+        ends = end_offsets(settings, settings.events_topic)
+        namespace = namespaces.active(settings)
+        r = clients.redis_client(settings.redis_url)
+        deadline = time.monotonic() + 120
+        while not (
+            covers(functions.fences(r, namespace), ends)
+            and (a := archived(settings.lake_dir, namespace))
+            and covers(a.end_offsets, ends)
+        ):
+            assert time.monotonic() < deadline, (
+                f"not applied and archived: fences {functions.fences(r, namespace)}, log {ends}"
+            )
+            time.sleep(1)
+        url = f"http://127.0.0.1:{api_port}/v1/health"
+        with urllib.request.urlopen(url, timeout=5) as answer:
+            assert answer.status == 200
+    finally:
+        stack.down()
+        server.kill()
+        server.wait(10)
+    logs = {p.name: p.read_text(errors="replace") for p in (settings.var_dir / "log").glob("*.log")}
+    assert {"speed_layer.log", "archiver.log", "api.log"} <= set(logs)
+    assert not [name for name, text in logs.items() if redis_password in text or PASSWORD in text]
