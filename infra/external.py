@@ -170,8 +170,9 @@ def topic_problems(
 
 
 def _connect(settings: Settings, timeout_s: float):
-    """An admin client that has fetched the cluster's metadata, or one line: unreachable, or
-    refused by authentication (librdkafka reports that to ``error_cb``, not to the caller)."""
+    """An admin client that has fetched the cluster's metadata, or one line: unreachable, refused
+    by authentication, or a failed TLS handshake (librdkafka reports those two to ``error_cb``, not
+    to the caller)."""
     from confluent_kafka import KafkaError, KafkaException
 
     where = kafka_where(settings)
@@ -188,6 +189,9 @@ def _connect(settings: Settings, timeout_s: float):
         refused = [e for e in errors if e.code() == KafkaError._AUTHENTICATION]
         if refused:
             raise ExternalUnfit([f"{where}: authentication failed ({refused[-1].str()})"])
+        untrusted = [e for e in errors if e.code() == KafkaError._SSL]
+        if untrusted:
+            raise ExternalUnfit([f"{where}: TLS handshake failed ({untrusted[-1].str()})"])
         if time.monotonic() > deadline:
             detail = (errors[-1] if errors else last).str()
             raise ExternalUnfit([f"{where}: unreachable ({detail})"])

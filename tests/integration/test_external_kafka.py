@@ -17,6 +17,7 @@ import random
 import subprocess
 import uuid
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -375,3 +376,95 @@ def test_up_starts_only_the_projects_processes_on_the_external_kafka_and_redis(s
         p for p in written if redis_password.encode() in p.read_bytes() or PASSWORD.encode() in p.read_bytes()
     ]
     assert not leaks, leaks
+
+
+class TlsBroker(KafkaBroker):
+    """The stack's KRaft node whose only client listener is SSL, asking every client for a
+    certificate its CA signed (mutual TLS); its key store and trust store are PEM files."""
+
+    keystore: Path  # the server's private key and certificate in one PEM file
+    ca: Path
+
+    def server_properties(self) -> dict[str, str]:
+        props = super().server_properties()
+        port, controller = self.broker_port, self.controller_port
+        props.update(
+            {
+                "listeners": f"SSL://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}",
+                "advertised.listeners": f"SSL://127.0.0.1:{port}",
+                "inter.broker.listener.name": "SSL",
+                "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,SSL:SSL",
+                "ssl.keystore.type": "PEM",
+                "ssl.keystore.location": str(self.keystore),
+                "ssl.truststore.type": "PEM",
+                "ssl.truststore.location": str(self.ca),
+                "ssl.client.auth": "required",
+            }
+        )
+        return props
+
+
+@pytest.fixture(scope="module")
+def tls_kafka(tmp_path_factory):
+    """The project's settings (SSL, the CA, a client certificate) for a running mutual-TLS broker."""
+    from tests.certs import tls_files
+
+    d = tmp_path_factory.mktemp("tls")
+    tls = tls_files(d)
+    port, controller = free_ports(2)
+    settings = get_settings(
+        var_dir=d / "var",
+        kafka_port=port,
+        kafka_controller_port=controller,
+        kafka_bootstrap=f"127.0.0.1:{port}",
+        events_topic=f"{PREFIX}tls-events",
+        events_partitions=2,
+        kafka_security_protocol="SSL",
+        kafka_ssl_ca_location=str(tls.ca),
+        kafka_ssl_certificate_location=str(tls.client_cert),
+        kafka_ssl_key_location=str(tls.client_key),
+    )
+    broker = TlsBroker(settings)
+    broker.keystore = d / "server-keystore.pem"
+    broker.keystore.write_text(tls.server_key.read_text() + tls.server_cert.read_text())
+    broker.ca = tls.ca
+    broker.start()  # creates the event topic and its registry, through TLS with the client certificate
+    try:
+        yield replace(settings, kafka_external=1)
+    finally:
+        broker.stop()
+
+
+def test_a_mutual_tls_broker_is_reached_by_both_clients_with_the_pem_files(tls_kafka):
+    from confluent_kafka import TopicPartition
+
+    settings = tls_kafka
+    assert check_kafka(settings) == (
+        f"kafka at {settings.kafka_bootstrap} (SSL): topic ext.tls-events, 2 partitions, kept forever; "
+        "registry ext.tls-events.writers"
+    )
+    value = uuid.uuid4().hex.encode()
+    producer = clients.kafka_producer(settings, "external-test-tls")
+    producer.produce(settings.events_topic, value, b"1", partition=0)
+    assert producer.flush(20) == 0
+    consumer = clients.kafka_consumer(settings, "external-test-tls")
+    try:
+        consumer.assign([TopicPartition(settings.events_topic, 0, 0)])
+        seen = [m.value() for m in iter(lambda: consumer.poll(5), None) if m.error() is None]
+    finally:
+        consumer.close()
+    assert value in seen
+    # Java: the CA as a PEM trust store, the client's certificate and key as a PEM key store
+    done = subprocess.run(
+        tail.command(settings, settings.events_topic, True, 1), capture_output=True, text=True, timeout=90
+    )
+    assert value.decode() in done.stdout, done.stderr[-2000:]
+
+
+def test_an_untrusted_broker_certificate_is_one_line(tls_kafka):
+    settings = replace(tls_kafka, kafka_ssl_ca_location="")  # the system's CAs: not the test's
+    with pytest.raises(ExternalUnfit) as failed:
+        check_kafka(settings, timeout_s=20)
+    (line,) = failed.value.problems
+    assert line.startswith(f"kafka at {settings.kafka_bootstrap} (SSL): TLS handshake failed (")
+    assert "certificate verify failed" in line and "\n" not in line

@@ -153,55 +153,13 @@ def test_the_check_command_prints_one_error_line_per_problem(redis_with_password
     assert out.startswith("ok: redis at redis://:***@") and PASSWORD not in out
 
 
-def _tls_files(d: Path) -> tuple[Path, Path, Path]:
-    """A CA and a server certificate for 127.0.0.1 it signed (PEM files): ca, cert, key."""
-    import datetime
-    import ipaddress
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    now = datetime.datetime.now(datetime.UTC)
-
-    def name(cn: str) -> x509.Name:
-        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
-
-    def cert(subject, key, issuer, signer, *, ca: bool) -> x509.Certificate:
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(subject)
-            .issuer_name(issuer)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=1))
-            .not_valid_after(now + datetime.timedelta(hours=1))
-            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-        )
-        if not ca:
-            san = x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])
-            builder = builder.add_extension(san, critical=False)
-        return builder.sign(signer, hashes.SHA256())
-
-    ca_key, server_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
-    ca = cert(name("test CA"), ca_key, name("test CA"), ca_key, ca=True)
-    server = cert(name("127.0.0.1"), server_key, ca.subject, ca_key, ca=False)
-    paths = d / "ca.pem", d / "server.pem", d / "server.key"
-    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    paths[1].write_bytes(server.public_bytes(serialization.Encoding.PEM))
-    paths[2].write_bytes(
-        server_key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-    )
-    return paths
-
-
 def test_a_tls_redis_with_a_password_is_checked_through_its_rediss_url(tmp_path):
     """``rediss://`` with ``?ssl_ca_certs=``: the check (and every client: the same factory) speaks
     TLS to a real redis-server that accepts nothing else; without the CA it is one line."""
-    ca, cert, key = _tls_files(tmp_path)
+    from tests.certs import tls_files
+
+    tls = tls_files(tmp_path)
+    ca, cert, key = tls.ca, tls.server_cert, tls.server_key
     port = free_port()
     proc = subprocess.Popen(
         [shutil.which("redis-server") or "redis-server", "--port", "0", "--tls-port", str(port),
