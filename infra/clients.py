@@ -125,6 +125,23 @@ def java_kafka_security(settings: Settings) -> dict[str, str]:
     return config
 
 
+def java_security_file(settings: Settings, path: Path) -> Path:
+    """The Java client's security properties (:func:`java_kafka_security`, the password too) in a
+    properties file only this user reads, for Kafka's command-line tools (``--command-config``):
+    on their command line every user's ``ps`` would show them."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch(mode=0o600)
+    path.chmod(0o600)
+    props = java_kafka_security(settings)
+    path.write_text("".join(f"{k}={_properties_escaped(v)}\n" for k, v in props.items()))
+    return path
+
+
+def _properties_escaped(value: str) -> str:
+    """A value as a Java properties file reads it back (backslashes and line ends escaped)."""
+    return value.replace("\\", "\\\\").replace("\n", "\\n")
+
+
 def spark_kafka_options(settings: Settings) -> dict[str, str]:
     """The brokers and their security as options of a Spark Kafka source or sink (``kafka.``-prefixed:
     Spark hands them to its Java consumers and producers)."""

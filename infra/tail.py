@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 
 from infra import clients
 from infra.cli import command_name
@@ -19,23 +18,6 @@ from infra.jars import kafka_classpath, require_java
 from infra.settings import Settings, get_settings
 
 CONSOLE_CONSUMER = "org.apache.kafka.tools.consumer.ConsoleConsumer"
-
-
-def client_config(settings: Settings) -> Path:
-    """The console consumer's security properties (infra.clients: the SASL password too) in a file
-    only this user reads, not on its command line, where every user's `ps` would show them."""
-    path = settings.run_dir / "tail-client.properties"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.touch(mode=0o600)
-    path.chmod(0o600)
-    props = clients.java_kafka_security(settings)
-    path.write_text("".join(f"{k}={_escaped(v)}\n" for k, v in props.items()))
-    return path
-
-
-def _escaped(value: str) -> str:
-    """A value as a Java properties file reads it back (backslashes and line ends escaped)."""
-    return value.replace("\\", "\\\\").replace("\n", "\\n")
 
 
 def command(settings: Settings, topic: str, from_beginning: bool, max_messages: int | None) -> list[str]:
@@ -47,7 +29,7 @@ def command(settings: Settings, topic: str, from_beginning: bool, max_messages: 
         "--formatter-property", "print.offset=true",
         "--formatter-property", "print.timestamp=true",
         "--formatter-property", "print.key=true",
-        "--command-config", str(client_config(settings)),
+        "--command-config", str(clients.java_security_file(settings, settings.run_dir / "tail-client.properties")),
     ]  # fmt: skip
     if from_beginning:
         cmd.append("--from-beginning")
