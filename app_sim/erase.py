@@ -67,7 +67,7 @@ async def erase(user_id: int, settings: Settings) -> dict:
             "sent_time": now,
             "received_time": now,
         }
-        log = EventLog(settings.kafka_bootstrap, settings.events_topic, settings.api_produce_timeout_ms)
+        log = EventLog(settings, settings.events_topic, settings.api_produce_timeout_ms)
         try:
             at = await log.append(event)
         finally:

@@ -55,6 +55,7 @@ from contract.ids import MAX_WORKER_ID, Snowflake, event_ids
 from contract.keys import KeyStore, Sealer
 from contract.writers import WriterIdUnavailable
 from infra.cli import command_name
+from infra.clients import Kafka
 
 SIM_EPOCH_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z: start of the simulated server clock
 # Worker bits of records that no one writes to a log as they are (``generate``, ``pattern_events``):
@@ -678,7 +679,7 @@ class Summary:
         return "\n".join(lines)
 
 
-def producer_for(bootstrap: str, on_delivery: Callable | None = None):
+def producer_for(bootstrap: Kafka, on_delivery: Callable | None = None):
     """The project's durable producer (acks=all, idempotent) tuned for throughput (big lz4 batches)."""
     from infra import clients
 
@@ -690,7 +691,7 @@ def produce(
     config: GeneratorConfig | None = None,
     *,
     topic: str,
-    bootstrap: str,
+    bootstrap: Kafka,
     rate: float | None = None,
     progress: bool = True,
     pause_at: int | None = None,
@@ -874,7 +875,7 @@ def inject(
     patterns: list[str],
     *,
     topic: str,
-    bootstrap: str,
+    bootstrap: Kafka,
     user: int,
     settings=None,
     worker_id: int | None = None,
@@ -1004,7 +1005,7 @@ def _run(a: argparse.Namespace, settings) -> int:
             a.events,
             config,
             topic=a.topic,
-            bootstrap=a.bootstrap,
+            bootstrap=replace(settings, kafka_bootstrap=a.bootstrap),
             rate=a.rate,
             progress=not a.no_progress,
             sealer=sealer,
@@ -1019,7 +1020,7 @@ def _run(a: argparse.Namespace, settings) -> int:
         n = inject(
             a.inject,
             topic=a.topic,
-            bootstrap=a.bootstrap,
+            bootstrap=replace(settings, kafka_bootstrap=a.bootstrap),
             user=a.inject_user,
             settings=settings,
             worker_id=a.worker_id,

@@ -121,7 +121,7 @@ class _Registry:
         self.timeout_s = timeout_s
         self.tp = TopicPartition(topic, 0)
         self.consumer = clients.kafka_consumer(
-            settings.kafka_bootstrap,
+            settings,
             f"{topic}.reader",  # assign() only: nothing is ever committed
             {
                 "fetch.wait.max.ms": 20,  # at the end of the registry: answer now, not in 500 ms
@@ -133,7 +133,7 @@ class _Registry:
         # would cost an offset lookup, half a second
         self.consumer.assign([TopicPartition(topic, 0, 0)])
         self.producer = clients.kafka_producer(
-            settings.kafka_bootstrap,
+            settings,
             "contract.writers",
             overrides={"message.timeout.ms": int(timeout_s * 1000), "logger": _quiet},
         )
@@ -266,10 +266,14 @@ def allocate(
             registry.close()
 
 
-def allocate_for(bootstrap: str, events_topic: str, kind: str, settings: Settings | None = None) -> Claim:
+def allocate_for(
+    bootstrap: str | Settings, events_topic: str, kind: str, settings: Settings | None = None
+) -> Claim:
     """:func:`allocate` for a writer that names its cluster and log (the generator's ``--bootstrap``
     and ``--topic``), with the other settings (profile, ``SOCIAL_WRITERS_TOPIC``) from ``settings``
-    or the environment."""
+    or the environment; a ``bootstrap`` given as settings is the cluster with its security."""
+    if not isinstance(bootstrap, str):
+        return allocate(bootstrap, kind, events_topic=events_topic)
     base = settings or get_settings()
     return allocate(replace(base, kafka_bootstrap=bootstrap), kind, events_topic=events_topic)
 

@@ -1,7 +1,9 @@
 """The one place the project's Kafka and Redis clients are built: every service, job and story asks
 here (tests/unit/test_clients.py fails on a client built anywhere else).
 
-Kafka: :func:`kafka_producer`, :func:`kafka_consumer`, :func:`kafka_admin`. Every producer is durable
+Kafka: :func:`kafka_producer`, :func:`kafka_consumer`, :func:`kafka_admin`, each given the settings,
+whose bootstrap and security (SASL, TLS: :func:`kafka_security`) every client shares; a Spark Kafka
+source or sink gets the same as options (:func:`spark_kafka_options`). Every producer is durable
 (``acks=all``, idempotent: a retried batch is never appended twice) and starts from one
 configuration (:func:`producer_config`); a :data:`PRODUCER_PROFILES` entry says what a job tunes
 (the generator's throughput, the API's short linger, the compacted topics' zstd and Java
@@ -16,7 +18,15 @@ a client's read timeout follows its role, never a number chosen at the call.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Union
+
+if TYPE_CHECKING:
+    from infra.settings import Settings
+
+# Where the brokers are and how to reach them: the settings (their bootstrap and security, for
+# every client of the project), or a bare bootstrap string (a PLAINTEXT broker: unit tests).
+Kafka = Union["Settings", str]
 
 # The generator's batching: big lz4 batches, a deep queue, and no success reports (a Python call
 # per event would cost more than producing it).
@@ -50,13 +60,97 @@ REDIS_TIMEOUTS_S: dict[str, float] = {"job": 60.0, "request": 5.0, "probe": 1.0}
 RedisRole = Literal["job", "request", "probe"]
 
 
-def kafka_base(bootstrap: str) -> dict[str, Any]:
-    """What every Kafka client of the project shares: where the brokers are."""
-    return {"bootstrap.servers": bootstrap}
+def kafka_security(settings: Settings) -> dict[str, str]:
+    """The security properties of every confluent-kafka (librdkafka) client, from the settings'
+    SOCIAL_KAFKA_SECURITY_PROTOCOL, SASL and TLS group; the password revealed (hand it to a client,
+    never to a log)."""
+    s = settings
+    config = {"security.protocol": s.kafka_security_protocol}
+    if s.kafka_sasl:
+        config["sasl.mechanism"] = s.kafka_sasl_mechanism
+        config["sasl.username"] = s.kafka_sasl_username
+        config["sasl.password"] = s.kafka_sasl_password.get_secret_value()
+    if s.kafka_tls:
+        for key, value in (
+            ("ssl.ca.location", s.kafka_ssl_ca_location),
+            ("ssl.certificate.location", s.kafka_ssl_certificate_location),
+            ("ssl.key.location", s.kafka_ssl_key_location),
+        ):
+            if value:
+                config[key] = value
+    return config
+
+
+def kafka_base(kafka: Kafka) -> dict[str, Any]:
+    """What every Kafka client of the project shares: where the brokers are, how to reach them."""
+    if isinstance(kafka, str):
+        return {"bootstrap.servers": kafka}
+    return {"bootstrap.servers": kafka.kafka_bootstrap, **kafka_security(kafka)}
+
+
+_LOGIN_MODULES = {
+    "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
+    "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
+    "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule",
+}
+
+
+def _jaas_quoted(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def java_kafka_security(settings: Settings) -> dict[str, str]:
+    """The same security for the Java Kafka client (Spark's Kafka source and sink, Kafka's tools).
+
+    Java spells it otherwise than librdkafka: the credentials go in one JAAS line
+    (``sasl.jaas.config``), and the PEM files in a PEM trust store and key store (Kafka 2.7+,
+    KIP-651), the key store given by value (the certificate chain and an unencrypted PKCS#8 key)."""
+    s = settings
+    config = {"security.protocol": s.kafka_security_protocol}
+    if s.kafka_sasl:
+        user = _jaas_quoted(s.kafka_sasl_username)
+        password = _jaas_quoted(s.kafka_sasl_password.get_secret_value())
+        config["sasl.mechanism"] = s.kafka_sasl_mechanism
+        config["sasl.jaas.config"] = (
+            f"{_LOGIN_MODULES[s.kafka_sasl_mechanism]} required username={user} password={password};"
+        )
+    if s.kafka_tls:
+        if s.kafka_ssl_ca_location:
+            config["ssl.truststore.type"] = "PEM"
+            config["ssl.truststore.location"] = s.kafka_ssl_ca_location
+        if s.kafka_ssl_certificate_location and s.kafka_ssl_key_location:
+            config["ssl.keystore.type"] = "PEM"
+            config["ssl.keystore.certificate.chain"] = Path(s.kafka_ssl_certificate_location).read_text()
+            config["ssl.keystore.key"] = Path(s.kafka_ssl_key_location).read_text()
+    return config
+
+
+def java_security_file(settings: Settings, path: Path) -> Path:
+    """The Java client's security properties (:func:`java_kafka_security`, the password too) in a
+    properties file only this user reads, for Kafka's command-line tools (``--command-config``):
+    on their command line every user's ``ps`` would show them."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch(mode=0o600)
+    path.chmod(0o600)
+    props = java_kafka_security(settings)
+    path.write_text("".join(f"{k}={_properties_escaped(v)}\n" for k, v in props.items()))
+    return path
+
+
+def _properties_escaped(value: str) -> str:
+    """A value as a Java properties file reads it back (backslashes and line ends escaped)."""
+    return value.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def spark_kafka_options(settings: Settings) -> dict[str, str]:
+    """The brokers and their security as options of a Spark Kafka source or sink (``kafka.``-prefixed:
+    Spark hands them to its Java consumers and producers)."""
+    java = {"bootstrap.servers": settings.kafka_bootstrap, **java_kafka_security(settings)}
+    return {f"kafka.{key}": value for key, value in java.items()}
 
 
 def producer_config(
-    bootstrap: str,
+    kafka: Kafka,
     client_id: str,
     overrides: Mapping[str, Any] | None = None,
     *,
@@ -65,7 +159,7 @@ def producer_config(
     """The project's producer: durable (acks=all, idempotent), lz4, 5 ms linger; then the
     profile's changes; ``overrides`` (a fault run's guarantee under test, delivery timeouts) win."""
     return {
-        **kafka_base(bootstrap),
+        **kafka_base(kafka),
         "acks": "all",
         "enable.idempotence": True,
         "compression.type": "lz4",
@@ -87,7 +181,7 @@ def delivery_timeouts(timeout_ms: int) -> dict[str, int]:
 
 
 def kafka_producer(
-    bootstrap: str,
+    kafka: Kafka,
     client_id: str,
     profile: ProducerProfile = "durable",
     *,
@@ -97,34 +191,34 @@ def kafka_producer(
     """A ``confluent_kafka.Producer`` of :func:`producer_config`, reporting to ``on_delivery``."""
     from confluent_kafka import Producer
 
-    config = producer_config(bootstrap, client_id, overrides, profile=profile)
+    config = producer_config(kafka, client_id, overrides, profile=profile)
     if on_delivery is not None:
         config["on_delivery"] = on_delivery
     return Producer(config)
 
 
-def consumer_config(bootstrap: str, group_id: str, overrides: Mapping[str, Any] | None = None) -> dict:
+def consumer_config(kafka: Kafka, group_id: str, overrides: Mapping[str, Any] | None = None) -> dict:
     """A reader that assigns its partitions itself: the group id names it, nothing is committed."""
     return {
-        **kafka_base(bootstrap),
+        **kafka_base(kafka),
         "group.id": group_id,
         "enable.auto.commit": False,
         **(overrides or {}),
     }
 
 
-def kafka_consumer(bootstrap: str, group_id: str, overrides: Mapping[str, Any] | None = None):
+def kafka_consumer(kafka: Kafka, group_id: str, overrides: Mapping[str, Any] | None = None):
     """A ``confluent_kafka.Consumer`` of :func:`consumer_config`."""
     from confluent_kafka import Consumer
 
-    return Consumer(consumer_config(bootstrap, group_id, overrides))
+    return Consumer(consumer_config(kafka, group_id, overrides))
 
 
-def kafka_admin(bootstrap: str, overrides: Mapping[str, Any] | None = None):
-    """A ``confluent_kafka.admin.AdminClient`` for the brokers at ``bootstrap``."""
+def kafka_admin(kafka: Kafka, overrides: Mapping[str, Any] | None = None):
+    """A ``confluent_kafka.admin.AdminClient`` for the brokers of ``kafka``."""
     from confluent_kafka.admin import AdminClient
 
-    return AdminClient({**kafka_base(bootstrap), **(overrides or {})})
+    return AdminClient({**kafka_base(kafka), **(overrides or {})})
 
 
 def redis_client(

@@ -72,7 +72,7 @@ _quiet.propagate = False
 
 def admin_client(settings: Settings):
     # librdkafka logs every refused connection while the broker starts; keep that out of the terminal
-    return kafka_admin(settings.kafka_bootstrap, {"logger": _quiet})
+    return kafka_admin(settings, {"logger": _quiet})
 
 
 def create_topic(
@@ -134,7 +134,7 @@ def watermarks(settings: Settings, topic: str, timeout_s: float = 10.0) -> dict[
     from confluent_kafka import KafkaException, TopicPartition
     from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
 
-    consumer = kafka_consumer(settings.kafka_bootstrap, "end-offsets")
+    consumer = kafka_consumer(settings, "end-offsets")
 
     def lookup() -> dict[int, tuple[int, int]]:
         meta = consumer.list_topics(topic, timeout=timeout_s).topics[topic]

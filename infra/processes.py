@@ -21,7 +21,7 @@ from typing import IO, NamedTuple
 
 import psutil
 
-from infra.settings import Settings
+from infra.settings import Settings, setting_value
 
 
 class StackError(RuntimeError):
@@ -220,5 +220,5 @@ def settings_env(settings: Settings) -> dict[str, str]:
 
     env = dict(os.environ)
     for f in dataclass_fields(settings):
-        env[f.metadata["env"]] = str(getattr(settings, f.name))
+        env[f.metadata["env"]] = setting_value(getattr(settings, f.name))
     return env

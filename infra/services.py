@@ -201,6 +201,8 @@ class KafkaBroker(Service):
 
     @classmethod
     def instances(cls, settings: Settings) -> list[Service]:
+        if settings.kafka_external:  # the user's Kafka: checked by infra.external, never started
+            return []
         return [cls(settings, i) for i in range(len(settings.broker_ports()))]
 
     @property
@@ -316,12 +318,16 @@ class KafkaBroker(Service):
             "format",
             f"--cluster-id={cluster_id}",
         ]  # ids may start with "-"
-        cmd += ["--config", str(self.config_file), "--ignore-formatted"]
+        cmd += ["--config", str(self.config_file), "--ignore-formatted", *self.format_args()]
         done = subprocess.run(cmd, capture_output=True, text=True)
         with self.log_file.open("a") as log:
             log.write(done.stdout + done.stderr)
         if done.returncode != 0:
             raise StackError(f"formatting Kafka storage failed; see {self.log_file}")
+
+    def format_args(self) -> list[str]:
+        """More arguments of the storage format (a test's SASL broker: its SCRAM users, ``--add-scram``)."""
+        return []
 
     def command(self) -> list[str]:
         return [*self._java(), KAFKA_MAIN, str(self.config_file)]
@@ -380,6 +386,10 @@ class RedisServer(Service):
     name = "redis"
     marker = "redis-server"
     stop_timeout_s = 15.0
+
+    @classmethod
+    def instances(cls, settings: Settings) -> list[Service]:
+        return [] if settings.redis_external else [cls(settings)]  # the user's Redis: infra.external
 
     @property
     def home(self) -> Path:

@@ -16,12 +16,14 @@ from functools import cache
 from pathlib import Path
 from typing import get_type_hints
 
-from pydantic import Field, ValidationError, create_model
+from pydantic import Field, SecretStr, ValidationError, create_model
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PROFILES = ("local", "cluster")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+KAFKA_SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+KAFKA_SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 
 
 def _setting(env: str, default, doc: str):
@@ -51,6 +53,46 @@ class Settings:
         "127.0.0.1:9092",
         "Kafka bootstrap servers (cluster profile, when unset: every broker of the local cluster)",
     )
+    # An existing Kafka (docs/running.md: Your own Kafka): how every client of the project reaches
+    # it; infra/clients.py turns these into librdkafka's and the Java client's properties.
+    kafka_external: int = _setting(
+        "SOCIAL_KAFKA_EXTERNAL",
+        0,
+        "1: use the Kafka at SOCIAL_KAFKA_BOOTSTRAP instead of starting one: `make up` checks it "
+        "(reachable with the settings below, the event topic's partitions and retention) and starts "
+        "no broker",
+    )
+    kafka_security_protocol: str = _setting(
+        "SOCIAL_KAFKA_SECURITY_PROTOCOL",
+        "PLAINTEXT",
+        "`security.protocol` of every Kafka client: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL",
+    )
+    kafka_sasl_mechanism: str = _setting(
+        "SOCIAL_KAFKA_SASL_MECHANISM",
+        "SCRAM-SHA-512",
+        "`sasl.mechanism` with a SASL_* protocol: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512",
+    )
+    kafka_sasl_username: str = _setting(
+        "SOCIAL_KAFKA_SASL_USERNAME", "", "SASL user name (required with a SASL_* protocol)"
+    )
+    kafka_sasl_password: SecretStr = _setting(
+        "SOCIAL_KAFKA_SASL_PASSWORD", SecretStr(""), "SASL password (a secret: never printed)"
+    )
+    kafka_ssl_ca_location: str = _setting(
+        "SOCIAL_KAFKA_SSL_CA_LOCATION",
+        "",
+        "SSL, SASL_SSL: PEM file of the CA that signed the brokers' certificates; empty = the system's",
+    )
+    kafka_ssl_certificate_location: str = _setting(
+        "SOCIAL_KAFKA_SSL_CERTIFICATE_LOCATION",
+        "",
+        "SSL, SASL_SSL: PEM file of the client's certificate (mutual TLS)",
+    )
+    kafka_ssl_key_location: str = _setting(
+        "SOCIAL_KAFKA_SSL_KEY_LOCATION",
+        "",
+        "SSL, SASL_SSL: PEM file of the client's private key (mutual TLS)",
+    )
     kafka_port: int = _setting("SOCIAL_KAFKA_PORT", 9092, "port of the local broker started by `make up`")
     kafka_controller_port: int = _setting(
         "SOCIAL_KAFKA_CONTROLLER_PORT", 9093, "KRaft controller port of the local broker"
@@ -64,7 +106,19 @@ class Settings:
         "life of the log (contract/writers.py; compacted, 1 partition, kept forever); empty = "
         "`<events topic>.writers`",
     )
-    redis_url: str = _setting("SOCIAL_REDIS_URL", "redis://127.0.0.1:6379/0", "Redis serving store")
+    redis_url: str = _setting(
+        "SOCIAL_REDIS_URL",
+        "redis://127.0.0.1:6379/0",
+        "Redis serving store; may carry a password (`redis://:<password>@host:port/0`, or "
+        "`redis://<user>:<password>@...` with an ACL user) and TLS (`rediss://`, "
+        "`?ssl_ca_certs=<PEM file>`); printed with the password masked",
+    )
+    redis_external: int = _setting(
+        "SOCIAL_REDIS_EXTERNAL",
+        0,
+        "1: use the Redis at SOCIAL_REDIS_URL instead of starting one: `make up` checks it (version >= 7.0, "
+        "`maxmemory-policy noeviction`, `appendonly yes`) and starts no redis-server",
+    )
     redis_port: int = _setting("SOCIAL_REDIS_PORT", 6379, "port of the local Redis started by `make up`")
     api_host: str = _setting("SOCIAL_API_HOST", "127.0.0.1", "app API bind address")
     api_port: int = _setting("SOCIAL_API_PORT", 8000, "app API port")
@@ -406,12 +460,43 @@ class Settings:
     )
 
     def __post_init__(self) -> None:
+        if not isinstance(self.kafka_sasl_password, SecretStr):  # given as a plain keyword argument
+            object.__setattr__(self, "kafka_sasl_password", SecretStr(str(self.kafka_sasl_password)))
         if self.profile not in PROFILES:
             raise ValueError(f"SOCIAL_PROFILE={self.profile!r}: expected one of {', '.join(PROFILES)}")
         if self.log_level.upper() not in LOG_LEVELS:
             raise ValueError(f"SOCIAL_LOG_LEVEL={self.log_level!r}: expected one of {', '.join(LOG_LEVELS)}")
         if self.profile == "cluster" and self.cluster_brokers < 1:
             raise ValueError(f"SOCIAL_CLUSTER_BROKERS={self.cluster_brokers}: expected at least 1")
+        if self.kafka_security_protocol not in KAFKA_SECURITY_PROTOCOLS:
+            raise ValueError(
+                f"SOCIAL_KAFKA_SECURITY_PROTOCOL={self.kafka_security_protocol!r}: expected one of "
+                f"{', '.join(KAFKA_SECURITY_PROTOCOLS)}"
+            )
+        if self.kafka_sasl:
+            if self.kafka_sasl_mechanism not in KAFKA_SASL_MECHANISMS:
+                raise ValueError(
+                    f"SOCIAL_KAFKA_SASL_MECHANISM={self.kafka_sasl_mechanism!r}: expected one of "
+                    f"{', '.join(KAFKA_SASL_MECHANISMS)}"
+                )
+            if not self.kafka_sasl_username:
+                raise ValueError(
+                    f"SOCIAL_KAFKA_SECURITY_PROTOCOL={self.kafka_security_protocol} needs SOCIAL_KAFKA_SASL_USERNAME"
+                )
+
+    def __repr__(self) -> str:
+        """Every setting, the secrets masked (a traceback or a log line never shows one)."""
+        shown = {f.name: getattr(self, f.name) for f in fields(self)}
+        shown["redis_url"] = redact_url(self.redis_url)
+        return f"Settings({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
+
+    @property
+    def kafka_sasl(self) -> bool:
+        return self.kafka_security_protocol.startswith("SASL_")
+
+    @property
+    def kafka_tls(self) -> bool:
+        return self.kafka_security_protocol.endswith("SSL")
 
     @property
     def clustered(self) -> bool:
@@ -462,6 +547,23 @@ class Settings:
         return Path(self.var_dir) / "airflow"
 
 
+def redact_url(url: str) -> str:
+    """``url`` with the password of its user part masked, for printing (``redis://:***@host:6379/0``)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+def setting_value(value) -> str:
+    """A setting as its environment variable spells it (a secret revealed: for a child's environment only)."""
+    return value.get_secret_value() if isinstance(value, SecretStr) else str(value)
+
+
 def settings_table() -> list[tuple[str, str, str]]:
     """(environment variable, default, meaning) for every setting, for docs/configuration.md."""
     rows = []
@@ -469,6 +571,8 @@ def settings_table() -> list[tuple[str, str, str]]:
         default = f.default
         if isinstance(default, Path):
             default = os.path.relpath(default, REPO_ROOT)
+        elif isinstance(default, SecretStr):
+            default = default.get_secret_value()
         rows.append((f.metadata["env"], str(default), f.metadata["doc"]))
     return rows
 

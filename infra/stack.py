@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from infra.cli import command_name
+from infra.external import check_external
 from infra.jars import JarsError
 from infra.kafka_admin import (
     EVENTS_TOPIC_CONFIGS,
@@ -78,7 +79,7 @@ from infra.services import (
     require_redis_version,
     with_a_collector,
 )
-from infra.settings import Settings, get_settings
+from infra.settings import Settings, get_settings, redact_url
 
 __all__ = [
     "BACKBONE",
@@ -211,11 +212,13 @@ class Stack:
         even one this call had to restart (a broker that had died).
         """
         services = self.services
+        # The user's own Kafka and Redis (SOCIAL_KAFKA_EXTERNAL, SOCIAL_REDIS_EXTERNAL) are checked
+        # first: one that is unreachable or unfit stops `up` before it starts anything.
+        outcome = {f"{line.split(' ', 1)[0]} (external)": line for line in check_external(self.settings)}
         # Refuse before starting anything if a port is taken by a process that is not ours.
         for service in services:
             if not service.is_running():
                 service.check_ports()
-        outcome = {}
         was_running = {service.name for service in services if service.is_running()}
         try:
             for service in services:
@@ -245,7 +248,13 @@ class Stack:
 
     def status(self) -> list[tuple[str, str, str, str, str]]:
         others = [s for s in self.other_profile_services() if s.is_running()]
-        return [service.status_row() for service in [*self.services, *others]]
+        rows = [service.status_row() for service in [*self.services, *others]]
+        s = self.settings
+        if s.redis_external:
+            rows.insert(0, ("redis", "external", "-", redact_url(s.redis_url), "-"))
+        if s.kafka_external:
+            rows.insert(0, ("kafka", "external", "-", s.kafka_bootstrap, "-"))
+        return rows
 
 
 def _stop_all(services) -> dict[str, str]:
@@ -323,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
             for name, what in stack.up().items():
                 print(f"{name}: {what}")
             print(
-                f"kafka {settings.kafka_bootstrap}  redis {settings.redis_url}  state under {settings.var_dir}"
+                f"kafka {settings.kafka_bootstrap}  redis {redact_url(settings.redis_url)}  state under {settings.var_dir}"
             )
         elif args.command == "down":
             for name, what in stack.down().items():
@@ -331,7 +340,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(format_table(stack.status(), ("service", "state", "pid", "ports (*=listening)", "log")))
     except (StackError, JarsError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        for line in str(exc).splitlines():  # an external component's problems: one line each
+            print(f"error: {line}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

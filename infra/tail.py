@@ -12,6 +12,7 @@ import argparse
 import os
 import sys
 
+from infra import clients
 from infra.cli import command_name
 from infra.jars import kafka_classpath, require_java
 from infra.settings import Settings, get_settings
@@ -28,6 +29,7 @@ def command(settings: Settings, topic: str, from_beginning: bool, max_messages: 
         "--formatter-property", "print.offset=true",
         "--formatter-property", "print.timestamp=true",
         "--formatter-property", "print.key=true",
+        "--command-config", str(clients.java_security_file(settings, settings.run_dir / "tail-client.properties")),
     ]  # fmt: skip
     if from_beginning:
         cmd.append("--from-beginning")

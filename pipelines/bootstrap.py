@@ -45,7 +45,7 @@ def read_topic(settings: Settings, topic: str, timeout_s: float = 60.0) -> Compa
     from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
     c = clients.kafka_consumer(
-        settings.kafka_bootstrap,
+        settings,
         f"social.bootstrap.{uuid.uuid4().hex[:8]}",  # nothing committed
         {"enable.partition.eof": True},
     )

@@ -12,12 +12,15 @@ blue/green rebuilds). Exactness (docs/architecture.md):
   ``batches`` row, written last, maps batch k to end offsets P and all table versions, so
   ``verify`` can time-travel to exactly P while the stream keeps running.
 - Upserts write absolute values for the keys the batch touched (MERGE on the table's key).
+
+What the Delta log says (a table's latest version, its commits' ``userMetadata``) is read with
+delta-rs (``deltalake``), not Spark (a job per question) nor by listing ``_delta_log`` (a local
+file system only): the same calls read a lake on an object store.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -33,7 +36,9 @@ from pipelines.tables import STORED, TABLES
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
-_COMMIT_FILE = re.compile(r"\d{20}\.json")
+# commits of a table's history read at a time, newest first, when looking for the latest with a
+# field in its metadata: every commit of `batches` and `archives` has it, so one page is the rule
+HISTORY_PAGE = 16
 
 
 @dataclass
@@ -62,21 +67,70 @@ class BatchRecord:
     row: dict
 
 
-def latest_metadata(table_dir: Path, field: str) -> dict | None:
+def delta_log(table: Path | str):
+    """The table's Delta log as delta-rs reads it (its latest snapshot), or None when the table has
+    no commit yet."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        return DeltaTable(str(table))
+    except TableNotFoundError:
+        return None
+
+
+def has_commits(table: Path | str) -> bool:
+    """Whether the table has a committed version (a creation killed half-way left none)."""
+    return delta_log(table) is not None
+
+
+def latest_version(table: Path | str) -> int | None:
+    """The table's latest committed version, None when it has no commit yet."""
+    log = delta_log(table)
+    return None if log is None else log.version()
+
+
+def commit_metadata_since(table: Path | str, version: int) -> list[str | None]:
+    """The ``userMetadata`` of every commit after ``version``, oldest first (None: a commit without)."""
+    log = delta_log(table)
+    latest = -1 if log is None else log.version()
+    if latest <= version:
+        return []
+    commits = sorted(log.history(latest - version), key=lambda c: c["version"])
+    return [c.get("userMetadata") for c in commits if c["version"] > version]
+
+
+def last_commit_ms(table: Path | str, *, newest_of_all: bool = False) -> int | None:
+    """The timestamp (epoch ms) of the table's latest commit (``newest_of_all``: the largest of
+    every commit's), None when it has none."""
+    log = delta_log(table)
+    if log is None:
+        return None
+    commits = log.history() if newest_of_all else log.history(1)
+    stamps = [c["timestamp"] for c in commits if c.get("timestamp") is not None]
+    return max(stamps) if stamps else None
+
+
+def latest_metadata(table_dir: Path | str, field: str) -> dict | None:
     """The ``userMetadata`` of the table's latest commit that has ``field``, from the Delta log alone."""
-    log_dir = Path(table_dir) / "_delta_log"
-    commits = sorted(log_dir.glob("*.json")) if log_dir.exists() else []
-    for commit in reversed(commits):
-        for line in commit.read_text().splitlines():
-            info = json.loads(line).get("commitInfo")
-            if info and info.get("userMetadata"):
-                try:
-                    meta = json.loads(info["userMetadata"])
-                except ValueError:
-                    continue  # metadata someone else wrote
-                if isinstance(meta, dict) and field in meta:
-                    return meta
-    return None
+    log = delta_log(table_dir)
+    if log is None:
+        return None
+    seen, limit = 0, HISTORY_PAGE
+    while True:
+        commits = log.history(limit)  # newest first
+        for info in commits[seen:]:
+            if not info.get("userMetadata"):
+                continue
+            try:
+                meta = json.loads(info["userMetadata"])
+            except ValueError:
+                continue  # metadata someone else wrote
+            if isinstance(meta, dict) and field in meta:
+                return meta
+        if len(commits) < limit:
+            return None
+        seen, limit = len(commits), limit * 4
 
 
 def covers(position: dict[int, int], ends: dict[int, int]) -> bool:
@@ -154,16 +208,16 @@ class Lake:
         return str(self.root / table)
 
     def exists(self) -> bool:
-        return (self.root / "batches" / "_delta_log").exists()
+        return has_commits(self.path("batches"))
 
     # -- creation ------------------------------------------------------------------------------
     def ensure_tables(self) -> None:
         """Create the tables that have no commit yet, side by side (a namespace's first start).
 
-        Whether a table exists is read from its ``_delta_log`` on the file system: asking Delta
+        Whether a table exists is read from its Delta log with delta-rs: asking Spark's Delta
         (``isDeltaTable``) builds a snapshot of each, a Spark job per table at every start.
         """
-        missing = [TABLES[t] for t in STORED if not any((Path(self.path(t)) / "_delta_log").glob("*.json"))]
+        missing = [TABLES[t] for t in STORED if not has_commits(self.path(t))]
         side_by_side([lambda t=t: self._create(t) for t in missing])
 
     def _create(self, t) -> None:
@@ -203,15 +257,12 @@ class Lake:
         )
 
     def version(self, table: str) -> int:
-        """The table's latest committed version: the highest ``_delta_log/<version>.json``.
-
-        Read from the file system, not with ``DESCRIBE HISTORY`` (a Spark job per table per batch).
-        """
-        log_dir = Path(self.path(table)) / "_delta_log"
-        versions = [int(f.name[:-5]) for f in log_dir.glob("*.json") if _COMMIT_FILE.fullmatch(f.name)]
-        if not versions:
-            raise FileNotFoundError(f"{log_dir}: no Delta commits")
-        return max(versions)
+        """The table's latest committed version, read from its Delta log with delta-rs, not with
+        ``DESCRIBE HISTORY`` (a Spark job per table per batch)."""
+        log = delta_log(self.path(table))
+        if log is None:
+            raise FileNotFoundError(f"{self.path(table)}/_delta_log: no Delta commits")
+        return log.version()
 
     # -- writing ----------------------------------------------------------------------------------
     @contextmanager

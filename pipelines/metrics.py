@@ -18,7 +18,6 @@ Every metric, its labels and its meaning: docs/metrics.md.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -33,18 +32,12 @@ DISPOSITIONS = ("applied", "duplicates", "rejected", "quarantined")
 
 def _archive(settings: Settings, namespace: str) -> tuple[dict[int, int], float | None]:
     """The archive's position (partition -> next offset) and its last commit time (epoch s)."""
-    from pipelines.lake import committed_position
+    from pipelines.lake import committed_position, last_commit_ms
 
     found = committed_position(settings.lake_dir, namespace)
     position = found[1] if found else {}
-    log_dir = Path(settings.lake_dir) / namespace / "batches" / "_delta_log"
-    commits = sorted(log_dir.glob("*.json")) if log_dir.exists() else []
-    at = None
-    for line in commits[-1].read_text().splitlines() if commits else []:
-        info = json.loads(line).get("commitInfo")
-        if info and info.get("timestamp"):
-            at = info["timestamp"] / 1000
-    return position, at
+    committed_ms = last_commit_ms(Path(settings.lake_dir) / namespace / "batches")
+    return position, None if committed_ms is None else committed_ms / 1000
 
 
 def snapshot(settings: Settings) -> dict:
@@ -241,7 +234,10 @@ def main(argv: list[str] | None = None) -> int:
 
         kafka = settings.kafka_bootstrap.split(",")[0]
         redis_port = int(settings.redis_url.rsplit(":", 1)[1].split("/")[0])
-        if not (port_listening(int(kafka.rsplit(":", 1)[1])) and port_listening(redis_port)):
+        # the local stack's ports; an external Kafka or Redis is asked by the snapshot itself
+        local = [int(kafka.rsplit(":", 1)[1])] * (not settings.kafka_external)
+        local += [redis_port] * (not settings.redis_external)
+        if not all(port_listening(p) for p in local):
             print(f"metrics: none (Kafka {kafka} or Redis {redis_port} is not running)")
             return 0
         try:

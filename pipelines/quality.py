@@ -94,25 +94,16 @@ class Snapshot:
 
 
 def _commit_metadata(path: str, version: int) -> list[str | None]:
-    """``userMetadata`` of every commit after ``version`` (read from a local ``_delta_log``)."""
-    log_dir = Path(path) / "_delta_log"
-    out = []
-    for f in sorted(log_dir.glob("[0-9]" * 20 + ".json")):
-        if int(f.stem) <= version:
-            continue
-        meta = None
-        for line in f.read_text().splitlines():
-            action = json.loads(line)
-            if "commitInfo" in action:
-                meta = action["commitInfo"].get("userMetadata")
-        out.append(meta)
-    return out
+    """``userMetadata`` of every commit after ``version`` (the Delta log, read with delta-rs)."""
+    from pipelines.lake import commit_metadata_since
+
+    return commit_metadata_since(path, version)
 
 
 def _written_since(spark, path: str, version: int, batch_id: int) -> bool:
     """True when a commit after ``version`` was not a speed-layer micro-batch newer than ``batch_id``.
 
-    Cheap on purpose (a listing of the local Delta log, no Spark job): it runs for every table.
+    Cheap on purpose (the Delta log read with delta-rs, no Spark job): it runs for every table.
     """
     if "://" in path:  # object stores: ask Delta
         from delta.tables import DeltaTable
@@ -184,7 +175,7 @@ def batch_snapshot(spark, settings: Settings, namespace: str) -> Snapshot:
     """
     from pyspark.sql import functions as F
 
-    from pipelines.lake import Lake, latest_metadata
+    from pipelines.lake import Lake, last_commit_ms, latest_metadata
 
     root = Path(settings.lake_dir) / namespace
     meta = latest_metadata(root / "accounting", "source")
@@ -201,12 +192,7 @@ def batch_snapshot(spark, settings: Settings, namespace: str) -> Snapshot:
         for name in ("users", "follows", "posts", "home_timeline", "inbox", "unread_counts", "user_status")
     }
     acct = spark.read.format("delta").load(str(root / "accounting"))
-    committed = max(
-        json.loads(line)["commitInfo"]["timestamp"]
-        for f in (root / "accounting" / "_delta_log").glob("*.json")
-        for line in f.read_text().splitlines()
-        if "commitInfo" in line
-    )
+    committed = last_commit_ms(root / "accounting", newest_of_all=True)
     tables["batches"] = acct.agg(
         F.lit(0).cast("bigint").alias("batch_id"),
         F.sum("records").cast("bigint").alias("events_read"),

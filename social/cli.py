@@ -50,6 +50,11 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...], str]] = {
         ("ensure-redis",),
         "Find redis-server (7.0+), installing it with apt-get if missing.",
     ),
+    "check-external": (
+        "infra.external:main",
+        (),
+        "Check your own Kafka and Redis (SOCIAL_KAFKA_EXTERNAL, SOCIAL_REDIS_EXTERNAL) as `up` does.",
+    ),
     "jars": ("infra.jars:main", (), "The JVM jars: fetched from Maven Central, pinned, checksum-verified."),
     "airflow": ("infra.airflow:main", (), "Local Airflow over dags/: env, db, test, standalone."),
     "tail": ("infra.tail:main", (), "The event log, record by record (Kafka's console consumer)."),

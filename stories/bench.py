@@ -77,6 +77,7 @@ def producer_performance(
     settings: Settings, topic: str, records: int, payload_file: Path, timeout_s: float = 600
 ) -> dict:
     """Run Kafka's ``kafka-producer-perf-test`` (``ProducerPerformance``) and parse its summary."""
+    from infra import clients
     from infra.jars import kafka_classpath, require_java
 
     cmd = [
@@ -95,6 +96,9 @@ def producer_performance(
         str(payload_file),
         "--producer-props",
         *_java_producer_props(settings.kafka_bootstrap),
+        # the security settings (a password among them) from a file, not the command line
+        "--command-config",
+        str(clients.java_security_file(settings, settings.run_dir / "bench-producer.properties")),
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     lines = [m for m in _PERF_LINE.finditer(proc.stdout)]
@@ -133,9 +137,7 @@ def ingest(ctx: BenchContext) -> dict:
             sample.append(raw)
     generate_only = n_gen / (time.perf_counter() - t)
 
-    summary = produce(
-        n, cfg, topic=ctx.topic("ingest-generator"), bootstrap=ctx.settings.kafka_bootstrap, progress=False
-    )
+    summary = produce(n, cfg, topic=ctx.topic("ingest-generator"), bootstrap=ctx.settings, progress=False)
 
     # ProducerPerformance sends real generator records (same sizes, same compressibility), but
     # without keys: it never does less work than the generator per record.

@@ -214,7 +214,7 @@ class _AnalyticsBeside:
             self.injected += inject(
                 list(PATTERNS),
                 topic=self.settings.events_topic,
-                bootstrap=self.settings.kafka_bootstrap,
+                bootstrap=self.settings,
                 user=PATTERN_USER,
                 settings=self.settings,
             )
@@ -236,7 +236,7 @@ class _AnalyticsBeside:
         """Record time on the alerts topic - receive time of the newest event that fired it."""
 
         consumer = clients.kafka_consumer(
-            self.settings.kafka_bootstrap, f"bench-alerts-{self.namespace}", {"auto.offset.reset": "earliest"}
+            self.settings, f"bench-alerts-{self.namespace}", {"auto.offset.reset": "earliest"}
         )
         consumer.subscribe([self.settings.alerts_topic])
         out, idle = [], 0
@@ -299,9 +299,7 @@ def speed_layer_phase(
         if beside is not None:
             beside.start()
         boot = _generator(GRAPH_SEED, bootstrap=True)
-        produce(
-            boot.bootstrap_events(), boot, topic=topic, bootstrap=settings.kafka_bootstrap, progress=False
-        )
+        produce(boot.bootstrap_events(), boot, topic=topic, bootstrap=settings, progress=False)
         if not _wait_fences(r, ns, end_offsets(settings, topic), 600):
             raise RuntimeError(f"the speed layer did not apply the bootstrap; see {log_path}")
         warm = None
@@ -316,7 +314,7 @@ def speed_layer_phase(
             n,
             _generator(GRAPH_SEED + 1, bootstrap=False),
             topic=topic,
-            bootstrap=settings.kafka_bootstrap,
+            bootstrap=settings,
             rate=rate,
             progress=False,
         )
@@ -362,7 +360,7 @@ def _burst(settings: Settings, r: redis.Redis, n: int) -> dict:
         n,
         _generator(GRAPH_SEED + 2, bootstrap=False),
         topic=topic,
-        bootstrap=settings.kafka_bootstrap,
+        bootstrap=settings,
         progress=False,
     )
     sent_s = time.perf_counter() - t0

@@ -59,7 +59,7 @@ def archive_section(ctx: BenchContext) -> dict:
         sl.wait_running()
         history = GeneratorConfig()
         t0 = time.monotonic()
-        produce(ctx.catchup_events, history, topic=topic, bootstrap=settings.kafka_bootstrap, progress=False)
+        produce(ctx.catchup_events, history, topic=topic, bootstrap=settings, progress=False)
         ends = end_offsets(settings, topic)
         if wait_fences(r, namespace, ends, 1800) is None:
             raise RuntimeError(f"the speed layer did not catch up in 30 minutes; see {sl.log_path}")
@@ -86,7 +86,7 @@ def archive_section(ctx: BenchContext) -> dict:
 
         # a few seconds of the same world's traffic (its graph, no registrations again)
         more = GeneratorConfig(seed=history.seed + 1, graph_seed=history.seed, emit_bootstrap=False)
-        produce(ctx.archive_events, more, topic=topic, bootstrap=settings.kafka_bootstrap, progress=False)
+        produce(ctx.archive_events, more, topic=topic, bootstrap=settings, progress=False)
         after = end_offsets(settings, topic)
         if wait_fences(r, namespace, after, 600) is None:
             raise RuntimeError(

@@ -100,7 +100,7 @@ def batch_layer_section(ctx: BenchContext) -> dict:
             ends = {p: 0 for p in topic_partitions(ctx.settings, topic)}
             from confluent_kafka import TopicPartition
 
-            c = clients.kafka_consumer(ctx.settings.kafka_bootstrap, "bench-batch")
+            c = clients.kafka_consumer(ctx.settings, "bench-batch")
             for p in ends:
                 ends[p] = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
             c.close()

@@ -63,9 +63,7 @@ def catch_up(ctx: BenchContext, label: str, threshold: int, events: int, layout:
         sl.wait_running()
         r.config_resetstat()
         cpu0, started = redis_cpu_s(r), time.monotonic()
-        summary = produce(
-            events, GeneratorConfig(), topic=topic, bootstrap=settings.kafka_bootstrap, progress=False
-        )
+        summary = produce(events, GeneratorConfig(), topic=topic, bootstrap=settings, progress=False)
         produced_s = time.monotonic() - started
         waited = wait_fences(r, namespace, end_offsets(settings, topic), 1800, layout)
         if waited is None:

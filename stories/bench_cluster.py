@@ -79,7 +79,7 @@ def _ack_round_trips_ms(settings: Settings, topic: str, n: int = ACK_PROBES) -> 
 
     from infra import clients
 
-    producer = clients.kafka_producer(settings.kafka_bootstrap, "bench.cluster.probe", "probe")
+    producer = clients.kafka_producer(settings, "bench.cluster.probe", "probe")
     out = []
     for i in range(n):
         t = time.perf_counter()

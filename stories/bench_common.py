@@ -121,7 +121,7 @@ def _fill(ctx: BenchContext, purpose: str, events: int, users: int, **gen) -> tu
 
     topic = ctx.topic(purpose)
     cfg = GeneratorConfig(users=users, seed=3, **gen)
-    summary = produce(events, cfg, topic=topic, bootstrap=ctx.settings.kafka_bootstrap, progress=False)
+    summary = produce(events, cfg, topic=topic, bootstrap=ctx.settings, progress=False)
     return topic, summary
 
 

@@ -43,7 +43,7 @@ def _read_log(settings, topic: str) -> dict[int, list[tuple[int, bytes | None]]]
     from infra.stack import end_offsets
 
     ends = {p: o for p, o in end_offsets(settings, topic).items() if o > 0}
-    c = clients.kafka_consumer(settings.kafka_bootstrap, "bench.compacted")
+    c = clients.kafka_consumer(settings, "bench.compacted")
     c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
     out: dict[int, list] = {p: [] for p in ends}
     left = set(ends)
@@ -109,7 +109,7 @@ def _freshness_with(ctx: BenchContext, publish: bool) -> dict:
     ).start()
     try:
         boot = GeneratorConfig(users=1000, seed=5, graph_seed=5, mean_followers=15, realtime=True)
-        produce(20_000, boot, topic=topic, bootstrap=settings.kafka_bootstrap, progress=False)
+        produce(20_000, boot, topic=topic, bootstrap=settings, progress=False)
         if not _wait_fences(r, namespace, end_offsets(settings, topic), 600):
             raise RuntimeError(f"the speed layer did not catch up; see {sl.log_path}")
         r.delete(key(namespace, "freshness"))
@@ -121,7 +121,7 @@ def _freshness_with(ctx: BenchContext, publish: bool) -> dict:
             n,
             gen,
             topic=topic,
-            bootstrap=settings.kafka_bootstrap,
+            bootstrap=settings,
             rate=ctx.compacted_ab_rate,
             progress=False,
         )

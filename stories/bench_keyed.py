@@ -189,7 +189,7 @@ def keyed_section(ctx: BenchContext) -> dict:
     try:
         # the stack is warm: a bootstrap of users and follows has gone through
         boot = GeneratorConfig(users=2000, seed=21, graph_seed=21, mean_followers=31, realtime=True)
-        produce(90_000, boot, topic=topic, bootstrap=settings.kafka_bootstrap, progress=False)
+        produce(90_000, boot, topic=topic, bootstrap=settings, progress=False)
         from infra.stack import end_offsets
 
         if not _wait_fences(r, namespace, end_offsets(settings, topic), 600):

@@ -165,7 +165,7 @@ def _row(
                     n,
                     gen,
                     topic=topic,
-                    bootstrap=settings.kafka_bootstrap,
+                    bootstrap=settings,
                     rate=rate,
                     progress=False,
                     pause_at=0,  # on_pause runs before the first record: the pacing starts now
@@ -272,7 +272,7 @@ def read_heavy_section(ctx: BenchContext) -> dict:
             ctx.read_heavy_world_events,
             world,
             topic=topic,
-            bootstrap=settings.kafka_bootstrap,
+            bootstrap=settings,
             progress=False,
         )
         if wait_fences(r, namespace, end_offsets(settings, topic), 600) is None:

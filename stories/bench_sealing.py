@@ -103,9 +103,7 @@ def _generator_rate(ctx: BenchContext, events: int, sealed: bool, key_dir: Path,
     topic = ctx.topic(f"sealing-gen-{'on' if sealed else 'off'}-{i}")
     sealer = Sealer(KeyStore(key_dir / f"{topic}.sqlite3")) if sealed else None
     with _CpuMeter(_broker_pid(ctx)) as cpu:  # the whole call: key preparation and final flush too
-        s = produce(
-            events, cfg, topic=topic, bootstrap=ctx.settings.kafka_bootstrap, progress=False, sealer=sealer
-        )
+        s = produce(events, cfg, topic=topic, bootstrap=ctx.settings, progress=False, sealer=sealer)
     if s.delivery_failures:
         raise RuntimeError(f"{s.delivery_failures} records were not delivered to {topic}")
     return {

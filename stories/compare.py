@@ -74,7 +74,7 @@ def _end_offsets(settings: Settings, topic: str) -> dict[int, int]:
 
     from pipelines.speed.stream import topic_partitions
 
-    c = clients.kafka_consumer(settings.kafka_bootstrap, "compare")
+    c = clients.kafka_consumer(settings, "compare")
     try:
         return {
             p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
@@ -140,7 +140,7 @@ def run(settings: Settings, events: int) -> dict:
         gen = GeneratorConfig(
             users=max(200, events // 100), seed=7, mean_followers=30, invalid_share=0.01, duplicate_share=0.01
         )
-        produce(events, gen, topic=topic, bootstrap=settings.kafka_bootstrap, progress=False)
+        produce(events, gen, topic=topic, bootstrap=settings, progress=False)
         ends = _end_offsets(settings, topic)
         n = sum(ends.values())
 

@@ -298,9 +298,7 @@ def analytics_alerts(settings: Settings, user: int, timeout_s: float) -> dict[st
 
     from app_sim.generator import PATTERNS
 
-    consumer = clients.kafka_consumer(
-        settings.kafka_bootstrap, f"demo-{time.time_ns()}", {"auto.offset.reset": "earliest"}
-    )
+    consumer = clients.kafka_consumer(settings, f"demo-{time.time_ns()}", {"auto.offset.reset": "earliest"})
     consumer.subscribe([settings.alerts_topic])
     seen: dict[str, dict[str, set[str]]] = {"injected": {}, "others": {}}
     deadline = time.monotonic() + timeout_s
@@ -375,7 +373,7 @@ class Paced:
     delivery_failures: int
 
 
-def produce_paced(n: int, config, rate: float, *, topic: str, bootstrap: str) -> Paced:
+def produce_paced(n: int, config, rate: float, *, topic: str, bootstrap: clients.Kafka) -> Paced:
     """``n`` generator records written one by one at ``rate`` per second, each made (and stamped by
     the generator's wall clock, ``realtime``) when it is due: a live app's arrivals, not bursts
     (``produce``'s ``rate`` paces in blocks of 64 records)."""
@@ -484,7 +482,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         before = log_end_offsets(settings, topic)
         t_history = time.monotonic()
-        gen = produce(args.events, config, topic=topic, bootstrap=settings.kafka_bootstrap, progress=True)
+        gen = produce(args.events, config, topic=topic, bootstrap=settings, progress=True)
         print(f"  {gen.events:,} events in {gen.seconds:.1f}s = {gen.events_per_s:,.0f} events/s")
         if gen.delivery_failures:
             print(f"  {gen.delivery_failures} delivery failures")
@@ -516,7 +514,7 @@ def main(argv: list[str] | None = None) -> int:
                 # the wall clock: they cannot meet)
                 **({"worker_id": gen.worker_id} if getattr(gen, "worker_id", None) is not None else {}),
             )
-            live = produce_paced(n_live, live_config, rate, topic=topic, bootstrap=settings.kafka_bootstrap)
+            live = produce_paced(n_live, live_config, rate, topic=topic, bootstrap=settings)
             print(f"  {live.events:,} events in {live.seconds:.1f}s")
             if live.delivery_failures:
                 print(f"  {live.delivery_failures} delivery failures")
@@ -527,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
             from app_sim.generator import PATTERNS, inject
 
             say("injecting the alert patterns (burst, follow churn, message flood) by user 1")
-            injected = inject(list(PATTERNS), topic=topic, bootstrap=settings.kafka_bootstrap, user=1)
+            injected = inject(list(PATTERNS), topic=topic, bootstrap=settings, user=1)
             print(f"  {injected} events")
         t_last = time.monotonic()
 

@@ -72,7 +72,7 @@ from app_sim.api.dual_write import FAILURE, FAULTS, corrected_time, journal_key
 from infra import clients
 from infra.cli import command_name
 from infra.html import render as render_page
-from infra.settings import Settings, get_settings
+from infra.settings import Settings, get_settings, redact_url
 from pipelines.report import png_bytes
 from pipelines.speed_layer_process import SpeedLayerProcess
 
@@ -176,7 +176,7 @@ def read_log(
 
     ends = end or end_offsets(settings, topic)
     start = start or {}
-    consumer = clients.kafka_consumer(settings.kafka_bootstrap, "dual-write-truth")
+    consumer = clients.kafka_consumer(settings, "dual-write-truth")
     out: list[dict] = []
     try:
         for p, stop in ends.items():
@@ -474,7 +474,9 @@ def run(
     ]
     started = time.monotonic()
     stack = Stack(base, service_types=BACKBONE)
-    say(f"private stack: Kafka {base.kafka_bootstrap}, Redis {base.redis_url}, state under {base.var_dir}")
+    say(
+        f"private stack: Kafka {base.kafka_bootstrap}, Redis {redact_url(base.redis_url)}, state under {base.var_dir}"
+    )
     stack.up()
     live: list[SpeedLayerProcess] = []
     try:

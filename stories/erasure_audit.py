@@ -141,7 +141,7 @@ def write_control(
         events.append({"type": "user_registered", "handle": control.handle, "display_name": "kcat"})
     events.append({"type": "post_created", "post_id": post_id, "text": f"raw {control.token}"})
     env = {"schema_version": 1, "user_id": user, "device_time": now, "sent_time": now, "received_time": now}
-    p = clients.kafka_producer(settings.kafka_bootstrap, "erasure_audit")
+    p = clients.kafka_producer(settings, "erasure_audit")
     for body in events:
         e = {**env, "event_id": new_event_id(), **body}
         assert contract.validate(e) is None, contract.validate(e)
@@ -240,7 +240,7 @@ def audit(
         world_events,
         world,
         topic=topic,
-        bootstrap=settings.kafka_bootstrap,
+        bootstrap=settings,
         progress=progress and world_events > 100_000,
         sealer=Sealer(keystore),
     )

@@ -106,7 +106,7 @@ def read_ids(settings: Settings, topic: str, timeout_s: float = 120.0) -> Counte
 
     ends = end_offsets(settings, topic)
     consumer = clients.kafka_consumer(
-        settings.kafka_bootstrap, f"faults-read-{time.time_ns()}", {"auto.offset.reset": "earliest"}
+        settings, f"faults-read-{time.time_ns()}", {"auto.offset.reset": "earliest"}
     )
     consumer.assign([TopicPartition(topic, p, 0) for p, end in ends.items() if end > 0])
     left = {p: end for p, end in ends.items() if end > 0}
@@ -168,7 +168,7 @@ def run(
                 result.first_errors.append(str(err))
 
     producer = clients.kafka_producer(
-        settings.kafka_bootstrap, "faults", overrides=guarantee(acks, idempotence), on_delivery=on_delivery
+        settings, "faults", overrides=guarantee(acks, idempotence), on_delivery=on_delivery
     )
     # Wall-clock ids from a worker id of the run's own, allocated above from the log's registry
     # (contract.writers): a fault run appended to a topic that already has other writers' events

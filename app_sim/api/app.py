@@ -59,7 +59,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # asyncio all the way: a read is a pipelined round trip or two on the event loop, no
         # thread hops; a Redis that hangs fails the request after 5 s (503), not the process.
         client = clients.redis_client(settings.redis_url, "request", decode_responses=True, asyncio=True)
-        log = EventLog(settings.kafka_bootstrap, settings.events_topic, settings.api_produce_timeout_ms)
+        log = EventLog(settings, settings.events_topic, settings.api_produce_timeout_ms)
         # SOCIAL_WRITE_MODE=dual / SOCIAL_FAULT_*: the measured anti-pattern (make dual-write); off by default
         log = dual_write.wrap(log, client, settings, worker_id)
         log = api_metrics.CountedLog(log, metrics)  # appends by outcome, on /metrics

@@ -48,18 +48,18 @@ class Appended:
     offset: int
 
 
-def producer(bootstrap: str, timeout_ms: int):
+def producer(kafka: clients.Kafka, timeout_ms: int):
     """The project's durable producer (acks=all, idempotent), latency-minded: a short linger
     (requests batch anyway) and every record reported within ``timeout_ms``."""
     overrides = {**clients.delivery_timeouts(timeout_ms), "logger": _quiet}
-    return clients.kafka_producer(bootstrap, "app_sim.api", "request", overrides=overrides)
+    return clients.kafka_producer(kafka, "app_sim.api", "request", overrides=overrides)
 
 
 class EventLog:
-    def __init__(self, bootstrap: str, topic: str, timeout_ms: int = 5000):
+    def __init__(self, kafka: clients.Kafka, topic: str, timeout_ms: int = 5000):
         self.topic = topic
         self.timeout_ms = timeout_ms
-        self._producer = producer(bootstrap, timeout_ms)
+        self._producer = producer(kafka, timeout_ms)
         self._stop = threading.Event()
         self._poller = threading.Thread(target=self._poll, name="eventlog-poll", daemon=True)
         self._poller.start()

@@ -36,7 +36,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 
 from contract import namespaces
-from infra import logs
+from infra import clients, logs
 from infra.cli import command_name
 from infra.settings import Settings, get_settings
 from pipelines.analytics import joins, rules, source, windows
@@ -130,14 +130,16 @@ class PostsEnrichedSink:
 
 
 def _latest_version(table: Path) -> int | None:
-    commits = [int(f.name[:-5]) for f in (table / "_delta_log").glob("*.json") if f.name[:-5].isdigit()]
-    return max(commits) if commits else None
+    from pipelines.lake import latest_version
+
+    return latest_version(table)
 
 
 class AlertSink:
     """``foreachBatch`` of a rule (update mode): alerts not raised before -> Kafka, then Delta."""
 
-    def __init__(self, paths: Paths, app_id: str, kafka: tuple[str, str] | None):
+    def __init__(self, paths: Paths, app_id: str, kafka: tuple[dict[str, str], str] | None):
+        """``kafka``: the Kafka sink's options (``clients.spark_kafka_options``) and the alerts topic."""
         self.paths, self.app_id, self.kafka = paths, app_id, kafka
 
     def raised(self, batch: DataFrame) -> DataFrame | None:
@@ -172,12 +174,12 @@ class AlertSink:
         if new.isEmpty():
             return
         if self.kafka is not None:
-            bootstrap, topic = self.kafka
+            options, topic = self.kafka
             value = F.to_json(F.struct(*[F.col(c) for c in new.columns]))
             (
                 new.select(F.col("alert_id").alias("key"), value.alias("value"))
                 .write.format("kafka")
-                .option("kafka.bootstrap.servers", bootstrap)
+                .options(**options)
                 .option("topic", topic)
                 .save()
             )
@@ -350,7 +352,7 @@ def run(
         names=names,
         namespace=namespace,
         views_root=Path(settings.lake_dir) / namespace,
-        kafka=(settings.kafka_bootstrap, settings.alerts_topic),
+        kafka=(clients.spark_kafka_options(settings), settings.alerts_topic),
         trigger=trigger,
     )
     log.info("analytics running: namespace=%s topic=%s queries=%s", namespace, topic, ",".join(names))

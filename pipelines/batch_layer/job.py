@@ -29,7 +29,7 @@ from contract import namespaces
 from infra.cli import command_name
 from infra.settings import Settings, get_settings
 from pipelines.batch_layer.definition import BatchConfig, BatchViews, compute
-from pipelines.lake import latest_metadata
+from pipelines.lake import delta_log, latest_metadata
 from pipelines.tables import TABLES
 
 SUFFIX = "-batch"
@@ -176,18 +176,10 @@ def write_views(views: BatchViews, root: Path, meta: dict, *, parallel: int = 9)
 
 def table_files(path: Path) -> dict:
     """Data files of the table's current version and the version itself, from its Delta log."""
-    log_dir = path / "_delta_log"
-    live: set[str] = set()
-    version = -1
-    for commit in sorted(log_dir.glob("[0-9]*.json")):
-        version = int(commit.stem)
-        for line in commit.read_text().splitlines():
-            action = json.loads(line)
-            if "add" in action:
-                live.add(action["add"]["path"])
-            elif "remove" in action:
-                live.discard(action["remove"]["path"])
-    return {"files": len(live), "version": version}
+    log = delta_log(path)
+    if log is None:
+        return {"files": 0, "version": -1}
+    return {"files": len(log.file_uris()), "version": log.version()}
 
 
 def run(

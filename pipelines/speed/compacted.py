@@ -217,7 +217,7 @@ class Publisher:
         self.topics = ensure_topics(settings, events_topic, namespace)
         # the "kept" profile: zstd, and Java's key partitioner, so a Java or Kafka Streams producer of
         # the same keys picks the same partitions
-        self.producer = clients.kafka_producer(settings.kafka_bootstrap, "speed_layer.compacted", "kept")
+        self.producer = clients.kafka_producer(settings, "speed_layer.compacted", "kept")
         self.timeout_s = 30.0
         self.max_per_partition = MAX_PER_PARTITION
 

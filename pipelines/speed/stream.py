@@ -157,7 +157,7 @@ def _arrow_schema():
 
 
 def topic_partitions(settings: Settings, topic: str, timeout_s: float = 10.0) -> list[int]:
-    meta = clients.kafka_admin(settings.kafka_bootstrap).list_topics(topic, timeout=timeout_s)
+    meta = clients.kafka_admin(settings).list_topics(topic, timeout=timeout_s)
     t = meta.topics.get(topic)
     if t is None or t.error is not None:
         raise RuntimeError(f"topic {topic}: {t.error if t else 'not found'}")
@@ -175,9 +175,10 @@ def starting_offsets(settings: Settings, namespace: str, topic: str) -> str:
 
 
 def kafka_options(settings: Settings) -> dict[str, str]:
-    """The Kafka source options every reader of the log uses (the stream, replay, bench)."""
+    """The Kafka source options every reader of the log uses (the stream, replay, bench): the
+    brokers and their security (``kafka.``-prefixed, :func:`infra.clients.spark_kafka_options`)."""
     return {
-        "kafka.bootstrap.servers": settings.kafka_bootstrap,
+        **clients.spark_kafka_options(settings),
         "kafka.fetch.max.wait.ms": str(settings.kafka_fetch_max_wait_ms),
         "failOnDataLoss": "true",
     }
@@ -332,7 +333,7 @@ def commit_positions(
     for role, offsets in positions.items():
         if not offsets:
             continue
-        c = clients.kafka_consumer(settings.kafka_bootstrap, consumer_group(namespace, role))
+        c = clients.kafka_consumer(settings, consumer_group(namespace, role))
         try:
             c.commit(offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()], asynchronous=False)
         finally:

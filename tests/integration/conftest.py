@@ -43,6 +43,8 @@ FILE_SECONDS = {
     "test_dual_write.py": 88,
     "test_api.py": 80,
     "test_verify_young.py": 150,
+    # new on 2026-12-06: a SASL/SCRAM and a mutual-TLS broker of its own, a Spark session, a stack, alone: 86 s
+    "test_external_kafka.py": 86,
     "test_stack.py": 56,
     "test_poison.py": 54,
     "test_api_hostile.py": 45,

@@ -19,6 +19,7 @@ OWN_HELP = {
     "down": "{up,down,status,ensure-redis}",
     "status": "{up,down,status,ensure-redis}",
     "ensure-redis": "{up,down,status,ensure-redis}",
+    "check-external": "usage: social check-external",
     "jars": "{fetch,verify,lock}",
     "airflow": "standalone",
     "tail": "--max-messages",

@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("infra", "contract", "app_sim", "pipelines", "stories", "social", "dags")
 OWNER = ROOT / "infra" / "clients.py"
 CLIENT_CLASSES = {"Producer", "Consumer", "AdminClient", "Redis", "StrictRedis", "RedisCluster"}
+KAFKA_FACTORIES = {"kafka_producer", "kafka_consumer", "kafka_admin", "producer_config", "consumer_config"}
 
 
 def sources() -> list[Path]:
@@ -38,6 +39,15 @@ def bypasses(path: Path) -> list[str]:
                     found.append(f"{where}: {owner_name}.from_url(...)")
             if any(k.arg == "socket_timeout" for k in node.keywords):
                 found.append(f"{where}: a Redis timeout of its own")
+            first = node.args[0] if node.args else None
+            if (
+                name in KAFKA_FACTORIES
+                and isinstance(first, ast.Attribute)
+                and first.attr == "kafka_bootstrap"
+            ):
+                found.append(f"{where}: a Kafka client given the bootstrap alone (give it the settings)")
+        if isinstance(node, ast.Constant) and node.value == "kafka.bootstrap.servers":
+            found.append(f"{where}: Spark Kafka options of its own (clients.spark_kafka_options)")
         if isinstance(node, ast.Dict):
             if any(isinstance(k, ast.Constant) and k.value == "bootstrap.servers" for k in node.keys):
                 found.append(f"{where}: a Kafka client configuration of its own")
@@ -58,6 +68,8 @@ def test_no_client_is_built_outside_infra_clients():
         "import redis.asyncio\nr = redis.asyncio.Redis(host='h')",
         "cfg = {'bootstrap.servers': 'b', 'group.id': 'g'}",
         "r = connect_somehow('redis://x', socket_timeout=3)",
+        "from infra import clients\nc = clients.kafka_consumer(settings.kafka_bootstrap, 'g')",
+        "df.write.format('kafka').option('kafka.bootstrap.servers', b)",
     ],
 )
 def test_the_check_sees_each_kind_of_bypass(tmp_path, code):
@@ -82,3 +94,97 @@ def test_a_redis_clients_timeout_is_its_roles():
         assert r.connection_pool.connection_kwargs["socket_timeout"] == seconds
         a = clients.redis_client("redis://127.0.0.1:1/0", role, asyncio=True)  # type: ignore[arg-type]
         assert a.connection_pool.connection_kwargs["socket_timeout"] == seconds
+
+
+def sasl_settings(**more):
+    from infra.settings import Settings
+
+    return Settings(
+        kafka_bootstrap="k1:9093,k2:9093",
+        kafka_security_protocol="SASL_SSL",
+        kafka_sasl_mechanism="SCRAM-SHA-512",
+        kafka_sasl_username="social",
+        kafka_sasl_password='p"w\\d',
+        kafka_ssl_ca_location="/etc/ca.pem",
+        **more,
+    )
+
+
+def test_every_confluent_client_gets_the_security_settings():
+    s = sasl_settings()
+    expected = {
+        "bootstrap.servers": "k1:9093,k2:9093",
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.username": "social",
+        "sasl.password": 'p"w\\d',
+        "ssl.ca.location": "/etc/ca.pem",
+    }
+    for config in (
+        clients.producer_config(s, "t"),
+        clients.consumer_config(s, "g"),
+        clients.kafka_base(s),
+    ):
+        assert {k: config[k] for k in expected} == expected
+    assert clients.kafka_base("b:9092") == {"bootstrap.servers": "b:9092"}
+
+
+def test_plaintext_settings_add_only_the_protocol():
+    from infra.settings import Settings
+
+    assert clients.kafka_base(Settings()) == {
+        "bootstrap.servers": "127.0.0.1:9092",
+        "security.protocol": "PLAINTEXT",
+    }
+    assert clients.spark_kafka_options(Settings()) == {
+        "kafka.bootstrap.servers": "127.0.0.1:9092",
+        "kafka.security.protocol": "PLAINTEXT",
+    }
+
+
+def test_spark_gets_the_same_security_in_java_names_kafka_prefixed(tmp_path):
+    cert, key = tmp_path / "client.pem", tmp_path / "client.key"
+    cert.write_text("-----BEGIN CERTIFICATE-----\nC\n-----END CERTIFICATE-----\n")
+    key.write_text("-----BEGIN PRIVATE KEY-----\nK\n-----END PRIVATE KEY-----\n")
+    s = sasl_settings(kafka_ssl_certificate_location=str(cert), kafka_ssl_key_location=str(key))
+    options = clients.spark_kafka_options(s)
+    assert all(k.startswith("kafka.") for k in options)
+    assert options["kafka.bootstrap.servers"] == "k1:9093,k2:9093"
+    assert options["kafka.security.protocol"] == "SASL_SSL"
+    assert options["kafka.sasl.mechanism"] == "SCRAM-SHA-512"
+    # the password's quote and backslash escaped inside the JAAS line
+    assert options["kafka.sasl.jaas.config"] == (
+        "org.apache.kafka.common.security.scram.ScramLoginModule required "
+        'username="social" password="p\\"w\\\\d";'
+    )
+    assert options["kafka.ssl.truststore.type"] == "PEM"
+    assert options["kafka.ssl.truststore.location"] == "/etc/ca.pem"
+    assert options["kafka.ssl.keystore.certificate.chain"] == cert.read_text()
+    assert options["kafka.ssl.keystore.key"] == key.read_text()
+
+
+def test_plain_sasl_uses_the_plain_login_module():
+    from infra.settings import Settings
+
+    s = Settings(
+        kafka_security_protocol="SASL_PLAINTEXT", kafka_sasl_mechanism="PLAIN", kafka_sasl_username="u"
+    )
+    jaas = clients.java_kafka_security(s)["sasl.jaas.config"]
+    assert jaas.startswith("org.apache.kafka.common.security.plain.PlainLoginModule required")
+    assert "ssl.truststore.location" not in clients.java_kafka_security(s)
+
+
+def test_kafkas_tools_get_the_security_from_a_file_only_its_user_reads(tmp_path):
+    from infra import tail
+
+    s = sasl_settings(var_dir=tmp_path)
+    cmd = tail.command(s, "social.events", False, None)
+    assert not any('p"w' in part for part in cmd)  # the password is not on the command line
+    path = tmp_path / "run" / "tail-client.properties"
+    assert cmd[cmd.index("--command-config") + 1] == str(path)
+    assert path.stat().st_mode & 0o777 == 0o600
+    lines = path.read_text().splitlines()
+    assert "security.protocol=SASL_SSL" in lines
+    # a properties file reads a backslash as an escape: the JAAS line's are doubled
+    jaas = clients.java_kafka_security(s)["sasl.jaas.config"]
+    assert f"sasl.jaas.config={jaas.replace(chr(92), chr(92) * 2)}" in lines

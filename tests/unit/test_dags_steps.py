@@ -77,10 +77,17 @@ def test_seeding_from_batch_views_refuses_what_is_missing_or_already_there(setti
 
     with pytest.raises(RestoreError, match="no batch views under .*v1-batch: run the batch layer first"):
         seed_from_batch(None, settings, "v2", "v1-batch")
-    accounting = settings.lake_dir / "v1-batch" / "accounting" / "_delta_log"
-    accounting.mkdir(parents=True)
-    commit = {"commitInfo": {"userMetadata": json.dumps({"position": {"0": 5}, "source": "v1"})}}
-    (accounting / f"{0:020d}.json").write_text(json.dumps(commit) + "\n")
+    # a Delta table whose commit carries the batch layer's metadata (written with delta-rs: the
+    # lake reads the Delta log through it, as Spark's Delta writes it)
+    import pyarrow as pa
+    from deltalake import CommitProperties, write_deltalake
+
+    meta = {"userMetadata": json.dumps({"position": {"0": 5}, "source": "v1"})}
+    write_deltalake(
+        str(settings.lake_dir / "v1-batch" / "accounting"),
+        pa.table({"records": [5]}),
+        commit_properties=CommitProperties(custom_metadata=meta),
+    )
     make_namespace(settings, "v2")
     with pytest.raises(RestoreError, match="v2 already exists: seed a new namespace"):
         seed_from_batch(None, settings, "v2", "v1-batch")

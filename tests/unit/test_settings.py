@@ -81,3 +81,65 @@ def test_the_readme_table_is_the_one_the_settings_generate():
     assert table == readme_table().strip(), (
         "docs/configuration.md's settings table is stale: python -m infra.settings"
     )
+
+
+def test_secrets_are_never_in_the_printed_settings(monkeypatch):
+    monkeypatch.setenv("SOCIAL_KAFKA_SECURITY_PROTOCOL", "SASL_SSL")
+    monkeypatch.setenv("SOCIAL_KAFKA_SASL_USERNAME", "social")
+    monkeypatch.setenv("SOCIAL_KAFKA_SASL_PASSWORD", "kafka-s3cret")
+    monkeypatch.setenv("SOCIAL_REDIS_URL", "rediss://:redis-s3cret@cache.example:6380/0")
+    settings = get_settings()
+    assert settings.kafka_sasl_password.get_secret_value() == "kafka-s3cret"
+    for shown in (repr(settings), str(settings), f"{settings}"):
+        assert "kafka-s3cret" not in shown and "redis-s3cret" not in shown
+        assert "rediss://:***@cache.example:6380/0" in shown
+    # a child process is handed the secret itself (its settings come from the environment)
+    from infra.processes import settings_env
+
+    env = settings_env(settings)
+    assert env["SOCIAL_KAFKA_SASL_PASSWORD"] == "kafka-s3cret"
+    assert env["SOCIAL_REDIS_URL"] == "rediss://:redis-s3cret@cache.example:6380/0"
+
+
+def test_a_password_given_as_an_argument_is_a_secret_too():
+    settings = get_settings(kafka_sasl_password="arg-s3cret")
+    assert settings.kafka_sasl_password.get_secret_value() == "arg-s3cret"
+    assert "arg-s3cret" not in repr(settings)
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://:pw@h:6379/0", "redis://:***@h:6379/0"),
+        ("redis://social:pw@h:6379/0", "redis://social:***@h:6379/0"),
+        ("rediss://:p%40ss@h:6380/0?ssl_ca_certs=/ca.pem", "rediss://:***@h:6380/0?ssl_ca_certs=/ca.pem"),
+        ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
+    ],
+)
+def test_redact_url_masks_the_password_only(url, shown):
+    from infra.settings import redact_url
+
+    assert redact_url(url) == shown
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            {"kafka_security_protocol": "TLS"},
+            "SOCIAL_KAFKA_SECURITY_PROTOCOL='TLS': expected one of PLAINTEXT",
+        ),
+        (
+            {
+                "kafka_security_protocol": "SASL_SSL",
+                "kafka_sasl_mechanism": "GSSAPI",
+                "kafka_sasl_username": "u",
+            },
+            "SOCIAL_KAFKA_SASL_MECHANISM='GSSAPI': expected one of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512",
+        ),
+        ({"kafka_security_protocol": "SASL_PLAINTEXT"}, "needs SOCIAL_KAFKA_SASL_USERNAME"),
+    ],
+)
+def test_inconsistent_kafka_security_is_one_line_naming_the_variable(overrides, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        get_settings(**overrides)
