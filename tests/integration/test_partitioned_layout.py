@@ -32,7 +32,7 @@ def _records(settings, topic: str) -> dict[int, list[tuple[bytes, bytes | None]]
     from infra.stack import end_offsets
 
     ends = end_offsets(settings, topic)
-    c = clients.kafka_consumer(settings.kafka_bootstrap, "partitioned-layout-test")
+    c = clients.kafka_consumer(settings, "partitioned-layout-test")
     out: dict[int, list] = {p: [] for p in ends}
     try:
         c.assign([TopicPartition(topic, p, 0) for p in ends])
