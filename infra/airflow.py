@@ -21,7 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from infra.cli import command_name
+from infra.cli import command_name, run_main
 from infra.settings import REPO_ROOT, Settings, get_settings
 
 DAGS_FOLDER = REPO_ROOT / "dags"
@@ -155,4 +155,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main, "infra.airflow"))

@@ -2,7 +2,7 @@
 
 Use ``get_settings(**overrides)``: a keyword argument > an environment variable > the default.
 The environment is read and validated by pydantic-settings (a model built from the fields below);
-a value it cannot take is a one-line ValueError naming the variable.
+a value it cannot take is a one-line SettingsError (a ValueError) naming the variable.
 ``Settings(...)`` alone ignores the environment (handy in unit tests).
 Every setting is documented here and in the table of docs/configuration.md (a unit test keeps the
 two in sync).
@@ -35,6 +35,10 @@ TIMELINE_LENGTH = 800
 FANOUT_THRESHOLD = 1_000
 DEDUP_WINDOW_MS = 24 * 3600 * 1000
 DEDUP_GRACE_MS = 3600 * 1000
+
+
+class SettingsError(ValueError):
+    """A setting given in the environment that is not valid: its variable, its value, what it wants."""
 
 
 @dataclass(frozen=True)
@@ -399,11 +403,13 @@ class Settings:
 
     def __post_init__(self) -> None:
         if self.profile not in PROFILES:
-            raise ValueError(f"SOCIAL_PROFILE={self.profile!r}: expected one of {', '.join(PROFILES)}")
+            raise SettingsError(f"SOCIAL_PROFILE={self.profile!r}: expected one of {', '.join(PROFILES)}")
         if self.log_level.upper() not in LOG_LEVELS:
-            raise ValueError(f"SOCIAL_LOG_LEVEL={self.log_level!r}: expected one of {', '.join(LOG_LEVELS)}")
+            raise SettingsError(
+                f"SOCIAL_LOG_LEVEL={self.log_level!r}: expected one of {', '.join(LOG_LEVELS)}"
+            )
         if self.profile == "cluster" and self.cluster_brokers < 1:
-            raise ValueError(f"SOCIAL_CLUSTER_BROKERS={self.cluster_brokers}: expected at least 1")
+            raise SettingsError(f"SOCIAL_CLUSTER_BROKERS={self.cluster_brokers}: expected at least 1")
 
     @property
     def clustered(self) -> bool:
@@ -487,10 +493,6 @@ def _environment_model() -> type[_Environment]:
         __base__=_Environment,
         **{f.name: (hints[f.name], Field(f.default, alias=f.metadata["env"])) for f in fields(Settings)},
     )
-
-
-class SettingsError(ValueError):
-    """A setting given in the environment that is not valid: its variable, its value, what it wants."""
 
 
 def _from_environment(skip=()) -> dict:

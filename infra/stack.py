@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from infra.cli import command_name
+from infra.cli import command_name, run_main
 from infra.jars import JarsError
 from infra.kafka_admin import (
     EVENTS_TOPIC_CONFIGS,
@@ -339,4 +339,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main, "infra.stack"))

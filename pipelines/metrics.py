@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from infra.cli import command_name
+from infra.cli import command_name, run_main
 from infra.settings import Settings, get_settings
 
 # Prometheus histogram buckets (seconds) for the freshness histogram (kept in 10 ms buckets)
@@ -263,4 +263,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main, "pipelines.metrics"))
