@@ -337,6 +337,12 @@ class Settings:
     airflow_port: int = _setting(
         "SOCIAL_AIRFLOW_PORT", 8080, "Airflow UI/API port (`make airflow`, SOCIAL_AIRFLOW_STANDALONE=1)"
     )
+    airflow_spark_slots: int = _setting(
+        "SOCIAL_AIRFLOW_SPARK_SLOTS",
+        1,
+        "slots of Airflow's `spark` pool, which every DAG task that starts a Spark driver uses: how many "
+        "such jobs the DAGs run at once beside the stack (several DAGs are due at the same minute)",
+    )
     quality_max_quarantine_pct: int = _setting(
         "SOCIAL_QUALITY_MAX_QUARANTINE_PCT",
         5,
