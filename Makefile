@@ -40,7 +40,7 @@ deps: $(STAMP) ## setup without the class archive (make test dumps it beside the
 	@$(PY) -m social jars fetch
 	@$(PY) -m social ensure-redis
 
-up: setup ## start Kafka (KRaft), Redis, the speed layer and the API on 127.0.0.1
+up: setup ## start Kafka (KRaft), Redis, the speed layer, the API and the metrics exporter on 127.0.0.1
 	@$(PY) -m social up
 
 down: ## stop exactly what `make up` started

@@ -753,6 +753,31 @@ class ApiServer(HttpService):
         return f"http://{self.settings.api_host}:{self.settings.api_port}/v1/health"
 
 
+class MetricsExporter(HttpService):
+    """The metrics exporter (``python -m pipelines.metrics``) on 127.0.0.1:metrics_port: stateless,
+    it reads Kafka, Redis, the Delta log and the queries' progress files on every scrape, so it
+    starts in a second and answers (``social_exporter_up 0``) even while a store is away. Ready
+    when ``/metrics`` answers."""
+
+    name = "metrics"
+    marker = "pipelines.metrics"
+    stop_timeout_s = 10.0
+    ready_timeout_s = 30.0
+
+    def ports(self) -> list[int]:
+        return [self.settings.metrics_port]
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "pipelines.metrics", "--port", str(self.settings.metrics_port)]
+
+    def env(self) -> Mapping[str, str]:
+        return settings_env(self.settings)  # exactly this stack's settings
+
+    @property
+    def health_url(self) -> str:
+        return f"http://127.0.0.1:{self.settings.metrics_port}/metrics"
+
+
 class AirflowService(HttpService):
     """``airflow standalone`` (scheduler, DAG processor, API server + UI) on 127.0.0.1:airflow_port.
 
@@ -804,6 +829,7 @@ SERVICES: list[type[Service]] = [
     Archiver,
     Analytics,
     ApiServer,
+    MetricsExporter,
     AirflowService,
 ]
 # what the other parts need first (the Spark cluster only in the cluster profile)

@@ -73,6 +73,11 @@ class Settings:
     api_host: str = _setting("SOCIAL_API_HOST", "127.0.0.1", "app API bind address")
     api_port: int = _setting("SOCIAL_API_PORT", 8000, "app API port")
     api_workers: int = _setting("SOCIAL_API_WORKERS", 2, "uvicorn worker processes of the app API")
+    metrics_port: int = _setting(
+        "SOCIAL_METRICS_PORT",
+        9464,
+        "port of the metrics exporter `make up` starts (`python -m pipelines.metrics`: /metrics for Prometheus)",
+    )
     api_secret: str = _setting(
         "SOCIAL_API_SECRET", "", "token signing secret; empty = generated once under var/api/ and reused"
     )

@@ -68,6 +68,7 @@ from infra.services import (
     Archiver,
     HttpService,
     KafkaBroker,
+    MetricsExporter,
     RedisServer,
     Service,
     SparkDriverService,
@@ -95,6 +96,7 @@ __all__ = [
     "Archiver",
     "HttpService",
     "KafkaBroker",
+    "MetricsExporter",
     "RedisServer",
     "Service",
     "SparkDriverService",
@@ -325,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"kafka {settings.kafka_bootstrap}  redis {settings.redis_url}  state under {settings.var_dir}"
             )
+            print(f"metrics http://127.0.0.1:{settings.metrics_port}/metrics (docs/metrics.md)")
         elif args.command == "down":
             for name, what in stack.down().items():
                 print(f"{name}: {what}")

@@ -320,6 +320,7 @@ def run(
     from infra.kafka_admin import require_kafka
     from infra.stack import create_topic
     from pipelines.spark import build_spark
+    from pipelines.stream_progress import ProgressFile, progress_dir
 
     namespace = namespace or namespaces.active(settings)
     topic = topic or settings.events_topic
@@ -335,6 +336,7 @@ def run(
     require_kafka(settings)  # before the JVM's start, not 30 s after it
     spark = build_spark(f"analytics-{namespace}", settings)
     spark.streams.addListener(ProgressLog(ProgressLog.path_for(settings, namespace)))
+    spark.streams.addListener(ProgressFile(progress_dir(settings)))  # for the metrics exporter
     create_topic(settings, settings.alerts_topic, 4)
     trigger = None if available_now else settings.analytics_trigger_interval
     parse = start_events(
