@@ -39,6 +39,7 @@ setup: deps ## install Python deps, fetch + verify JVM jars, dump the Spark clas
 deps: $(STAMP) ## setup without the class archive (make test dumps it beside the first tests)
 	@$(PY) -m social jars fetch
 	@$(PY) -m social ensure-redis
+	@$(PY) -m social ensure-prometheus
 
 up: setup ## start Kafka (KRaft), Redis, the speed layer, the API and the metrics exporter on 127.0.0.1
 	@$(PY) -m social up

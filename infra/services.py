@@ -778,6 +778,49 @@ class MetricsExporter(HttpService):
         return f"http://127.0.0.1:{self.settings.metrics_port}/metrics"
 
 
+class PrometheusServer(HttpService):
+    """Prometheus (Debian's package, infra/prometheus.py) on 127.0.0.1:prometheus_port, scraping the
+    metrics exporter and the API, with the alert rules of infra/prometheus/alerts.yml; data under
+    ``var/prometheus``. Opt-in: started by ``up`` only with ``SOCIAL_PROMETHEUS=1``. Ready when
+    ``/-/ready`` answers."""
+
+    name = "prometheus"
+    marker = "social-prometheus"  # its --web.page-title: in the command line, never another's
+    stop_timeout_s = 20.0
+    ready_timeout_s = 60.0
+
+    def ports(self) -> list[int]:
+        return [self.settings.prometheus_port] if self.settings.prometheus else []
+
+    def start(self) -> str:
+        if not self.settings.prometheus and not self.is_running():
+            return "off (SOCIAL_PROMETHEUS=1 starts it)"
+        return super().start()
+
+    def prepare(self) -> None:
+        from infra.prometheus import data_dir, ensure_prometheus, write_config
+
+        ensure_prometheus()
+        write_config(self.settings)
+        (data_dir(self.settings) / "data").mkdir(parents=True, exist_ok=True)
+
+    def command(self) -> list[str]:
+        from infra.prometheus import binary, data_dir
+
+        home = data_dir(self.settings)
+        return [
+            str(binary()),
+            f"--config.file={home / 'prometheus.yml'}",
+            f"--storage.tsdb.path={home / 'data'}",
+            f"--web.listen-address=127.0.0.1:{self.settings.prometheus_port}",
+            f"--web.page-title={self.marker}",
+        ]
+
+    @property
+    def health_url(self) -> str:
+        return f"http://127.0.0.1:{self.settings.prometheus_port}/-/ready"
+
+
 class AirflowService(HttpService):
     """``airflow standalone`` (scheduler, DAG processor, API server + UI) on 127.0.0.1:airflow_port.
 
@@ -830,6 +873,7 @@ SERVICES: list[type[Service]] = [
     Analytics,
     ApiServer,
     MetricsExporter,
+    PrometheusServer,
     AirflowService,
 ]
 # what the other parts need first (the Spark cluster only in the cluster profile)

@@ -73,6 +73,16 @@ class Settings:
     api_host: str = _setting("SOCIAL_API_HOST", "127.0.0.1", "app API bind address")
     api_port: int = _setting("SOCIAL_API_PORT", 8000, "app API port")
     api_workers: int = _setting("SOCIAL_API_WORKERS", 2, "uvicorn worker processes of the app API")
+    prometheus: int = _setting(
+        "SOCIAL_PROMETHEUS",
+        0,
+        "1: `make setup` fetches Debian's `prometheus` package (unpacked under .tools/prometheus, unless "
+        "`prometheus` is on PATH) and `make up` starts it, scraping the exporter and the API with the alert "
+        "rules of infra/prometheus/alerts.yml (docs/metrics.md); off by default",
+    )
+    prometheus_port: int = _setting(
+        "SOCIAL_PROMETHEUS_PORT", 9090, "port of the Prometheus `make up` starts with SOCIAL_PROMETHEUS=1"
+    )
     metrics_port: int = _setting(
         "SOCIAL_METRICS_PORT",
         9464,

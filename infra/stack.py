@@ -69,6 +69,7 @@ from infra.services import (
     HttpService,
     KafkaBroker,
     MetricsExporter,
+    PrometheusServer,
     RedisServer,
     Service,
     SparkDriverService,
@@ -97,6 +98,7 @@ __all__ = [
     "HttpService",
     "KafkaBroker",
     "MetricsExporter",
+    "PrometheusServer",
     "RedisServer",
     "Service",
     "SparkDriverService",
@@ -314,13 +316,22 @@ def ensure_redis() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=command_name("infra.stack"), description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=["up", "down", "status", "ensure-redis"])
+    parser.add_argument("command", choices=["up", "down", "status", "ensure-redis", "ensure-prometheus"])
     args = parser.parse_args(argv)
     settings = get_settings()
     stack = Stack(settings)
     try:
         if args.command == "ensure-redis":
             print(f"redis-server: {ensure_redis()}")
+        elif args.command == "ensure-prometheus":
+            if settings.prometheus:
+                from infra.prometheus import ensure_prometheus
+
+                print(f"prometheus: {ensure_prometheus()}")
+            else:
+                print(
+                    "prometheus: skipped (SOCIAL_PROMETHEUS=1 fetches Debian's package and `make up` starts it)"
+                )
         elif args.command == "up":
             for name, what in stack.up().items():
                 print(f"{name}: {what}")

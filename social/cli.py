@@ -50,6 +50,11 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...], str]] = {
         ("ensure-redis",),
         "Find redis-server (7.0+), installing it with apt-get if missing.",
     ),
+    "ensure-prometheus": (
+        "infra.stack:main",
+        ("ensure-prometheus",),
+        "With SOCIAL_PROMETHEUS=1: Prometheus from PATH, else Debian's package unpacked under .tools.",
+    ),
     "jars": ("infra.jars:main", (), "The JVM jars: fetched from Maven Central, pinned, checksum-verified."),
     "airflow": ("infra.airflow:main", (), "Local Airflow over dags/: env, db, test, standalone."),
     "tail": ("infra.tail:main", (), "The event log, record by record (Kafka's console consumer)."),

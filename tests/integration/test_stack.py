@@ -160,6 +160,7 @@ def test_up_twice_with_every_service_is_fast_and_reads_no_log(kafka_stack):
             "analytics": "off (SOCIAL_ANALYTICS=0)",
             "api": "started",
             "metrics": "started",
+            "prometheus": "off (SOCIAL_PROMETHEUS=1 starts it)",
             "airflow": "off (SOCIAL_AIRFLOW_STANDALONE=1 starts it)",
         }
         assert speed_layer.application() == f"speed-layer-{settings.views_namespace}"
@@ -171,6 +172,7 @@ def test_up_twice_with_every_service_is_fast_and_reads_no_log(kafka_stack):
         running = {name: "already running" for name in pids}
         off = {
             "analytics": "off (SOCIAL_ANALYTICS=0)",
+            "prometheus": "off (SOCIAL_PROMETHEUS=1 starts it)",
             "airflow": "off (SOCIAL_AIRFLOW_STANDALONE=1 starts it)",
         }
         assert stack.up() == {**running, **off}

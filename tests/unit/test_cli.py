@@ -19,10 +19,11 @@ from social.cli import COMMANDS, app
 
 # command -> a flag (or, for a module without flags, the usage line) its module's --help shows
 OWN_HELP = {
-    "up": "{up,down,status,ensure-redis}",
-    "down": "{up,down,status,ensure-redis}",
-    "status": "{up,down,status,ensure-redis}",
-    "ensure-redis": "{up,down,status,ensure-redis}",
+    "up": "{up,down,status,ensure-redis,ensure-prometheus}",
+    "down": "{up,down,status,ensure-redis,ensure-prometheus}",
+    "status": "{up,down,status,ensure-redis,ensure-prometheus}",
+    "ensure-redis": "{up,down,status,ensure-redis,ensure-prometheus}",
+    "ensure-prometheus": "{up,down,status,ensure-redis,ensure-prometheus}",
     "jars": "{fetch,verify,lock}",
     "airflow": "standalone",
     "tail": "--max-messages",
