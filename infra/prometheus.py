@@ -1,5 +1,5 @@
 """Prometheus for the local stack, opt-in (``SOCIAL_PROMETHEUS=1``): Debian's ``prometheus``
-package, its configuration, and the alert rules of ``infra/prometheus/alerts.yml``.
+package, its configuration, and the alert rules of ``infra/prometheus_rules/alerts.yml``.
 
 The package is used as shipped but not installed system-wide: ``make setup`` (``social
 ensure-prometheus``) takes ``prometheus`` and ``promtool`` from PATH if they are there, else
@@ -21,8 +21,8 @@ from infra.processes import StackError
 from infra.settings import REPO_ROOT, Settings
 
 TOOLS = REPO_ROOT / ".tools" / "prometheus"
-RULES = REPO_ROOT / "infra" / "prometheus" / "alerts.yml"
-RULE_TESTS = REPO_ROOT / "infra" / "prometheus" / "alerts_test.yml"
+RULES = REPO_ROOT / "infra" / "prometheus_rules" / "alerts.yml"
+RULE_TESTS = REPO_ROOT / "infra" / "prometheus_rules" / "alerts_test.yml"
 PACKAGE = "prometheus"  # Debian's (bookworm: 2.42)
 SCRAPE_INTERVAL_S = 5
 

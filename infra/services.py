@@ -780,7 +780,7 @@ class MetricsExporter(HttpService):
 
 class PrometheusServer(HttpService):
     """Prometheus (Debian's package, infra/prometheus.py) on 127.0.0.1:prometheus_port, scraping the
-    metrics exporter and the API, with the alert rules of infra/prometheus/alerts.yml; data under
+    metrics exporter and the API, with the alert rules of infra/prometheus_rules/alerts.yml; data under
     ``var/prometheus``. Opt-in: started by ``up`` only with ``SOCIAL_PROMETHEUS=1``. Ready when
     ``/-/ready`` answers."""
 

@@ -78,7 +78,7 @@ class Settings:
         0,
         "1: `make setup` fetches Debian's `prometheus` package (unpacked under .tools/prometheus, unless "
         "`prometheus` is on PATH) and `make up` starts it, scraping the exporter and the API with the alert "
-        "rules of infra/prometheus/alerts.yml (docs/metrics.md); off by default",
+        "rules of infra/prometheus_rules/alerts.yml (docs/metrics.md); off by default",
     )
     prometheus_port: int = _setting(
         "SOCIAL_PROMETHEUS_PORT", 9090, "port of the Prometheus `make up` starts with SOCIAL_PROMETHEUS=1"
