@@ -768,7 +768,7 @@ class MetricsExporter(HttpService):
         return [self.settings.metrics_port]
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "pipelines.metrics", "--port", str(self.settings.metrics_port)]
+        return [sys.executable, "-m", "pipelines.metrics"]  # its port and address: the settings in env()
 
     def env(self) -> Mapping[str, str]:
         return settings_env(self.settings)  # exactly this stack's settings

@@ -83,6 +83,11 @@ class Settings:
     prometheus_port: int = _setting(
         "SOCIAL_PROMETHEUS_PORT", 9090, "port of the Prometheus `make up` starts with SOCIAL_PROMETHEUS=1"
     )
+    metrics_host: str = _setting(
+        "SOCIAL_METRICS_HOST",
+        "127.0.0.1",
+        "bind address of the metrics exporter (docker-compose.yml: 0.0.0.0)",
+    )
     metrics_port: int = _setting(
         "SOCIAL_METRICS_PORT",
         9464,

@@ -318,11 +318,12 @@ def summary(snap: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog=command_name("pipelines.metrics"), description=__doc__.splitlines()[0])
     p.add_argument("--port", type=int, help="port of /metrics (default: SOCIAL_METRICS_PORT, 9464)")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", help="bind address (default: SOCIAL_METRICS_HOST, 127.0.0.1)")
     p.add_argument("--summary", action="store_true", help="print the headline numbers once and exit")
     args = p.parse_args(argv)
     settings = get_settings()
     port = args.port or settings.metrics_port
+    host = args.host or settings.metrics_host
     if args.summary:
         down = stores_down(settings)
         if down:
@@ -337,8 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     from prometheus_client.core import REGISTRY
 
     REGISTRY.register(Collector(settings))
-    start_http_server(port, addr=args.host)
-    print(f"serving http://{args.host}:{port}/metrics", flush=True)
+    start_http_server(port, addr=host)
+    print(f"serving http://{host}:{port}/metrics", flush=True)
     try:
         while True:
             time.sleep(3600)
