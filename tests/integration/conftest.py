@@ -49,7 +49,7 @@ FILE_SECONDS = {
     "test_stack.py": 56,
     "test_poison.py": 54,
     "test_api_hostile.py": 45,
-    "test_airflow_ui.py": 40,
+    "test_airflow_ui.py": 74,  # 2026-12-06, alone: a second DAG run (report link, failure notice)
     "test_compacted_topics.py": 21,
     "test_history.py": 12,
 }
