@@ -33,7 +33,7 @@ $(STAMP): pyproject.toml uv.lock .python-version | $(UV)
 	$(UV) sync -q --locked --extra dev
 	@touch $(STAMP)
 
-setup: deps ## install Python deps, fetch + verify JVM jars, dump the Spark class archive, ensure redis-server (idempotent)
+setup: deps ## install Python deps, fetch + verify JVM jars, dump the Spark class archive, ensure redis-server (and Prometheus with SOCIAL_PROMETHEUS=1; idempotent)
 	@$(PY) -m social spark class-archive
 
 deps: $(STAMP) ## setup without the class archive (make test dumps it beside the first tests)
