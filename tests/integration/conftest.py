@@ -43,9 +43,9 @@ FILE_SECONDS = {
     "test_dual_write.py": 88,
     "test_api.py": 80,
     "test_verify_young.py": 150,
-    # new on 2026-12-06: measured alone (177 s on a quiet 2-core machine), most of it real time
+    # new on 2026-12-06: measured alone (121 s on a quiet 2-core machine), most of it real time
     # (40 s under load, then the alert's `for` and scrapes); skipped without Debian's prometheus
-    "test_alerts.py": 177,
+    "test_alerts.py": 121,
     "test_stack.py": 56,
     "test_poison.py": 54,
     "test_api_hostile.py": 45,
