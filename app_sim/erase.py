@@ -23,7 +23,7 @@ from app_sim.api.eventlog import EventLog, LogUnavailable
 from contract.ids import new_event_id, wall_clock_ms
 from contract.keys import KeyStore
 from infra import clients
-from infra.cli import command_name
+from infra.cli import command_name, run_main
 from infra.settings import Settings, get_settings
 
 
@@ -104,4 +104,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main, "app_sim.erase"))

@@ -54,7 +54,7 @@ from app_sim import graph
 from contract.ids import MAX_WORKER_ID, Snowflake, event_ids
 from contract.keys import KeyStore, Sealer
 from contract.writers import WriterIdUnavailable
-from infra.cli import command_name
+from infra.cli import command_name, run_main
 from infra.clients import Kafka
 
 SIM_EPOCH_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z: start of the simulated server clock
@@ -1030,4 +1030,4 @@ def _run(a: argparse.Namespace, settings) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main, "app_sim.generator"))

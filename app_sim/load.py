@@ -27,7 +27,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from infra.cli import command_name
+from infra.cli import Unreachable, command_name, run_main
 from infra.html import render as render_page
 from infra.settings import REPO_ROOT, Settings, get_settings
 
@@ -270,11 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("locust_args", nargs="*", help="Locust options, after --")
     a = p.parse_args(argv)
     if not api_is_up(a.host):
-        print(
-            f"error: the API does not answer at {a.host}/v1/health; start the stack first: make up",
-            file=sys.stderr,
-        )
-        return 1
+        raise Unreachable("the API", f"{a.host}/v1/health; start the stack first: make up")
     locustfile = STEPS_LOCUSTFILE if a.steps else LOCUSTFILE
     print(f"locust ({locustfile.name}, locust.conf) against {a.host} ...", file=sys.stderr)
     code, summary = run_configured(a.host, a.out, locustfile, a.locust_args)
@@ -305,4 +301,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main, "app_sim.load"))

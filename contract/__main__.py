@@ -7,7 +7,7 @@ import sys
 
 from contract import DOCS_PATH
 from contract.docs import render
-from infra.cli import command_name
+from infra.cli import command_name, run_main
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,4 +29,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main, "contract"))

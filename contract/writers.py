@@ -46,7 +46,7 @@ import orjson
 
 from contract.ids import MAX_WORKER_ID
 from infra import clients
-from infra.cli import command_name
+from infra.cli import command_name, run_main
 from infra.settings import Settings, get_settings
 from infra.stack import ensure_writers_topic, writers_topic, writers_topic_configs
 
@@ -320,4 +320,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main, "contract.writers"))

@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from airflow.sdk import Param, dag
 
 from infra.airflow_job import JobOperator
+from infra.airflow_notice import notify_failure
 
 DOC = """
 ### batch_layer
@@ -43,7 +44,12 @@ Beside it, the data-quality suites on the batch views (`social-quality --batch`)
     max_active_runs=1,
     tags=["lambda", "batch"],
     doc_md=DOC,
-    default_args={"retries": 1, "retry_delay": timedelta(minutes=2), "owner": "data-eng"},
+    default_args={
+        "retries": 1,
+        "retry_delay": timedelta(minutes=2),
+        "owner": "data-eng",
+        "on_failure_callback": notify_failure,
+    },
     params={
         "namespace": Param("", type="string", description="archive namespace; empty = the live one"),
         "upto": Param("archived", type="string", description="'archived' or JSON {partition: end offset}"),
@@ -69,6 +75,7 @@ def batch_layer():
         args=["--batch"],
         flag_params={"namespace": "--namespace"},
         verdict="a data-quality checkpoint failed on the batch views: see var/reports/quality/index.html",
+        report="quality/index.html",
         execution_timeout=timedelta(hours=1),
     )
     recompute >> [cross_check, quality]

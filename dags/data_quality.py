@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from airflow.sdk import Param, dag
 
 from infra.airflow_job import JobOperator, on_cron_or_switch
+from infra.airflow_notice import notify_failure
 
 DOC = """
 ### data_quality
@@ -37,7 +38,12 @@ user), accounting, quarantine rate (`SOCIAL_QUALITY_MAX_QUARANTINE_PCT`) and fre
     max_active_runs=1,
     tags=["kappa", "quality"],
     doc_md=DOC,
-    default_args={"retries": 2, "retry_delay": timedelta(minutes=5), "owner": "data-eng"},
+    default_args={
+        "retries": 2,
+        "retry_delay": timedelta(minutes=5),
+        "owner": "data-eng",
+        "on_failure_callback": notify_failure,
+    },
     params={
         "namespace": Param("", type="string", description="views namespace; empty = the live one"),
         "topic": Param("", type="string", description="event topic (freshness); empty = SOCIAL_EVENTS_TOPIC"),
@@ -49,6 +55,7 @@ def data_quality():
         module="pipelines.quality",
         flag_params={"namespace": "--namespace", "topic": "--topic"},
         verdict="a data-quality checkpoint failed: see var/reports/quality/index.html",
+        report="quality/index.html",
         execution_timeout=timedelta(hours=1),
     )
 

@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 from airflow.sdk import dag
 
 from infra.airflow_job import JobOperator
+from infra.airflow_notice import notify_failure
 
 DOC = """
 ### erasure_audit
@@ -33,13 +34,20 @@ By hand: `python -m pipelines.erasure_audit [--user-id N]`.
     max_active_runs=1,
     tags=["kappa", "erasure"],
     doc_md=DOC,
-    default_args={"retries": 1, "retry_delay": timedelta(minutes=10), "owner": "data-eng"},
+    default_args={
+        "retries": 1,
+        "retry_delay": timedelta(minutes=10),
+        "owner": "data-eng",
+        "on_failure_callback": notify_failure,
+    },
 )
 def erasure_audit():
     JobOperator(
         task_id="audit",
         module="pipelines.erasure_audit",
         args=["--no-progress"],
+        spark=False,  # reads files, Redis and the log as their own readers decode them
+        report="erasure_audit/erasures-latest.json",
         execution_timeout=timedelta(hours=2),
     )
 

@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 from airflow.sdk import dag
 
 from infra.airflow_job import JobOperator
+from infra.airflow_notice import notify_failure
 
 DOC = """
 ### maintenance
@@ -27,11 +28,16 @@ By hand: `social-maintenance [--step NAME] [--dry-run]` (`python -m pipelines.ma
 """
 
 
+# the steps that start a Spark driver (Delta's OPTIMIZE and VACUUM); the others sweep files and keys
+SPARK_STEPS = ("optimize", "vacuum")
+
+
 def _step(name: str) -> JobOperator:
     return JobOperator(
         task_id=name,
         module="pipelines.maintenance",
         args=["--step", name],
+        spark=name in SPARK_STEPS,
         execution_timeout=timedelta(hours=2),
     )
 
@@ -44,7 +50,12 @@ def _step(name: str) -> JobOperator:
     max_active_runs=1,
     tags=["kappa", "maintenance"],
     doc_md=DOC,
-    default_args={"retries": 2, "retry_delay": timedelta(minutes=10), "owner": "data-eng"},
+    default_args={
+        "retries": 2,
+        "retry_delay": timedelta(minutes=10),
+        "owner": "data-eng",
+        "on_failure_callback": notify_failure,
+    },
 )
 def maintenance():
     # vacuum after optimize: the files a compaction replaced become vacuumable after the retention

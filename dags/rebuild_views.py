@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from airflow.sdk import Param, dag, task
 
 from infra.airflow_job import LIVE_VIEWS, JobOperator
+from infra.airflow_notice import notify_failure
 
 DOC = """
 ### rebuild_views
@@ -52,7 +53,12 @@ NEW = "{{ ti.xcom_pull(task_ids='plan') }}"
     max_active_runs=1,
     tags=["kappa", "lambda", "rebuild"],
     doc_md=DOC,
-    default_args={"retries": 1, "retry_delay": timedelta(minutes=2), "owner": "data-eng"},
+    default_args={
+        "retries": 1,
+        "retry_delay": timedelta(minutes=2),
+        "owner": "data-eng",
+        "on_failure_callback": notify_failure,
+    },
     params={
         "namespace": Param("", type="string", description="new namespace; empty = the next vN"),
         "source": Param(
@@ -90,6 +96,7 @@ def rebuild_views():
         args=["verify", "--namespace", NEW],
         flag_params={"topic": "--topic"},
         verdict="the new namespace does not verify; the live namespace is unchanged",
+        report="verify/latest.html",
         execution_timeout=timedelta(hours=2),
     )
     switch = JobOperator(
@@ -97,6 +104,7 @@ def rebuild_views():
         module="pipelines.rebuild",
         args=["switch", "--namespace", NEW, "--reason", "rebuild_views"],
         enabled_param="switch",
+        spark=False,  # a pointer and the speed layer's restart, no Spark job
         retries=0,  # an atomic decision, not retried blindly
         outlets=[LIVE_VIEWS],
     )
@@ -104,6 +112,7 @@ def rebuild_views():
         task_id="retire_old_versions",
         module="pipelines.maintenance",
         args=["--step", "namespaces", "--step", "checkpoints"],
+        spark=False,  # files and Redis keys
         trigger_rule="none_failed",  # also after a skipped switch
     )
     plan() >> build >> verify >> switch >> retire

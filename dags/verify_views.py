@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from airflow.sdk import Param, dag
 
 from infra.airflow_job import JobOperator, on_cron_or_switch
+from infra.airflow_notice import notify_failure
 
 DOC = """
 ### verify_views
@@ -37,7 +38,12 @@ compares them key for key and row for row; also Redis against Delta and the acco
     max_active_runs=1,
     tags=["kappa", "verify"],
     doc_md=DOC,
-    default_args={"retries": 2, "retry_delay": timedelta(minutes=2), "owner": "data-eng"},
+    default_args={
+        "retries": 2,
+        "retry_delay": timedelta(minutes=2),
+        "owner": "data-eng",
+        "on_failure_callback": notify_failure,
+    },
     params={
         "namespace": Param("", type="string", description="views namespace; empty = the live one"),
         "topic": Param("", type="string", description="event topic; empty = SOCIAL_EVENTS_TOPIC"),
@@ -49,6 +55,7 @@ def verify_views():
         module="pipelines.verify",
         flag_params={"namespace": "--namespace", "topic": "--topic"},
         verdict="the live state does not equal the replay: see var/reports/verify/latest.html",
+        report="verify/latest.html",
         execution_timeout=timedelta(hours=1),
     )
 

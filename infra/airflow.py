@@ -1,7 +1,8 @@
 """Local Airflow: metadata in SQLite under ``var/airflow``, DAGs from ``dags/``, no examples.
 
 ``python -m infra.airflow env`` prints the environment (``eval "$(python -m infra.airflow env)"``
-then any ``airflow ...`` command uses this project's Airflow); ``db`` migrates the metadata DB;
+then any ``airflow ...`` command uses this project's Airflow); ``db`` migrates the metadata DB and
+provisions it (the ``spark`` pool, the failure notices' connection: :func:`provision`);
 ``test DAG_ID [--conf JSON]`` runs one DAG run with ``dag.test()`` (exit 1 when the run failed),
 which is what the demo and the integration tests do; ``standalone`` runs scheduler + API server +
 UI in the foreground (``make airflow``; ``SOCIAL_AIRFLOW_STANDALONE=1 make up`` starts it in the
@@ -21,10 +22,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from infra.cli import command_name
+from infra.cli import command_name, run_main
 from infra.settings import REPO_ROOT, Settings, get_settings
 
 DAGS_FOLDER = REPO_ROOT / "dags"
+PLUGINS_FOLDER = REPO_ROOT / "infra" / "airflow_plugins"
 AIRFLOW_BIN = Path(sys.executable).with_name("airflow")
 
 
@@ -39,6 +41,8 @@ def airflow_env(settings: Settings | None = None, base: dict | None = None) -> d
             "PATH": os.pathsep.join(p for p in (str(AIRFLOW_BIN.parent), env.get("PATH", "")) if p),
             "AIRFLOW_HOME": str(home),
             "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS_FOLDER),
+            # the API server serves var/reports/ at /reports/: the tasks' "Report" links
+            "AIRFLOW__CORE__PLUGINS_FOLDER": str(PLUGINS_FOLDER),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
@@ -57,21 +61,56 @@ def airflow_env(settings: Settings | None = None, base: dict | None = None) -> d
 
 
 def ensure_db(settings: Settings | None = None) -> Path:
-    """Create or migrate the SQLite metadata DB (idempotent, seconds)."""
+    """Create or migrate the SQLite metadata DB, then :func:`provision` it (idempotent, seconds)."""
     settings = settings or get_settings()
     home = Path(settings.airflow_home)
     home.mkdir(parents=True, exist_ok=True)
     db = home / "airflow.db"
     stamp = home / ".migrated"
-    if db.exists() and stamp.exists() and stamp.read_text() == _airflow_version():
+    # what the DB was last made for: Airflow's version (its schema) and the spark pool's slots
+    made_for = f"{_airflow_version()} spark={settings.airflow_spark_slots}"
+    if db.exists() and stamp.exists() and stamp.read_text() == made_for:
         return db
-    done = subprocess.run(
-        [str(AIRFLOW_BIN), "db", "migrate"], env=airflow_env(settings), capture_output=True, text=True
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"airflow db migrate failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
-    stamp.write_text(_airflow_version())
+    env = airflow_env(settings)
+    for step in ([str(AIRFLOW_BIN), "db", "migrate"], [sys.executable, "-m", "infra.airflow", "provision"]):
+        done = subprocess.run(step, env=env, cwd=REPO_ROOT, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(step[-2:])} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+    stamp.write_text(made_for)
     return db
+
+
+def provision(settings: Settings) -> dict:
+    """What the DAGs expect of the metadata DB besides its schema: the ``spark`` pool with
+    SOCIAL_AIRFLOW_SPARK_SLOTS slots, and the failure notices' connection when none exists yet
+    (one given by the user, in the DB or as ``AIRFLOW_CONN_SOCIAL_FAILURES``, is left alone).
+    Run in a process with :func:`airflow_env` (``python -m infra.airflow provision``)."""
+    from airflow.models import Connection
+    from airflow.models.pool import Pool
+    from airflow.utils.session import create_session
+
+    from infra.airflow_job import SPARK_POOL
+    from infra.airflow_notice import CONNECTION_ID, default_connection
+
+    Pool.create_or_update_pool(
+        SPARK_POOL,
+        settings.airflow_spark_slots,
+        "tasks that start a Spark driver (infra/airflow_job.py): SOCIAL_AIRFLOW_SPARK_SLOTS at once",
+        include_deferred=False,
+    )
+    with create_session() as session:
+        exists = session.query(Connection).filter(Connection.conn_id == CONNECTION_ID).first() is not None
+        if not exists and f"AIRFLOW_CONN_{CONNECTION_ID.upper()}" not in os.environ:
+            conn = default_connection(settings.var_dir)
+            session.add(
+                Connection(
+                    conn_id=CONNECTION_ID,
+                    conn_type=conn["conn_type"],
+                    description=conn["description"],
+                    extra=json.dumps(conn["extra"]),
+                )
+            )
+    return {"pool": SPARK_POOL, "slots": settings.airflow_spark_slots, "connection": CONNECTION_ID}
 
 
 def _airflow_version() -> str:
@@ -135,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("dag_id")
     r.add_argument("--conf", help="JSON params for the run")
     sub.add_parser("standalone", help="airflow standalone in the foreground")
+    sub.add_parser("provision", help="the spark pool and the failure notices' connection (what `db` runs)")
     args = p.parse_args(argv)
     settings = get_settings()
     if args.command == "env":
@@ -148,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
         run = run_in_process(args.dag_id, json.loads(args.conf) if args.conf else None)
         print(json.dumps(run))
         return 0 if run["state"] == "success" else 1
+    elif args.command == "provision":
+        print(json.dumps(provision(settings)))
     elif args.command == "standalone":
         ensure_db(settings)
         os.execve(str(AIRFLOW_BIN), [str(AIRFLOW_BIN), "standalone"], airflow_env(settings))
@@ -155,4 +197,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main, "infra.airflow"))

@@ -13,6 +13,13 @@ output line by line, and what a DAG does is exactly what a person can run by han
   so the group is exactly the job.
 * ``flag_params`` turns non-empty DAG params into flags (``{"namespace": "--namespace"}``);
   ``enabled_param`` names a boolean param that, when false, skips the task.
+* ``spark`` (the default): the job starts a Spark driver, so the task runs in the :data:`SPARK_POOL`
+  pool, whose slots (``SOCIAL_AIRFLOW_SPARK_SLOTS``, 1 by default) bound how many Spark jobs the
+  DAGs run at once; several DAGs are due at the same minute. ``spark=False`` for a job that starts
+  none (a file sweep, the switch).
+* ``report``: the page the job writes, under ``var/reports/`` (``verify/latest.html``): the task's
+  extra link (:class:`ReportLink`, the "Report" button of the task in the UI), served by the API
+  server at ``/reports/`` (infra/airflow_plugins/social_reports.py).
 
 Imported by the DAG files: light (no pyspark, no great_expectations).
 """
@@ -27,16 +34,38 @@ import time
 from collections.abc import Mapping, Sequence
 
 from airflow.providers.standard.hooks.subprocess import SubprocessHook
-from airflow.sdk import Asset, AssetOrTimeSchedule, BaseOperator, CronTriggerTimetable
+from airflow.sdk import Asset, AssetOrTimeSchedule, BaseOperator, BaseOperatorLink, CronTriggerTimetable
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
-from infra.settings import REPO_ROOT
+from infra.settings import REPO_ROOT, get_settings
 
 VERDICT = 1  # the exit status every job uses for "checked, and the answer is no"
 
 # Emitted by rebuild_views' switch when a new namespace goes live: verify_views and data_quality
 # run right after it, besides their own schedule.
 LIVE_VIEWS = Asset(name="live_views", uri="social://views/live")
+
+
+# The pool of every task that starts a Spark driver (created by `python -m infra.airflow db`).
+SPARK_POOL = "spark"
+REPORTS_PREFIX = "/reports"  # where the API server serves var/reports/ (infra/airflow_plugins/)
+
+
+def report_url(report: str) -> str:
+    """The URL of ``var/reports/<report>`` as this project's Airflow API server serves it."""
+    return f"http://127.0.0.1:{get_settings().airflow_port}{REPORTS_PREFIX}/{report}"
+
+
+class ReportLink(BaseOperatorLink):
+    """The task's "Report" button: the page its job writes (empty for a job that writes none).
+
+    Airflow 3 computes it when the task ends, in the worker, and keeps it as an XCom the UI reads."""
+
+    name = "Report"
+
+    def get_link(self, operator, *, ti_key) -> str:
+        report = getattr(operator, "report", None)
+        return report_url(report) if report else ""
 
 
 def on_cron_or_switch(cron: str) -> AssetOrTimeSchedule:
@@ -49,6 +78,7 @@ class JobOperator(BaseOperator):
 
     template_fields: Sequence[str] = ("args",)
     ui_color = "#e8f1fb"
+    operator_extra_links = (ReportLink(),)
 
     def __init__(
         self,
@@ -59,9 +89,15 @@ class JobOperator(BaseOperator):
         enabled_param: str | None = None,
         verdict: str = "the job's verdict is negative",
         kill_grace_s: float = 30.0,
+        spark: bool = True,
+        report: str | None = None,
         **kwargs,
     ) -> None:
+        if spark:
+            kwargs.setdefault("pool", SPARK_POOL)
         super().__init__(**kwargs)
+        self.spark = spark
+        self.report = report
         self.module = module
         self.args = list(args)
         self.flag_params = dict(flag_params or {})

@@ -29,7 +29,7 @@ import time
 from collections.abc import Collection, Mapping
 
 from infra import clients
-from infra.cli import command_name
+from infra.cli import command_name, run_main
 from infra.kafka_admin import events_topic_configs, writers_topic, writers_topic_configs
 from infra.processes import StackError
 from infra.services import REDIS_MIN_VERSION
@@ -368,11 +368,8 @@ def main(argv: list[str] | None = None) -> int:
         for line in exc.problems:
             print(f"error: {line}", file=sys.stderr)
         return 1
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main, "infra.external"))

@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from infra.cli import command_name
+from infra.cli import command_name, run_main
 from infra.settings import get_settings
 
 
@@ -44,4 +44,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main, "infra.history"))

@@ -22,7 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from infra.cli import command_name
+from infra.cli import command_name, run_main
 from infra.settings import REPO_ROOT, Settings, get_settings
 
 JVM_DIR = REPO_ROOT / "infra" / "jvm"
@@ -253,4 +253,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main, "infra.jars"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
+from infra.cli import Unreachable
 from infra.clients import kafka_admin, kafka_consumer
 from infra.processes import StackError
 from infra.settings import Settings
@@ -75,6 +76,17 @@ def admin_client(settings: Settings):
     return kafka_admin(settings, {"logger": _quiet})
 
 
+def require_kafka(settings: Settings, timeout_s: float = 5.0) -> None:
+    """Raise :class:`~infra.cli.Unreachable` unless a broker answers a metadata request in time
+    (a command checks before its slow start: a JVM, a Spark session)."""
+    from confluent_kafka import KafkaException
+
+    try:
+        admin_client(settings).list_topics(timeout=timeout_s)
+    except KafkaException as exc:
+        raise Unreachable("Kafka", f"{settings.kafka_bootstrap}: {exc.args[0].str()}") from None
+
+
 def create_topic(
     settings: Settings,
     name: str,
@@ -94,6 +106,10 @@ def create_topic(
     future = admin.create_topics([topic], operation_timeout=timeout_s)[name]
     try:
         future.result(timeout=timeout_s)
+    except TimeoutError:
+        raise Unreachable(
+            "Kafka", f"{settings.kafka_bootstrap}: creating topic {name!r} got no answer in {timeout_s:g} s"
+        ) from None
     except KafkaException as exc:
         if exc.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS:
             return False

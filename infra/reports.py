@@ -14,7 +14,7 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from infra.cli import command_name
+from infra.cli import command_name, run_main
 from infra.html import render
 from infra.settings import Settings, get_settings
 
@@ -85,4 +85,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main, "infra.reports"))

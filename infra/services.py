@@ -763,6 +763,74 @@ class ApiServer(HttpService):
         return f"http://{self.settings.api_host}:{self.settings.api_port}/v1/health"
 
 
+class MetricsExporter(HttpService):
+    """The metrics exporter (``python -m pipelines.metrics``) on 127.0.0.1:metrics_port: stateless,
+    it reads Kafka, Redis, the Delta log and the queries' progress files on every scrape, so it
+    starts in a second and answers (``social_exporter_up 0``) even while a store is away. Ready
+    when ``/metrics`` answers."""
+
+    name = "metrics"
+    marker = "pipelines.metrics"
+    stop_timeout_s = 10.0
+    ready_timeout_s = 30.0
+
+    def ports(self) -> list[int]:
+        return [self.settings.metrics_port]
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "pipelines.metrics"]  # its port and address: the settings in env()
+
+    def env(self) -> Mapping[str, str]:
+        return settings_env(self.settings)  # exactly this stack's settings
+
+    @property
+    def health_url(self) -> str:
+        return f"http://127.0.0.1:{self.settings.metrics_port}/metrics"
+
+
+class PrometheusServer(HttpService):
+    """Prometheus (Debian's package, infra/prometheus.py) on 127.0.0.1:prometheus_port, scraping the
+    metrics exporter and the API, with the alert rules of infra/prometheus_rules/alerts.yml; data under
+    ``var/prometheus``. Opt-in: started by ``up`` only with ``SOCIAL_PROMETHEUS=1``. Ready when
+    ``/-/ready`` answers."""
+
+    name = "prometheus"
+    marker = "social-prometheus"  # its --web.page-title: in the command line, never another's
+    stop_timeout_s = 20.0
+    ready_timeout_s = 60.0
+
+    def ports(self) -> list[int]:
+        return [self.settings.prometheus_port] if self.settings.prometheus else []
+
+    def start(self) -> str:
+        if not self.settings.prometheus and not self.is_running():
+            return "off (SOCIAL_PROMETHEUS=1 starts it)"
+        return super().start()
+
+    def prepare(self) -> None:
+        from infra.prometheus import data_dir, ensure_prometheus, write_config
+
+        ensure_prometheus()
+        write_config(self.settings)
+        (data_dir(self.settings) / "data").mkdir(parents=True, exist_ok=True)
+
+    def command(self) -> list[str]:
+        from infra.prometheus import binary, data_dir
+
+        home = data_dir(self.settings)
+        return [
+            str(binary()),
+            f"--config.file={home / 'prometheus.yml'}",
+            f"--storage.tsdb.path={home / 'data'}",
+            f"--web.listen-address=127.0.0.1:{self.settings.prometheus_port}",
+            f"--web.page-title={self.marker}",
+        ]
+
+    @property
+    def health_url(self) -> str:
+        return f"http://127.0.0.1:{self.settings.prometheus_port}/-/ready"
+
+
 class AirflowService(HttpService):
     """``airflow standalone`` (scheduler, DAG processor, API server + UI) on 127.0.0.1:airflow_port.
 
@@ -814,6 +882,8 @@ SERVICES: list[type[Service]] = [
     Archiver,
     Analytics,
     ApiServer,
+    MetricsExporter,
+    PrometheusServer,
     AirflowService,
 ]
 # what the other parts need first (the Spark cluster only in the cluster profile)

@@ -2,7 +2,7 @@
 
 Use ``get_settings(**overrides)``: a keyword argument > an environment variable > the default.
 The environment is read and validated by pydantic-settings (a model built from the fields below);
-a value it cannot take is a one-line ValueError naming the variable.
+a value it cannot take is a one-line SettingsError (a ValueError) naming the variable.
 ``Settings(...)`` alone ignores the environment (handy in unit tests).
 Every setting is documented here and in the table of docs/configuration.md (a unit test keeps the
 two in sync).
@@ -37,6 +37,10 @@ TIMELINE_LENGTH = 800
 FANOUT_THRESHOLD = 1_000
 DEDUP_WINDOW_MS = 24 * 3600 * 1000
 DEDUP_GRACE_MS = 3600 * 1000
+
+
+class SettingsError(ValueError):
+    """A setting given in the environment that is not valid: its variable, its value, what it wants."""
 
 
 @dataclass(frozen=True)
@@ -123,6 +127,26 @@ class Settings:
     api_host: str = _setting("SOCIAL_API_HOST", "127.0.0.1", "app API bind address")
     api_port: int = _setting("SOCIAL_API_PORT", 8000, "app API port")
     api_workers: int = _setting("SOCIAL_API_WORKERS", 2, "uvicorn worker processes of the app API")
+    prometheus: int = _setting(
+        "SOCIAL_PROMETHEUS",
+        0,
+        "1: `make setup` fetches Debian's `prometheus` package (unpacked under .tools/prometheus, unless "
+        "`prometheus` is on PATH) and `make up` starts it, scraping the exporter and the API with the alert "
+        "rules of infra/prometheus_rules/alerts.yml (docs/metrics.md); off by default",
+    )
+    prometheus_port: int = _setting(
+        "SOCIAL_PROMETHEUS_PORT", 9090, "port of the Prometheus `make up` starts with SOCIAL_PROMETHEUS=1"
+    )
+    metrics_host: str = _setting(
+        "SOCIAL_METRICS_HOST",
+        "127.0.0.1",
+        "bind address of the metrics exporter (docker-compose.yml: 0.0.0.0)",
+    )
+    metrics_port: int = _setting(
+        "SOCIAL_METRICS_PORT",
+        9464,
+        "port of the metrics exporter `make up` starts (`python -m pipelines.metrics`: /metrics for Prometheus)",
+    )
     api_secret: str = _setting(
         "SOCIAL_API_SECRET", "", "token signing secret; empty = generated once under var/api/ and reused"
     )
@@ -395,6 +419,12 @@ class Settings:
     airflow_port: int = _setting(
         "SOCIAL_AIRFLOW_PORT", 8080, "Airflow UI/API port (`make airflow`, SOCIAL_AIRFLOW_STANDALONE=1)"
     )
+    airflow_spark_slots: int = _setting(
+        "SOCIAL_AIRFLOW_SPARK_SLOTS",
+        1,
+        "slots of Airflow's `spark` pool, which every DAG task that starts a Spark driver uses: how many "
+        "such jobs the DAGs run at once beside the stack (several DAGs are due at the same minute)",
+    )
     quality_max_quarantine_pct: int = _setting(
         "SOCIAL_QUALITY_MAX_QUARANTINE_PCT",
         5,
@@ -463,24 +493,26 @@ class Settings:
         if not isinstance(self.kafka_sasl_password, SecretStr):  # given as a plain keyword argument
             object.__setattr__(self, "kafka_sasl_password", SecretStr(str(self.kafka_sasl_password)))
         if self.profile not in PROFILES:
-            raise ValueError(f"SOCIAL_PROFILE={self.profile!r}: expected one of {', '.join(PROFILES)}")
+            raise SettingsError(f"SOCIAL_PROFILE={self.profile!r}: expected one of {', '.join(PROFILES)}")
         if self.log_level.upper() not in LOG_LEVELS:
-            raise ValueError(f"SOCIAL_LOG_LEVEL={self.log_level!r}: expected one of {', '.join(LOG_LEVELS)}")
+            raise SettingsError(
+                f"SOCIAL_LOG_LEVEL={self.log_level!r}: expected one of {', '.join(LOG_LEVELS)}"
+            )
         if self.profile == "cluster" and self.cluster_brokers < 1:
-            raise ValueError(f"SOCIAL_CLUSTER_BROKERS={self.cluster_brokers}: expected at least 1")
+            raise SettingsError(f"SOCIAL_CLUSTER_BROKERS={self.cluster_brokers}: expected at least 1")
         if self.kafka_security_protocol not in KAFKA_SECURITY_PROTOCOLS:
-            raise ValueError(
+            raise SettingsError(
                 f"SOCIAL_KAFKA_SECURITY_PROTOCOL={self.kafka_security_protocol!r}: expected one of "
                 f"{', '.join(KAFKA_SECURITY_PROTOCOLS)}"
             )
         if self.kafka_sasl:
             if self.kafka_sasl_mechanism not in KAFKA_SASL_MECHANISMS:
-                raise ValueError(
+                raise SettingsError(
                     f"SOCIAL_KAFKA_SASL_MECHANISM={self.kafka_sasl_mechanism!r}: expected one of "
                     f"{', '.join(KAFKA_SASL_MECHANISMS)}"
                 )
             if not self.kafka_sasl_username:
-                raise ValueError(
+                raise SettingsError(
                     f"SOCIAL_KAFKA_SECURITY_PROTOCOL={self.kafka_security_protocol} needs SOCIAL_KAFKA_SASL_USERNAME"
                 )
 
@@ -599,10 +631,6 @@ def _environment_model() -> type[_Environment]:
         __base__=_Environment,
         **{f.name: (hints[f.name], Field(f.default, alias=f.metadata["env"])) for f in fields(Settings)},
     )
-
-
-class SettingsError(ValueError):
-    """A setting given in the environment that is not valid: its variable, its value, what it wants."""
 
 
 def _from_environment(skip=()) -> dict:

@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from infra.cli import command_name
+from infra.cli import command_name, run_main
 from infra.external import check_external
 from infra.jars import JarsError
 from infra.kafka_admin import (
@@ -69,6 +69,8 @@ from infra.services import (
     Archiver,
     HttpService,
     KafkaBroker,
+    MetricsExporter,
+    PrometheusServer,
     RedisServer,
     Service,
     SparkDriverService,
@@ -96,6 +98,8 @@ __all__ = [
     "Archiver",
     "HttpService",
     "KafkaBroker",
+    "MetricsExporter",
+    "PrometheusServer",
     "RedisServer",
     "Service",
     "SparkDriverService",
@@ -321,19 +325,29 @@ def ensure_redis() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=command_name("infra.stack"), description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=["up", "down", "status", "ensure-redis"])
+    parser.add_argument("command", choices=["up", "down", "status", "ensure-redis", "ensure-prometheus"])
     args = parser.parse_args(argv)
     settings = get_settings()
     stack = Stack(settings)
     try:
         if args.command == "ensure-redis":
             print(f"redis-server: {ensure_redis()}")
+        elif args.command == "ensure-prometheus":
+            if settings.prometheus:
+                from infra.prometheus import ensure_prometheus
+
+                print(f"prometheus: {ensure_prometheus()}")
+            else:
+                print(
+                    "prometheus: skipped (SOCIAL_PROMETHEUS=1 fetches Debian's package and `make up` starts it)"
+                )
         elif args.command == "up":
             for name, what in stack.up().items():
                 print(f"{name}: {what}")
             print(
                 f"kafka {settings.kafka_bootstrap}  redis {redact_url(settings.redis_url)}  state under {settings.var_dir}"
             )
+            print(f"metrics http://127.0.0.1:{settings.metrics_port}/metrics (docs/metrics.md)")
         elif args.command == "down":
             for name, what in stack.down().items():
                 print(f"{name}: {what}")
@@ -349,4 +363,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main, "infra.stack"))

@@ -13,8 +13,9 @@ import os
 import sys
 
 from infra import clients
-from infra.cli import command_name
+from infra.cli import command_name, run_main
 from infra.jars import kafka_classpath, require_java
+from infra.kafka_admin import require_kafka
 from infra.settings import Settings, get_settings
 
 CONSOLE_CONSUMER = "org.apache.kafka.tools.consumer.ConsoleConsumer"
@@ -47,9 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--max-messages", type=int, help="stop after this many records")
     a = p.parse_args(argv)
+    require_kafka(settings)  # the console consumer would wait for a broker in silence
     cmd = command(settings, a.topic, a.from_beginning, a.max_messages)
     os.execv(cmd[0], cmd)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main, "infra.tail"))

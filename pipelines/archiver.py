@@ -54,7 +54,7 @@ from tenacity import Retrying, before_sleep_log, stop_after_attempt, wait_expone
 
 from contract import functions, namespaces
 from infra import logs
-from infra.cli import command_name
+from infra.cli import command_name, run_main
 from infra.settings import Settings, get_settings
 from pipelines.lake import Archive, Lake, archived, covers, latest_metadata, side_by_side
 from pipelines.parse import parse_records, received_date
@@ -388,4 +388,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main, "pipelines.archiver"))

@@ -25,7 +25,7 @@ import redis
 
 from contract import functions, namespaces
 from infra import clients
-from infra.cli import command_name
+from infra.cli import command_name, run_main
 from infra.settings import Settings, get_settings
 from pipelines.speed import compacted
 
@@ -203,4 +203,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main, "pipelines.bootstrap"))

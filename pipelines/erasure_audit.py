@@ -43,7 +43,7 @@ import lz4.block
 import lz4.frame
 import zstandard
 
-from infra.cli import command_name
+from infra.cli import command_name, run_main
 
 SEGMENT = re.compile(r"^\d{20}\.log$")
 LZ4_JAVA_MAGIC = b"LZ4Block"
@@ -366,4 +366,4 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     import sys
 
-    sys.exit(main())
+    sys.exit(run_main(main, "pipelines.erasure_audit"))

@@ -1,7 +1,7 @@
 """Live metrics of the speed layer and the archiver, for Prometheus (``prometheus-client``).
 
-``python -m pipelines.metrics [--port 9464]`` serves ``/metrics``; every scrape reads the live
-stores, so the figures are those of that moment and the exporter keeps no state of its own:
+``python -m pipelines.metrics [--port 9464]`` serves ``/metrics`` (``make up`` starts it:
+:class:`infra.services.MetricsExporter`); every scrape reads the live stores, so the figures are those of that moment and the exporter keeps no state of its own:
 
 - the log's end offsets (Kafka), the speed layer's fences (Redis) and the archive's position
   (the Delta ``batches`` log): per partition, the serving path's and the archive's lag in records;
@@ -9,7 +9,11 @@ stores, so the figures are those of that moment and the exporter keeps no state 
   quarantined) and its freshness histogram (``freshness``: server receive -> applied in Redis);
 - Redis time per event: the server's CPU time in ``FCALL`` (``INFO commandstats``) over the
   events the speed layer has decided;
-- the archive's age: seconds since the last ``batches`` commit, and whether it covers the fences.
+- the archive's age: seconds since the last ``batches`` commit, and whether it covers the fences;
+- the streaming queries' latest progress (the speed layer's keyed query, the analytics'): input
+  and processing rates, batch duration, and per Kafka partition the records a query had not read
+  when it planned its latest batch, from the files their listeners keep
+  (:mod:`pipelines.stream_progress`).
 
 ``python -m pipelines.metrics --summary`` prints the headline numbers once (``make status``).
 Every metric, its labels and its meaning: docs/metrics.md.
@@ -22,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from infra.cli import command_name
+from infra.cli import command_name, run_main
 from infra.settings import Settings, get_settings
 
 # Prometheus histogram buckets (seconds) for the freshness histogram (kept in 10 ms buckets)
@@ -60,6 +64,9 @@ def snapshot(settings: Settings) -> dict:
     hist = {int(b): int(n) for b, n in r.hgetall(functions.key(ns, "freshness")).items()}
     fcall = r.info("commandstats").get("cmdstat_fcall", {})
     archive, archived_at = _archive(settings, ns)
+    from pipelines.stream_progress import progress_dir, read
+
+    streams = read(progress_dir(settings))
     decided = sum(sum(s.get(d, 0) for d in DISPOSITIONS) for s in stats.values())
     return {
         "namespace": ns,
@@ -74,8 +81,71 @@ def snapshot(settings: Settings) -> dict:
         "fcall_calls": int(fcall.get("calls", 0)),
         "fcall_usec": int(fcall.get("usec", 0)),
         "redis_us_per_event": (int(fcall.get("usec", 0)) / decided) if decided else None,
+        "streams": streams,
         "now": time.time(),
     }
+
+
+def _epoch_s(timestamp: str) -> float | None:
+    """Spark's progress ``timestamp`` (``2026-12-06T07:00:00.123Z``) in epoch seconds."""
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
+    except (AttributeError, ValueError):
+        return None
+
+
+def stream_families(streams: dict[str, dict], now: float):
+    """The streaming queries' latest progress reports as metric families (label ``query``)."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    from pipelines.stream_progress import partition_lag
+
+    def per_query(name: str, doc: str, value) -> GaugeMetricFamily:
+        g = GaugeMetricFamily(name, doc, labels=["query"])
+        for query, progress in sorted(streams.items()):
+            v = value(progress)
+            if v is not None:
+                g.add_metric([query], float(v))
+        return g
+
+    yield per_query(
+        "social_stream_input_rows_per_second",
+        "records per second arriving for the query's latest batch (Spark's inputRowsPerSecond)",
+        lambda p: p.get("inputRowsPerSecond"),
+    )
+    yield per_query(
+        "social_stream_processed_rows_per_second",
+        "records per second the query's latest batch processed (Spark's processedRowsPerSecond)",
+        lambda p: p.get("processedRowsPerSecond"),
+    )
+    yield per_query(
+        "social_stream_batch_duration_seconds",
+        "wall time of the query's latest batch (Spark's batchDuration)",
+        lambda p: (p["batchDuration"] / 1000) if p.get("batchDuration") is not None else None,
+    )
+    yield per_query(
+        "social_stream_input_rows",
+        "records in the query's latest batch",
+        lambda p: p.get("numInputRows"),
+    )
+    yield per_query("social_stream_batch_id", "id of the query's latest batch", lambda p: p.get("batchId"))
+    yield per_query(
+        "social_stream_progress_age_seconds",
+        "seconds since the query's latest progress report (a stopped query's grows)",
+        lambda p: max(0.0, now - at) if (at := _epoch_s(p.get("timestamp"))) is not None else None,
+    )
+    g = GaugeMetricFamily(
+        "social_stream_partition_lag_records",
+        "per Kafka partition, records the query had not read when it planned its latest batch "
+        "(the source's latestOffset - endOffset)",
+        labels=["query", "topic", "partition"],
+    )
+    for query, progress in sorted(streams.items()):
+        for (topic, partition), lag in sorted(partition_lag(progress).items()):
+            g.add_metric([query, topic, str(partition)], lag)
+    yield g
 
 
 def families(snap: dict):
@@ -156,6 +226,22 @@ def families(snap: dict):
     if snap["archived_at"] is not None:
         g.add_metric([ns], max(0.0, snap["now"] - snap["archived_at"]))
     yield g
+    yield from stream_families(snap.get("streams") or {}, snap["now"])
+
+
+def stores_down(settings: Settings) -> str | None:
+    """Why a snapshot cannot be read right now (Kafka's or Redis's port has no listener), else
+    None: checked first, so a scrape answers at once instead of waiting out a client's timeout."""
+    from infra.stack import port_listening
+
+    kafka = settings.kafka_bootstrap.split(",")[0]
+    redis_port = int(settings.redis_url.rsplit(":", 1)[1].split("/")[0])
+    # the local stack's ports; an external Kafka or Redis is asked by the snapshot itself
+    local = [int(kafka.rsplit(":", 1)[1])] * (not settings.kafka_external)
+    local += [redis_port] * (not settings.redis_external)
+    if not all(port_listening(p) for p in local):
+        return f"Kafka {kafka} or Redis {redis_port} is not running"
+    return None
 
 
 class Collector:
@@ -169,6 +255,9 @@ class Collector:
 
         up = GaugeMetricFamily("social_exporter_up", "1 when the stores answered this scrape")
         try:
+            down = stores_down(self.settings)
+            if down:
+                raise ConnectionError(down)
             snap = snapshot(self.settings)
         except Exception as exc:  # noqa: BLE001 - a scrape must answer even when a store is down
             print(f"scrape failed: {exc}", file=sys.stderr)
@@ -224,21 +313,17 @@ def summary(snap: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog=command_name("pipelines.metrics"), description=__doc__.splitlines()[0])
-    p.add_argument("--port", type=int, default=9464, help="port of /metrics (9464)")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, help="port of /metrics (default: SOCIAL_METRICS_PORT, 9464)")
+    p.add_argument("--host", help="bind address (default: SOCIAL_METRICS_HOST, 127.0.0.1)")
     p.add_argument("--summary", action="store_true", help="print the headline numbers once and exit")
     args = p.parse_args(argv)
     settings = get_settings()
+    port = args.port or settings.metrics_port
+    host = args.host or settings.metrics_host
     if args.summary:
-        from infra.stack import port_listening
-
-        kafka = settings.kafka_bootstrap.split(",")[0]
-        redis_port = int(settings.redis_url.rsplit(":", 1)[1].split("/")[0])
-        # the local stack's ports; an external Kafka or Redis is asked by the snapshot itself
-        local = [int(kafka.rsplit(":", 1)[1])] * (not settings.kafka_external)
-        local += [redis_port] * (not settings.redis_external)
-        if not all(port_listening(p) for p in local):
-            print(f"metrics: none (Kafka {kafka} or Redis {redis_port} is not running)")
+        down = stores_down(settings)
+        if down:
+            print(f"metrics: none ({down})")
             return 0
         try:
             print(summary(snapshot(settings)))
@@ -249,8 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     from prometheus_client.core import REGISTRY
 
     REGISTRY.register(Collector(settings))
-    start_http_server(args.port, addr=args.host)
-    print(f"serving http://{args.host}:{args.port}/metrics", flush=True)
+    start_http_server(port, addr=host)
+    print(f"serving http://{host}:{port}/metrics", flush=True)
     try:
         while True:
             time.sleep(3600)
@@ -259,4 +344,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main, "pipelines.metrics"))

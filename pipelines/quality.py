@@ -43,7 +43,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from infra import logs
-from infra.cli import command_name
+from infra.cli import command_name, run_main
 from infra.settings import REPO_ROOT, Settings, get_settings
 
 log = logging.getLogger("quality")
@@ -558,4 +558,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main, "pipelines.quality"))

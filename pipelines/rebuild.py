@@ -43,7 +43,7 @@ from pathlib import Path
 
 from contract import namespaces
 from infra import logs
-from infra.cli import command_name
+from infra.cli import command_name, run_main
 from infra.settings import Settings, get_settings
 
 log = logging.getLogger("rebuild")
@@ -331,4 +331,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main, "pipelines.rebuild"))

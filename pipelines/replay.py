@@ -19,7 +19,7 @@ import time
 
 from pyspark.sql import DataFrame, SparkSession
 
-from infra.cli import command_name
+from infra.cli import command_name, run_main
 from infra.settings import Settings, get_settings
 
 
@@ -154,4 +154,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main, "pipelines.replay"))

@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from infra.cli import command_name
+from infra.cli import command_name, run_main
 from infra.html import render as render_page
 
 FRESHNESS_CAP_MS = 120_000  # the speed layer's cap on a recorded delay (pipelines/speed/processor.py)
@@ -327,4 +327,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(main, "pipelines.report"))

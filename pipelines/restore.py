@@ -36,7 +36,8 @@ from pyspark.sql import functions as F
 
 from contract import functions, namespaces
 from infra import logs
-from infra.cli import command_name
+from infra.cli import command_name, run_main
+from infra.clients import redis_client
 from infra.settings import Settings, get_settings
 from pipelines import derived
 from pipelines.archiver import BRONZE_DISPOSITION
@@ -277,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     logs.configure("restore")
     settings = get_settings()
     namespace = args.namespace or namespaces.active(settings)
+    redis_client(settings.redis_url, "probe").ping()  # a Redis that does not answer, before Spark's start
     spark = build_spark(f"restore-{namespace}", settings)
     try:
         if args.from_batch:
@@ -291,4 +293,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main, "pipelines.restore"))

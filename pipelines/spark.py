@@ -15,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from infra.cli import command_name
+from infra.cli import command_name, run_main
 from infra.settings import REPO_ROOT, Settings, get_settings
 
 # The class archive: the classes a Spark driver with Delta loads at start (~25,000), parsed and
@@ -398,4 +398,4 @@ def run_behind_serving_path(nice: int | None = None) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main, "pipelines.spark"))

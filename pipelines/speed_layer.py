@@ -20,7 +20,7 @@ import time
 
 from contract import functions, namespaces
 from infra import logs
-from infra.cli import command_name
+from infra.cli import command_name, run_main
 from infra.settings import Settings, get_settings
 from pipelines.spark import build_spark
 from pipelines.speed import stream as keyed
@@ -114,4 +114,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main, "pipelines.speed_layer"))

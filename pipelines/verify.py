@@ -35,7 +35,7 @@ from pyspark.sql import functions as F
 from contract import namespaces
 from contract.functions import connect as keyed_connect
 from infra import logs
-from infra.cli import command_name
+from infra.cli import command_name, one_line, run_main
 from infra.settings import Settings, get_settings
 from pipelines import derived
 from pipelines.batch_layer.definition import QUARANTINED, REJECTED, BatchViews, below
@@ -496,8 +496,11 @@ def main(argv: list[str] | None = None) -> int:
         return _run(args)
     except Exception as exc:  # noqa: BLE001 - a failure is one line to the user; the trace is logged
         log.debug("verify failed", exc_info=True)
-        first = (str(exc).strip().splitlines() or [""])[0][:300]
-        print(f"verify: failed: {type(exc).__name__}: {first}", file=sys.stderr)
+        line = one_line(command_name("pipelines.verify"), exc)  # a bad setting, a component down
+        if line is None:
+            first = (str(exc).strip().splitlines() or [""])[0][:300]
+            line = f"verify: failed: {type(exc).__name__}: {first}"
+        print(line, file=sys.stderr)
         return 2
 
 
@@ -567,4 +570,4 @@ def summary(report: dict) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main, "pipelines.verify"))

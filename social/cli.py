@@ -55,6 +55,11 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...], str]] = {
         (),
         "Check your own Kafka and Redis (SOCIAL_KAFKA_EXTERNAL, SOCIAL_REDIS_EXTERNAL) as `up` does.",
     ),
+    "ensure-prometheus": (
+        "infra.stack:main",
+        ("ensure-prometheus",),
+        "With SOCIAL_PROMETHEUS=1: Prometheus from PATH, else Debian's package unpacked under .tools.",
+    ),
     "jars": ("infra.jars:main", (), "The JVM jars: fetched from Maven Central, pinned, checksum-verified."),
     "airflow": ("infra.airflow:main", (), "Local Airflow over dags/: env, db, test, standalone."),
     "tail": ("infra.tail:main", (), "The event log, record by record (Kafka's console consumer)."),
@@ -110,27 +115,6 @@ def _entry_point(target: str) -> Callable[[list[str]], int | None]:
     return getattr(importlib.import_module(module), function)
 
 
-# what an exception of these packages means, for the one line a command answers it with
-COMPONENTS = {"redis": "Redis", "confluent_kafka": "Kafka", "py4j": "Spark"}
-
-
-def one_line(command: str, exc: BaseException) -> str | None:
-    """The one line ``social <command>`` answers ``exc`` with, when it is a bad setting or a
-    component that does not answer; None for anything else (a bug keeps its traceback)."""
-    from infra.settings import SettingsError
-
-    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-    if isinstance(exc, SettingsError):
-        return f"social {command}: bad setting: {first} (docs/configuration.md)"
-    package = type(exc).__module__.split(".")[0]
-    unreachable = isinstance(exc, ConnectionError | TimeoutError) or "Connection" in type(exc).__name__
-    if package in COMPONENTS and unreachable:
-        return f"social {command}: {COMPONENTS[package]} does not answer: {first}"
-    if isinstance(exc, ConnectionRefusedError):
-        return f"social {command}: a component does not answer: {first}"
-    return None
-
-
 def _passthrough(name: str, target: str, prefix: tuple[str, ...], help_line: str) -> None:
     def command(ctx: typer.Context) -> None:
         from infra import cli
@@ -141,7 +125,7 @@ def _passthrough(name: str, target: str, prefix: tuple[str, ...], help_line: str
         try:
             code = _entry_point(target)([*prefix, *ctx.args])
         except Exception as exc:
-            line = one_line(name, exc)
+            line = cli.one_line(f"social {name}", exc)
             if line is None:
                 raise
             typer.echo(line, err=True)

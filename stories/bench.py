@@ -44,7 +44,7 @@ import traceback
 from pathlib import Path
 
 from contract.functions import connect as keyed_connect
-from infra.cli import command_name
+from infra.cli import command_name, run_main
 from infra.settings import Settings, get_settings
 from stories.bench_common import SECTIONS, BenchContext, section
 
@@ -532,4 +532,4 @@ import stories.bench_sealing  # noqa: E402,F401
 import stories.bench_threshold  # noqa: E402,F401
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main, "stories.bench"))

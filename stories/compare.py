@@ -29,7 +29,7 @@ from pathlib import Path
 
 from contract.functions import connect as keyed_connect
 from infra import clients
-from infra.cli import command_name
+from infra.cli import command_name, run_main
 from infra.html import render as render_page
 from infra.settings import REPO_ROOT, Settings, get_settings
 
@@ -345,4 +345,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main, "stories.compare"))

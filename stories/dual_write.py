@@ -70,7 +70,7 @@ from pathlib import Path
 
 from app_sim.api.dual_write import FAILURE, FAULTS, corrected_time, journal_key
 from infra import clients
-from infra.cli import command_name
+from infra.cli import command_name, run_main
 from infra.html import render as render_page
 from infra.settings import Settings, get_settings, redact_url
 from pipelines.report import png_bytes
@@ -870,4 +870,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main, "stories.dual_write"))

@@ -38,7 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from infra import clients
-from infra.cli import command_name
+from infra.cli import command_name, run_main
 from infra.html import render as render_page
 from infra.settings import Settings, get_settings
 
@@ -470,4 +470,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main, "stories.erasure_audit"))

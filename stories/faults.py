@@ -33,7 +33,7 @@ import orjson
 from app_sim.generator import EventGenerator, GeneratorConfig
 from contract import writers
 from infra import clients
-from infra.cli import command_name
+from infra.cli import command_name, run_main
 from infra.settings import Settings
 from infra.stack import KafkaBroker, admin_client, end_offsets
 
@@ -287,4 +287,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(run_main(main, "stories.faults"))

@@ -46,6 +46,7 @@ PREFERRED_PORTS = {
     "kafka_controller_port": 19093,
     "redis_port": 16379,
     "api_port": 18000,
+    "metrics_port": 19464,
 }
 
 

@@ -15,7 +15,7 @@ import sys
 import uvicorn
 
 from app_sim.api.metrics import prepare_multiproc_dir
-from infra.cli import command_name
+from infra.cli import command_name, run_main
 from infra.settings import get_settings
 
 
@@ -45,4 +45,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main, "app_sim.api"))

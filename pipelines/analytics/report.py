@@ -21,7 +21,7 @@ from pathlib import Path
 from pyspark.sql import functions as F
 
 from contract import namespaces
-from infra.cli import command_name
+from infra.cli import command_name, run_main
 from infra.html import render as render_page
 from infra.settings import Settings, get_settings
 from pipelines.analytics.joins import time_to_read_per_hour
@@ -253,4 +253,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main, "pipelines.analytics.report"))

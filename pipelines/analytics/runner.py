@@ -37,7 +37,7 @@ from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 
 from contract import namespaces
 from infra import clients, logs
-from infra.cli import command_name
+from infra.cli import command_name, run_main
 from infra.settings import Settings, get_settings
 from pipelines.analytics import joins, rules, source, windows
 from pipelines.analytics.config import AnalyticsConfig
@@ -319,8 +319,10 @@ def run(
     max_offsets: int | None = None,
 ) -> None:
     """Run the analytics until SIGTERM/SIGINT (``available_now``: until every query caught up)."""
+    from infra.kafka_admin import require_kafka
     from infra.stack import create_topic
     from pipelines.spark import build_spark
+    from pipelines.stream_progress import ProgressFile, progress_dir
 
     namespace = namespace or namespaces.active(settings)
     topic = topic or settings.events_topic
@@ -333,8 +335,10 @@ def run(
             "and the others read its table, and Spark cannot resume those checkpoints. Rebuild the "
             f"analytics from the log: stop them, remove {paths.checkpoints} and {paths.lake}, start again."
         )
+    require_kafka(settings)  # before the JVM's start, not 30 s after it
     spark = build_spark(f"analytics-{namespace}", settings)
     spark.streams.addListener(ProgressLog(ProgressLog.path_for(settings, namespace)))
+    spark.streams.addListener(ProgressFile(progress_dir(settings)))  # for the metrics exporter
     create_topic(settings, settings.alerts_topic, 4)
     trigger = None if available_now else settings.analytics_trigger_interval
     parse = start_events(
@@ -403,4 +407,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main, "pipelines.analytics"))

@@ -2,6 +2,7 @@
 
 import sys
 
+from infra.cli import run_main
 from pipelines.batch_layer.job import main
 
-sys.exit(main())
+sys.exit(run_main(main, "pipelines.batch_layer"))

@@ -24,7 +24,7 @@ from pyspark.sql import functions as F
 
 from contract import functions, namespaces
 from contract.functions import connect as keyed_connect
-from infra.cli import command_name
+from infra.cli import command_name, run_main
 from infra.settings import Settings, get_settings
 from pipelines.batch_layer.cross_check import cross_check
 from pipelines.batch_layer.definition import QUARANTINED, BatchViews, below
@@ -114,4 +114,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main, "pipelines.batch_layer.verify"))

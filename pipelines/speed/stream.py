@@ -44,6 +44,7 @@ from contract import functions
 from infra import clients
 from infra.settings import Settings
 from pipelines.speed.processor import Applied, Processor, ProcessorConfig
+from pipelines.stream_progress import ProgressFile, progress_dir
 
 log = logging.getLogger("speed_layer.keyed")
 
@@ -256,6 +257,8 @@ def start(
     tasks = settings.speed_tasks or spark.sparkContext.defaultParallelism
     name = f"keyed_{namespace}"
     spark.streams.addListener(BatchLog(name, on_batch))
+    # its rates, batch duration and per-partition lag, for the metrics exporter
+    spark.streams.addListener(ProgressFile(progress_dir(settings)))
     reader = spark.readStream.format("kafka").options(**kafka_options(settings))
     spark.sparkContext.setLocalProperty("spark.scheduler.pool", "serving")
     try:

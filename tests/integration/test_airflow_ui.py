@@ -2,8 +2,10 @@
 
 `airflow standalone` started by the stack's AirflowService on a private port and var dir; then,
 through Airflow's own REST API (what the UI's DAG list page reads): every DAG listed, paused at
-creation, no login needed; the UI page itself served; and a triggered run really runs its task
-(scheduler -> executor -> the task's job in a child process) with the project's settings.
+creation, no login needed; the UI page itself served; a triggered run really runs its task
+(scheduler -> executor -> the task's job in a child process) with the project's settings; and a
+task that fails has its report link served by the API server and sends its failure notice through
+the connection the start-up provisioned.
 """
 
 from __future__ import annotations
@@ -74,3 +76,40 @@ def test_a_triggered_run_runs_its_job_with_the_projects_settings(airflow):
     log = client.get(f"/api/v2/dags/rebuild_views/dagRuns/{run_id}/taskInstances/build/logs/1").json()
     text = "\n".join(e.get("event", "") if isinstance(e, dict) else str(e) for e in log["content"])
     assert "'v1' is the live namespace" in text, text[-2000:]
+
+
+def test_a_failed_task_links_its_report_and_sends_a_notice(airflow):
+    """data_quality on a stack with no lake: validate's job fails at once (exit 1). Its "Report"
+    link, as the UI reads it, opens the page under var/reports/ that the API server serves (the
+    plugin of infra/airflow_plugins/), and the connection `infra.airflow db` provisioned received
+    one JSON notice of the failure (var/airflow/failures.jsonl)."""
+    import json
+    from urllib.parse import urlsplit
+
+    settings, client = airflow
+    page = settings.reports_dir / "quality" / "index.html"
+    page.parent.mkdir(parents=True, exist_ok=True)
+    page.write_text("<html>the Data Docs</html>")
+    assert client.patch("/api/v2/dags/data_quality", json={"is_paused": False}).status_code == 200
+    answer = client.post("/api/v2/dags/data_quality/dagRuns", json={"logical_date": None, "conf": {}})
+    assert answer.status_code == 200, answer.text[:500]
+    run_id = answer.json()["dag_run_id"]
+    deadline = time.monotonic() + 300
+    while (state := client.get(f"/api/v2/dags/data_quality/dagRuns/{run_id}").json()["state"]) not in (
+        "success",
+        "failed",
+    ):
+        assert time.monotonic() < deadline, f"the run is still {state}"
+        time.sleep(2)
+    assert state == "failed"
+    links = client.get(f"/api/v2/dags/data_quality/dagRuns/{run_id}/taskInstances/validate/links").json()
+    url = links["extra_links"]["Report"]
+    assert url == f"http://127.0.0.1:{settings.airflow_port}/reports/quality/index.html"
+    assert client.get(urlsplit(url).path).text == "<html>the Data Docs</html>"
+    notices = settings.var_dir / "airflow" / "failures.jsonl"
+    deadline = time.monotonic() + 30  # the callback runs as the task ends, beside its state change
+    while not notices.exists() or run_id not in notices.read_text():
+        assert time.monotonic() < deadline, notices.read_text() if notices.exists() else "no notice file"
+        time.sleep(1)
+    sent = [json.loads(line) for line in notices.read_text().splitlines()]
+    assert [(n["task_id"], n["report"]) for n in sent if n["run_id"] == run_id] == [("validate", url)]

@@ -140,7 +140,7 @@ def test_up_twice_with_every_service_is_fast_and_reads_no_log(kafka_stack):
     import dataclasses
     import time
 
-    from infra.stack import ApiServer, Archiver, SpeedLayer
+    from infra.stack import ApiServer, Archiver, MetricsExporter, SpeedLayer
     from tests.conftest import _free_port
 
     settings = dataclasses.replace(
@@ -159,6 +159,8 @@ def test_up_twice_with_every_service_is_fast_and_reads_no_log(kafka_stack):
             "archiver": "started",
             "analytics": "off (SOCIAL_ANALYTICS=0)",
             "api": "started",
+            "metrics": "started",
+            "prometheus": "off (SOCIAL_PROMETHEUS=1 starts it)",
             "airflow": "off (SOCIAL_AIRFLOW_STANDALONE=1 starts it)",
         }
         assert speed_layer.application() == f"speed-layer-{settings.views_namespace}"
@@ -170,12 +172,14 @@ def test_up_twice_with_every_service_is_fast_and_reads_no_log(kafka_stack):
         running = {name: "already running" for name in pids}
         off = {
             "analytics": "off (SOCIAL_ANALYTICS=0)",
+            "prometheus": "off (SOCIAL_PROMETHEUS=1 starts it)",
             "airflow": "off (SOCIAL_AIRFLOW_STANDALONE=1 starts it)",
         }
         assert stack.up() == {**running, **off}
         assert time.monotonic() - started < 10
         assert {s.name: s.pid() for s in stack.services} == pids
     finally:
+        MetricsExporter(settings).stop()
         api.stop()
         archiver.stop()
         speed_layer.stop()

@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from cryptography.fernet import Fernet
 
 from infra.airflow import airflow_env
 from infra.settings import get_settings
@@ -44,6 +45,11 @@ AIRFLOW_SETTINGS = get_settings(var_dir=_AIRFLOW_VAR)
 os.environ.update(
     {k: v for k, v in airflow_env(AIRFLOW_SETTINGS, base={}).items() if k.startswith("AIRFLOW")}
 )
+# One Fernet key for this process and the `airflow db migrate` child: Airflow generates one into
+# airflow.cfg when it writes the file, and a process that imported Airflow before the file existed
+# (a DAG-bag test ahead of the first migration) has none, so it could not read the failure notices'
+# connection the migration's provisioning stored encrypted.
+os.environ.setdefault("AIRFLOW__CORE__FERNET_KEY", Fernet.generate_key().decode())
 
 
 @pytest.fixture(scope="session")

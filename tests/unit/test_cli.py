@@ -3,9 +3,13 @@ module's exit status is the command's, and ``social --help`` loads none of them.
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import sys
 import tomllib
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -15,10 +19,11 @@ from social.cli import COMMANDS, app
 
 # command -> a flag (or, for a module without flags, the usage line) its module's --help shows
 OWN_HELP = {
-    "up": "{up,down,status,ensure-redis}",
-    "down": "{up,down,status,ensure-redis}",
-    "status": "{up,down,status,ensure-redis}",
-    "ensure-redis": "{up,down,status,ensure-redis}",
+    "up": "{up,down,status,ensure-redis,ensure-prometheus}",
+    "down": "{up,down,status,ensure-redis,ensure-prometheus}",
+    "status": "{up,down,status,ensure-redis,ensure-prometheus}",
+    "ensure-redis": "{up,down,status,ensure-redis,ensure-prometheus}",
+    "ensure-prometheus": "{up,down,status,ensure-redis,ensure-prometheus}",
     "check-external": "usage: social check-external",
     "jars": "{fetch,verify,lock}",
     "airflow": "standalone",
@@ -84,39 +89,157 @@ def test_command_help_names_the_command_typed(command):
     assert usage.startswith("social " if prefixed else f"social {command} "), result.output[:200]
 
 
-# commands that read the settings first thing, each with its one line for a bad value
-BAD_SETTING = [
-    ["status"],
-    ["archiver"],
-    ["restore"],
-    ["generate"],
-    ["replay"],
-    ["rebuild", "status"],
-    ["tail"],
-]
+# command -> the arguments it needs to get as far as reading the settings (a subcommand, a
+# required flag); a command left out here needs none
+ARGS = {
+    "jars": ["verify"],
+    "airflow": ["env"],
+    "erase": ["--user-id", "1"],
+    "rebuild": ["status"],
+    "spark": ["class-archive"],
+    "faults": ["spark-worker"],
+}
+# commands that read no setting: they rewrite a document of the repository from its source
+READ_NO_SETTING = {"settings", "contract-docs"}
+BAD_SETTING = sorted(set(COMMANDS) - READ_NO_SETTING)
 
 
-@pytest.mark.parametrize("argv", BAD_SETTING, ids=" ".join)
-def test_a_bad_setting_is_one_line_naming_it(argv):
-    command = argv[0]
-    result = runner.invoke(app, argv, env={"SOCIAL_KAFKA_PORT": "x"})
+def _lines(output: str) -> list[str]:
+    return [line for line in output.splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("command", BAD_SETTING)
+def test_a_bad_setting_is_one_line_naming_it(command, tmp_path):
+    result = runner.invoke(
+        app,
+        [command, *ARGS.get(command, [])],
+        env={"SOCIAL_KAFKA_PORT": "x", "SOCIAL_VAR_DIR": str(tmp_path)},
+    )
     assert result.exit_code == 2, result.output
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    assert lines == [
+    assert _lines(result.output) == [
         f"social {command}: bad setting: SOCIAL_KAFKA_PORT='x': expected int (docs/configuration.md)"
     ]
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "wants"),
+    [
+        ("SOCIAL_PROFILE", "bogus", "expected one of local, cluster"),
+        ("SOCIAL_LOG_LEVEL", "loud", "expected one of DEBUG, INFO, WARNING, ERROR, CRITICAL"),
+        ("SOCIAL_ARCHIVE_INTERVAL_S", "soon", "expected float"),
+    ],
+)
+def test_a_value_out_of_its_choices_is_one_line_too(variable, value, wants, tmp_path):
+    result = runner.invoke(app, ["verify"], env={variable: value, "SOCIAL_VAR_DIR": str(tmp_path)})
+    assert result.exit_code == 2, result.output
+    assert _lines(result.output) == [
+        f"social verify: bad setting: {variable}={value!r}: {wants} (docs/configuration.md)"
+    ]
+
+
+def test_the_commands_that_read_no_setting_are_still_commands():
+    assert READ_NO_SETTING <= set(COMMANDS) and set(ARGS) <= set(COMMANDS)
+
+
+def _module(target: str) -> str:
+    """What ``python -m`` runs for a command's entry point."""
+    return target.split(":")[0].removesuffix(".__main__")
+
+
+# every module a command runs, with the arguments that reach its settings: `python -m` each
+MODULES = {
+    _module(target): [*prefix, *ARGS.get(name, [])]
+    for name, (target, prefix, _) in COMMANDS.items()
+    if name not in READ_NO_SETTING
+}
+
+
+def _run(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        argv, capture_output=True, text=True, cwd=REPO_ROOT, timeout=90, env={**os.environ, **env}
+    )
+
+
+@pytest.fixture(scope="module")
+def bad_setting_runs(tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
+    """``python -m <module>`` of every command's module under a bad setting, four at a time."""
+    env = {"SOCIAL_KAFKA_PORT": "x", "SOCIAL_VAR_DIR": str(tmp_path_factory.mktemp("var"))}
+    with ThreadPoolExecutor(4) as pool:
+        runs = {m: pool.submit(_run, [sys.executable, "-m", m, *argv], env) for m, argv in MODULES.items()}
+        return {m: run.result() for m, run in runs.items()}
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_python_m_answers_a_bad_setting_with_one_line(module, bad_setting_runs):
+    done = bad_setting_runs[module]
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stdout == ""
+    [line] = _lines(done.stderr)
+    assert re.fullmatch(
+        r"python -m [\w.]+: bad setting: SOCIAL_KAFKA_PORT='x': expected int \(docs/configuration\.md\)", line
+    ), line
+
+
+# commands that need a component before anything else, with the component their line names
+UNREACHABLE = {
+    "tail": (["--max-messages", "1"], "Kafka"),
+    "analytics": (["--available-now"], "Kafka"),
+    "erase": (["--user-id", "1"], "Redis"),
+    "replay": ([], "Redis"),
+    "restore": ([], "Redis"),
+    "bootstrap": ([], "Redis"),
+    "speed-layer": ([], "Redis"),
+    "archiver": (["--once"], "Redis"),
+    "load": ([], "the API"),
+}
+
+
+@pytest.fixture(scope="module")
+def unreachable_runs(tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
+    """``social <command>`` with Kafka, Redis and the API on ports nobody listens on."""
+    from infra.stack import free_port_block
+
+    kafka, redis, api = (free_port_block(1) for _ in range(3))
+    env = {
+        "SOCIAL_VAR_DIR": str(tmp_path_factory.mktemp("var")),
+        "SOCIAL_KAFKA_BOOTSTRAP": f"127.0.0.1:{kafka}",
+        "SOCIAL_REDIS_URL": f"redis://127.0.0.1:{redis}/0",
+        "SOCIAL_API_PORT": str(api),
+    }
+    social = str(Path(sys.executable).with_name("social"))
+    with ThreadPoolExecutor(4) as pool:
+        runs = {c: pool.submit(_run, [social, c, *argv], env) for c, (argv, _) in UNREACHABLE.items()}
+        return {c: run.result() for c, run in runs.items()}
+
+
+@pytest.mark.parametrize("command", sorted(UNREACHABLE))
+def test_a_component_that_does_not_answer_is_one_line_naming_it(command, unreachable_runs):
+    done = unreachable_runs[command]
+    assert done.returncode == 2, done.stderr[-2000:]
+    [line] = _lines(done.stderr)
+    assert line.startswith(f"social {command}: {UNREACHABLE[command][1]} does not answer: "), line
 
 
 def test_an_unreachable_redis_is_one_line_naming_it():
     from redis.exceptions import ConnectionError as RedisDown
 
-    from social.cli import one_line
+    from infra.cli import one_line
 
     down = RedisDown("Error 111 connecting to 127.0.0.1:1. Connection refused.")
-    assert one_line("restore", down) == (
+    assert one_line("social restore", down) == (
         "social restore: Redis does not answer: Error 111 connecting to 127.0.0.1:1. Connection refused."
     )
-    assert one_line("restore", KeyError("a bug")) is None  # anything else keeps its traceback
+    assert one_line("social restore", KeyError("a bug")) is None  # anything else keeps its traceback
+
+
+def test_a_bug_keeps_its_traceback_under_python_m():
+    from infra.cli import run_main
+
+    def main():
+        raise KeyError("a bug")
+
+    with pytest.raises(KeyError):
+        run_main(main, "pipelines.verify")
 
 
 def test_every_console_script_module_has_a_command():

@@ -65,6 +65,63 @@ def test_every_job_task_is_a_job_operator(dagbag):
                 assert isinstance(t, JobOperator), f"{dag_id}.{t.task_id}"
 
 
+# the tasks that start no Spark driver: every other task of the DAGs is in the spark pool
+NO_SPARK = {
+    ("rebuild_views", "plan"),
+    ("rebuild_views", "switch"),
+    ("rebuild_views", "retire_old_versions"),
+    ("maintenance", "namespaces"),
+    ("maintenance", "reports"),
+    ("maintenance", "checkpoints"),
+    ("maintenance", "logs"),
+    ("erasure_audit", "audit"),
+}
+# the page each task's job writes, under var/reports/: its "Report" link
+REPORTS = {
+    ("verify_views", "verify"): "verify/latest.html",
+    ("rebuild_views", "verify"): "verify/latest.html",
+    ("data_quality", "validate"): "quality/index.html",
+    ("batch_layer", "quality"): "quality/index.html",
+    ("erasure_audit", "audit"): "erasure_audit/erasures-latest.json",
+}
+
+
+def _tasks(dagbag):
+    return [(dag_id, t) for dag_id in sorted(DAG_IDS) for t in dagbag.dags[dag_id].tasks]
+
+
+def test_every_spark_task_is_in_the_spark_pool_and_no_other(dagbag):
+    from infra.airflow_job import SPARK_POOL
+
+    assert {(d, t.task_id) for d, t in _tasks(dagbag)} >= NO_SPARK  # no stale entry
+    for dag_id, t in _tasks(dagbag):
+        wanted = "default_pool" if (dag_id, t.task_id) in NO_SPARK else SPARK_POOL
+        assert t.pool == wanted, f"{dag_id}.{t.task_id}: pool {t.pool!r}"
+        assert t.pool_slots == 1
+
+
+def test_every_job_task_links_to_the_report_it_writes(dagbag):
+    from infra.airflow_job import ReportLink, report_url
+
+    for dag_id, t in _tasks(dagbag):
+        if t.task_id == "plan":
+            continue
+        assert [type(link) for link in t.operator_extra_links] == [ReportLink], f"{dag_id}.{t.task_id}"
+        assert t.report == REPORTS.get((dag_id, t.task_id)), f"{dag_id}.{t.task_id}"
+        link = ReportLink().get_link(t, ti_key=None)
+        assert link == (report_url(t.report) if t.report else ""), f"{dag_id}.{t.task_id}"
+    assert report_url("verify/latest.html").endswith("/reports/verify/latest.html")
+
+
+def test_every_task_sends_a_failure_notice(dagbag):
+    from infra.airflow_notice import CONNECTION_ID, FailureNotice
+
+    for dag_id, t in _tasks(dagbag):
+        notifiers = [c for c in t.on_failure_callback if isinstance(c, FailureNotice)]
+        assert len(notifiers) == 1, f"{dag_id}.{t.task_id}: {t.on_failure_callback}"
+        assert notifiers[0].conn_id == CONNECTION_ID
+
+
 def test_batch_layer_order(dagbag):
     assert dagbag.dags["batch_layer"].get_task("cross_check").upstream_task_ids == {"recompute"}
     quality = dagbag.dags["batch_layer"].get_task("quality")
@@ -107,3 +164,34 @@ def test_importing_the_dag_files_stays_light():
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {}, done.stdout
+
+
+def test_the_api_server_serves_the_reports_the_links_point_at(tmp_path):
+    """The plugin of infra/airflow_plugins/ mounts var/reports/ at /reports/ (through Airflow's own
+    plugin loading and mounting), and a link's URL path opens the page its job wrote."""
+    from urllib.parse import urlsplit
+
+    from airflow import plugins_manager
+    from airflow.api_fastapi.app import init_plugins
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from infra.airflow_job import REPORTS_PREFIX, report_url
+    from infra.airflow_plugins.social_reports import reports_app
+
+    apps, _ = plugins_manager.get_fastapi_plugins()
+    assert [a["name"] for a in apps if a["url_prefix"] == REPORTS_PREFIX] == ["kappa-social reports"]
+    api = FastAPI()
+    init_plugins(api)
+    assert REPORTS_PREFIX in [getattr(route, "path", None) for route in api.routes]
+
+    (tmp_path / "verify").mkdir()
+    (tmp_path / "verify" / "latest.html").write_text("<h1>verify</h1>")
+    (tmp_path / "quality").mkdir()
+    (tmp_path / "quality" / "index.html").write_text("data docs")
+    served = FastAPI()
+    served.mount(REPORTS_PREFIX, reports_app(tmp_path))
+    client = TestClient(served)
+    assert client.get(urlsplit(report_url("verify/latest.html")).path).text == "<h1>verify</h1>"
+    assert client.get(urlsplit(report_url("quality/")).path).text == "data docs"  # Data Docs' index
+    assert client.get("/reports/verify/missing.html").status_code == 404

@@ -162,3 +162,129 @@ def test_a_timed_out_job_is_stopped_with_its_whole_process_group(dags, tmp_path,
         time.sleep(0.2)
     assert _gone(record["pid"]), "the job outlived its task"
     assert _gone(record["child"]), "the job's child (its JVM) outlived its task"
+
+
+def _notices(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_a_failed_run_sends_one_notice_where_the_connection_points(dags, calls, tmp_path, monkeypatch):
+    """The connection given as an environment variable (Airflow's own secrets lookup) wins."""
+    notices = tmp_path / "notices" / "failures.jsonl"
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_SOCIAL_FAILURES", json.dumps({"conn_type": "fs", "extra": {"path": str(notices)}})
+    )
+    dag = dags["verify_views"]
+    stub(dag, verify=1)
+    run = dag.test(run_conf={"namespace": "", "topic": ""})
+    assert str(run.state) == "failed"
+    [sent] = _notices(notices)
+    assert {k: sent[k] for k in ("dag_id", "task_id", "run_id", "try_number", "state")} == {
+        "dag_id": "verify_views",
+        "task_id": "verify",
+        "run_id": run.run_id,
+        "try_number": 1,
+        "state": "failed",
+    }
+    assert "the live state does not equal the replay" in sent["error"]
+    assert sent["report"].endswith("/reports/verify/latest.html")
+
+
+def test_a_run_that_succeeds_sends_none(dags, calls, tmp_path, monkeypatch):
+    notices = tmp_path / "failures.jsonl"
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_SOCIAL_FAILURES", json.dumps({"conn_type": "fs", "extra": {"path": str(notices)}})
+    )
+    dag = dags["data_quality"]
+    stub(dag)
+    assert str(dag.test(run_conf={"namespace": "", "topic": ""}).state) == "success"
+    assert not notices.exists()
+
+
+def test_the_provisioned_connection_writes_under_var_airflow(dags, calls, monkeypatch):
+    """Without a connection of the user's, `infra.airflow db` made one: a JSON line per failure in
+    var/airflow/failures.jsonl (here the private Airflow's var)."""
+    from tests.unit.conftest import AIRFLOW_SETTINGS
+
+    monkeypatch.delenv("AIRFLOW_CONN_SOCIAL_FAILURES", raising=False)
+    notices = AIRFLOW_SETTINGS.var_dir / "airflow" / "failures.jsonl"
+    before = len(_notices(notices))
+    dag = dags["erasure_audit"]
+    stub(dag, audit=1)
+    run = dag.test()
+    assert str(run.state) == "failed"
+    after = _notices(notices)
+    assert len(after) == before + 1
+    assert (after[-1]["dag_id"], after[-1]["task_id"], after[-1]["run_id"]) == (
+        "erasure_audit",
+        "audit",
+        run.run_id,
+    )
+
+
+def test_a_notice_is_posted_to_an_http_connection(dags, calls, monkeypatch):
+    """``http://host:port/path``: the notice is POSTed as JSON (a real HTTP server receives it)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    received: list[tuple[str, dict]] = []
+
+    class Hook(BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            received.append((self.path, json.loads(body)))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv(
+            "AIRFLOW_CONN_SOCIAL_FAILURES", f"http://127.0.0.1:{server.server_port}/hooks/airflow"
+        )
+        dag = dags["batch_layer"]
+        stub(dag, cross_check=1)
+        run = dag.test(run_conf={"namespace": "", "upto": "archived"})
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert str(run.state) == "failed"
+    assert [(path, n["task_id"]) for path, n in received] == [("/hooks/airflow", "cross_check")]
+    assert received[0][1]["report"] == ""  # the cross-check writes no page
+
+
+def test_each_task_records_its_report_link_when_it_ends(dags, calls):
+    """Airflow 3 computes the extra link in the worker as the task ends and keeps it as an XCom;
+    read here as the API server's extra-links endpoint reads it: the serialized DAG's task, for
+    the task instance in the metadata DB."""
+    from airflow.models.serialized_dag import SerializedDagModel
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+
+    from infra.airflow_job import report_url
+
+    dag = dags["data_quality"]
+    stub(dag)
+    run = dag.test(run_conf={"namespace": "", "topic": ""})
+    with create_session() as session:
+        ti = (
+            session.query(TaskInstance)
+            .filter(TaskInstance.run_id == run.run_id, TaskInstance.task_id == "validate")
+            .one()
+        )
+        task = SerializedDagModel.get_dag("data_quality", session=session).get_task("validate")
+        assert list(task.extra_links) == ["Report"]
+        assert task.get_extra_links(ti, "Report") == report_url("quality/index.html")
+
+
+def test_the_spark_pool_is_provisioned_with_its_slots(airflow_db):
+    from airflow.models.pool import Pool
+
+    from infra.airflow_job import SPARK_POOL
+    from tests.unit.conftest import AIRFLOW_SETTINGS
+
+    pool = Pool.get_pool(SPARK_POOL)
+    assert pool is not None and pool.slots == AIRFLOW_SETTINGS.airflow_spark_slots == 1

@@ -157,6 +157,8 @@ def _make_up(profile: str, airflow: bool) -> dict[str, stack.Service]:
     for service in stack.Stack(settings).services:
         if isinstance(service, stack.AirflowService) and not settings.airflow_standalone:
             continue
+        if isinstance(service, stack.PrometheusServer) and not settings.prometheus:
+            continue  # opt-in (SOCIAL_PROMETHEUS=1), not in compose
         if isinstance(service, stack.BACKBONE):
             started[service.name] = service
         else:
