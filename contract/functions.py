@@ -74,14 +74,18 @@ def version() -> str:
 
 def ensure_loaded(client: redis.Redis) -> str:
     """Load the library unless Redis already has this version; returns the version in Redis."""
-    want = version()
+    return _ensure(client, "social_version", version(), source)
+
+
+def _ensure(client: redis.Redis, version_function: str, want: str, text) -> str:
+    """Load ``text()`` unless ``version_function`` answers ``want`` (its library is that version)."""
     try:
-        have = client.fcall_ro("social_version", 0)
+        have = client.fcall_ro(version_function, 0)
         have = have.decode() if isinstance(have, bytes) else have
     except redis.ResponseError:
         have = None
     if have != want:
-        client.function_load(source(), replace=True)
+        client.function_load(text(), replace=True)
     return want
 
 
@@ -221,15 +225,7 @@ def partitioned_version() -> str:
 
 def ensure_partitioned_loaded(client: redis.Redis) -> str:
     """Load ``partitioned.lua`` unless Redis has this version of it (with this protocol)."""
-    want = partitioned_version()
-    try:
-        have = client.fcall_ro("p_version", 0)
-        have = have.decode() if isinstance(have, bytes) else have
-    except redis.ResponseError:
-        have = None
-    if have != want:
-        client.function_load(partitioned_source(), replace=True)
-    return want
+    return _ensure(client, "p_version", partitioned_version(), partitioned_source)
 
 
 def pkey(namespace: str, partition: int, *parts) -> str:

@@ -82,7 +82,7 @@ local function new_ctx(ns, p, header)
     N = tonumber(header.timeline_n), T = tonumber(header.fanout_threshold),
     S = tonumber(header.timeline_slack)}, Ctx)
   c.M = c.N + math.floor(c.S / 2)
-  c.pending, c.pending_order, c.card, c.min, c.lfol = {}, {}, {}, {}, {}
+  c.pending, c.pending_order, c.card, c.min, c.lfol, c.celeb, c.apcard = {}, {}, {}, {}, {}, {}, {}
   c.any_erased = redis.call('EXISTS', c:k('erased')) == 1
   c.any_gone = redis.call('EXISTS', c:k('gone')) == 1
   return c
@@ -107,7 +107,15 @@ function Ctx:change(...)
   self.changes[#self.changes + 1] = row
 end
 
-function Ctx:is_celeb(a) return redis.call('SISMEMBER', self:k('celebs'), a) == 1 end
+-- (read once per author and call: a delivery call meets the same authors over and over)
+function Ctx:is_celeb(a)
+  local v = self.celeb[a]
+  if v == nil then
+    v = redis.call('SISMEMBER', self:k('celebs'), a) == 1
+    self.celeb[a] = v
+  end
+  return v
+end
 -- erased here, in this partition's log order (the rejection rule of docs/views.md)
 function Ctx:is_erased(u)
   if not self.any_erased then return false end
@@ -360,6 +368,7 @@ end
 
 function Ctx:set_celeb(a, celeb)
   if celeb then redis.call('SADD', self:k('celebs'), a) else redis.call('SREM', self:k('celebs'), a) end
+  self.celeb[a] = celeb
 end
 
 -- An outbox entry for every other partition (id `<offset>-1`: one per event at most).
@@ -410,6 +419,7 @@ end
 -- Followers here of an erased u lose the edge (F-), and u's posts leave their timelines. The
 -- posts are gone from `key` first, so no refill takes them back.
 function Ctx:drop_author(u, key, bodies)
+  self.apcard[u] = nil
   local latest = {}
   for i, m in ipairs(redis.call('ZREVRANGE', key, 0, self.N + self.S - 1)) do latest[i] = tl_member(m, u) end
   if bodies then
@@ -568,14 +578,20 @@ end
 local deliver = {}
 
 -- Keep a's replica at its latest N + S (the trimmed posts' bodies go with them).
-function Ctx:trim_replica(a)
+-- (its size read once per author and call, then kept: only deliveries change a replica)
+function Ctx:trim_replica(a, added)
   local key = self:k('ap', a)
-  local over = redis.call('ZCARD', key) - (self.N + self.S)
-  if over <= 0 then return end
-  if not self.own then
-    for _, m in ipairs(redis.call('ZRANGE', key, 0, over - 1)) do redis.call('DEL', self:bkey(a, m)) end
+  local n = self.apcard[a]
+  if n == nil then n = redis.call('ZCARD', key) else n = n + added end
+  local over = n - (self.N + self.S)
+  if over > 0 then
+    if not self.own then
+      for _, m in ipairs(redis.call('ZRANGE', key, 0, over - 1)) do redis.call('DEL', self:bkey(a, m)) end
+    end
+    redis.call('ZREMRANGEBYRANK', key, 0, over - 1)
+    n = n - over
   end
-  redis.call('ZREMRANGEBYRANK', key, 0, over - 1)
+  self.apcard[a] = n
 end
 
 -- A post enters the replica (its body too, unless it was written here, in its author's partition)
@@ -586,7 +602,7 @@ function deliver.post(c, d)
   local m = pad(pid)
   if redis.call('ZADD', c:k('ap', a), et, m) == 0 then error('post ' .. a .. ':' .. pid .. ' delivered twice') end
   if not c.own then redis.call('SET', c:bkey(a, m), post_json(pid, a, d.text, et)) end
-  c:trim_replica(a)
+  c:trim_replica(a, 1)
   local post = {tl_member(m, a), et, a, fmt(et)}
   if c.own then c:queue({a}, post) end
   if not c:is_celeb(a) then c:queue(c:followers(a), post) end
@@ -596,6 +612,7 @@ function deliver.delete(c, d)
   local a, pid = d.author, d.post_id
   if c:is_gone(a) then return end
   local key = c:k('ap', a)
+  c.apcard[a] = nil -- (the size changes by whatever the replica held: read again when needed)
   redis.call('ZREM', key, pad(pid))
   if not c.own then redis.call('DEL', c:bkey(a, pad(pid))) end
   if d.next_post ~= '' and redis.call('ZADD', key, d.next_time, pad(d.next_post)) == 1 and not c.own then
@@ -714,11 +731,18 @@ local function check_layout(c)
   end
 end
 
-local function p_apply(keys, args)
-  local header, i = named(args, 1, PROTOCOL.apply)
+-- A call's header (the protocol's `call` names) and context; the key it was routed by must be its
+-- partition's fence (a call over another partition's keys is refused).
+local function open_call(call, keys, args)
+  local header, i = named(args, 1, PROTOCOL[call])
   local c = new_ctx(header.namespace, header.partition, header)
-  if keys[1] ~= c:k('fence') then return redis.error_reply('protocol: key ' .. tostring(keys[1]) .. ' is not ' .. c:k('fence')) end
+  if keys[1] ~= c:k('fence') then error('protocol: key ' .. tostring(keys[1]) .. ' is not ' .. c:k('fence'), 0) end
   check_layout(c)
+  return c, i
+end
+
+local function p_apply(keys, args)
+  local c, i = open_call('apply', keys, args)
   c.seenq, c.entries = c:k('seenq'), {}
   local start = tonumber(redis.call('GET', keys[1]) or '0')
   local next_offset = start
@@ -755,10 +779,7 @@ local function p_apply(keys, args)
 end
 
 local function p_deliver(keys, args)
-  local header, i = named(args, 1, PROTOCOL.deliver)
-  local c = new_ctx(header.namespace, header.partition, header)
-  if keys[1] ~= c:k('fence') then return redis.error_reply('protocol: key ' .. tostring(keys[1]) .. ' is not ' .. c:k('fence')) end
-  check_layout(c)
+  local c, i = open_call('deliver', keys, args)
   local dfence = c:k('dfence')
   local fence = redis.call('GET', keys[1]) or '0'
   local counts = {applied = 0, skipped = 0, quarantined = 0}
