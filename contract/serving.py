@@ -57,6 +57,18 @@ def connect(url: str) -> redis.Redis:
 key = functions.key  # one owner of the key layout: contract.functions
 
 
+async def _read_loading(client: redis.asyncio.Redis, args: tuple, source) -> list:
+    """``FCALL_RO *args``; on a store no speed layer of this version has started on yet (the
+    function is not found), load the library (``source()``) once and read again."""
+    try:
+        return await client.fcall_ro(*args)
+    except redis.ResponseError as e:
+        if "not found" not in str(e).lower():
+            raise
+        await client.function_load(source(), replace=True)
+        return await client.fcall_ro(*args)
+
+
 class ServingStore:
     """The write side (the speed layer) and the dumps ``verify`` compares with Delta."""
 
@@ -121,15 +133,9 @@ class ServingReader:
         merge, the bodies and the fence in one atomic step inside Redis, so a read costs one
         command to encode and one reply to parse however many celebrities u follows.
         """
-        try:
-            reply = await self.r.fcall_ro(*self.timeline_args(user_id, limit))
-        except redis.ResponseError as e:
-            if "not found" not in str(e).lower():
-                raise
-            # a store no speed layer of this version has started on yet: load the library once
-            await self.r.function_load(functions.source(), replace=True)
-            reply = await self.r.fcall_ro(*self.timeline_args(user_id, limit))
-        return timeline_reply(reply)
+        return timeline_reply(
+            await _read_loading(self.r, self.timeline_args(user_id, limit), functions.source)
+        )
 
     def timeline_args(self, user_id: int, limit: int) -> tuple:
         """``fcall_ro``'s arguments of :meth:`timeline`, for a caller that pipelines the read
@@ -201,15 +207,8 @@ class PartitionedReader:
         return self._as_of_cut(cut), results
 
     async def timeline(self, user_id: int, limit: int = 50) -> tuple[list[dict], dict[str, int]]:
-        try:
-            reply = await self.r.fcall_ro(*self.timeline_args(user_id, limit))
-        except redis.ResponseError as e:
-            if "not found" not in str(e).lower():
-                raise
-            # a store no speed layer of this version has started on yet: load the library once
-            await self.r.function_load(functions.partitioned_source(), replace=True)
-            reply = await self.r.fcall_ro(*self.timeline_args(user_id, limit))
-        return self.timeline_reply(reply)
+        args = self.timeline_args(user_id, limit)
+        return self.timeline_reply(await _read_loading(self.r, args, functions.partitioned_source))
 
     async def inbox(self, user_id: int, limit: int = 50) -> tuple[list[dict], dict[str, int]]:
         p = self.partition_of(user_id)

@@ -166,8 +166,26 @@ def scram_kafka(tmp_path_factory):
         broker.stop()
 
 
-def test_the_project_user_passes_and_its_clients_produce_and_consume(scram_kafka):
+def _round_trip(settings, client_id: str) -> bytes:
+    """A record produced to partition 0 of the event topic and consumed back, with ``settings``'
+    security, by the confluent clients; returns its value (the Java tools read it next)."""
     from confluent_kafka import TopicPartition
+
+    value = uuid.uuid4().hex.encode()
+    producer = clients.kafka_producer(settings, client_id)
+    producer.produce(settings.events_topic, value, b"1", partition=0)
+    assert producer.flush(20) == 0
+    consumer = clients.kafka_consumer(settings, client_id)
+    try:
+        consumer.assign([TopicPartition(settings.events_topic, 0, 0)])
+        seen = [m.value() for m in iter(lambda: consumer.poll(5), None) if m.error() is None]
+    finally:
+        consumer.close()
+    assert value in seen
+    return value
+
+
+def test_the_project_user_passes_and_its_clients_produce_and_consume(scram_kafka):
 
     _admin, settings = scram_kafka
     line = check_kafka(settings)
@@ -175,17 +193,7 @@ def test_the_project_user_passes_and_its_clients_produce_and_consume(scram_kafka
         f"kafka at {settings.kafka_bootstrap} (SASL_PLAINTEXT, SCRAM-SHA-512 as social): topic ext.events, "
         "4 partitions, kept forever; registry ext.events.writers"
     )
-    value = uuid.uuid4().hex.encode()
-    producer = clients.kafka_producer(settings, "external-test")
-    producer.produce(settings.events_topic, value, b"1", partition=0)
-    assert producer.flush(20) == 0
-    consumer = clients.kafka_consumer(settings, "external-test")
-    try:
-        consumer.assign([TopicPartition(settings.events_topic, 0, 0)])
-        seen = [m.value() for m in iter(lambda: consumer.poll(5), None) if m.error() is None]
-    finally:
-        consumer.close()
-    assert value in seen
+    value = _round_trip(settings, "external-test")
 
     # the Java client with the same settings: `make tail`'s console consumer reads it back
     cmd = tail.command(settings, settings.events_topic, True, 1)
@@ -442,24 +450,13 @@ def tls_kafka(tmp_path_factory):
 
 
 def test_a_mutual_tls_broker_is_reached_by_both_clients_with_the_pem_files(tls_kafka):
-    from confluent_kafka import TopicPartition
 
     settings = tls_kafka
     assert check_kafka(settings) == (
         f"kafka at {settings.kafka_bootstrap} (SSL): topic ext.tls-events, 2 partitions, kept forever; "
         "registry ext.tls-events.writers"
     )
-    value = uuid.uuid4().hex.encode()
-    producer = clients.kafka_producer(settings, "external-test-tls")
-    producer.produce(settings.events_topic, value, b"1", partition=0)
-    assert producer.flush(20) == 0
-    consumer = clients.kafka_consumer(settings, "external-test-tls")
-    try:
-        consumer.assign([TopicPartition(settings.events_topic, 0, 0)])
-        seen = [m.value() for m in iter(lambda: consumer.poll(5), None) if m.error() is None]
-    finally:
-        consumer.close()
-    assert value in seen
+    value = _round_trip(settings, "external-test-tls")
     # Java: the CA as a PEM trust store, the client's certificate and key as a PEM key store
     done = subprocess.run(
         tail.command(settings, settings.events_topic, True, 1), capture_output=True, text=True, timeout=90
