@@ -13,6 +13,7 @@ started by ``up`` on this Kafka and a Redis with a password, neither started by 
 
 from __future__ import annotations
 
+import os
 import random
 import subprocess
 import uuid
@@ -378,7 +379,9 @@ def test_up_starts_only_the_projects_processes_on_the_external_kafka_and_redis(s
     deadline = time.monotonic() + 30
     while any(p.suffix == ".inprogress" for p in events.rglob("*")) and time.monotonic() < deadline:
         time.sleep(0.5)
-    written = [p for p in settings.var_dir.rglob("*") if p.is_file()]
+    # os.walk skips a directory removed while it walks (a driver's spark-tmp block manager, deleted
+    # as its JVM exits), where Path.rglob raised FileNotFoundError (CI, 2026-12-06)
+    written = [Path(d) / f for d, _dirs, files in os.walk(settings.var_dir) for f in files]
     assert any("spark-events" in p.parts for p in written)  # Spark's event logs are among them
 
     def holds_a_password(path: Path) -> bool:
