@@ -230,7 +230,9 @@ def archive_once(
         side_by_side([lambda t=t, df=df: lake.append(t, df) for t, df in data.items()])
         lake.append("archives", spark.createDataFrame([row], TABLES["archives"].ddl))
     upto = a.end_offsets
-    if settings.compacted_topics and not partitioned:  # nor what the compacted topics' publisher has not produced yet
+    if (
+        settings.compacted_topics and not partitioned
+    ):  # nor what the compacted topics' publisher has not produced yet
         from pipelines.speed.compacted import position
 
         published = position(client, lake.namespace)
@@ -322,7 +324,9 @@ class Schedule:
         self.last_compaction, self.behind = now, False
 
 
-def cutter(settings: Settings, client: redis.Redis, namespace: str, topic: str) -> Callable[[], changelog.Cut]:
+def cutter(
+    settings: Settings, client: redis.Redis, namespace: str, topic: str
+) -> Callable[[], changelog.Cut]:
     """What reads the newest consistent cut in the serving layout: the keyed layout's fences and
     sequence number, read atomically; the partitioned layout's newest position every partition
     marked (:class:`pipelines.speed.changelog.SettledCuts`)."""
@@ -376,9 +380,7 @@ def run(
     with stop_requested() as stopping:
         while not stopping.is_set():
             now = time.monotonic()
-            step = schedule.tick(
-                now, retry(cut), lambda f: applied_all(settings, topic, f)
-            )
+            step = schedule.tick(now, retry(cut), lambda f: applied_all(settings, topic, f))
             if step.archive is not None:
                 wrote = retry(archive_once, spark, lake, client, settings, topic, step.archive)
                 schedule.archived(now, step.archive, wrote)

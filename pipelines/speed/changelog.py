@@ -89,7 +89,7 @@ class SettledCuts:
         for p in range(self.partitions):
             pipe.xrange(pkey(self.ns, p, "marks"), min=self.read_from[p], max="+")
         for p, got in enumerate(pipe.execute()):
-            for entry_id, fields in got:
+            for _id, fields in got:
                 dfence = {int(s): int(o) for s, o in fields.items()}
                 self.seen[p].add(tuple(dfence.get(s, 0) for s in range(self.partitions)))
             if got:
@@ -112,7 +112,12 @@ def order(entry_id: str) -> int:
 
 
 def read_partitioned(
-    client: redis.Redis, namespace: str, partition: int, start: dict[int, int], end: dict[int, int], page: int = 10_000
+    client: redis.Redis,
+    namespace: str,
+    partition: int,
+    start: dict[int, int],
+    end: dict[int, int],
+    page: int = 10_000,
 ) -> list[dict]:
     """The entries of ``partition`` caused in ``[start, end)`` (both settled cuts): its events of
     offsets ``[start[p], end[p])`` and the deliveries from every source ``s`` of offsets

@@ -134,17 +134,28 @@ def _delta_facts(settings, ns: str) -> dict:
     t = {name: _table(settings, ns, name) for name in ("users", "user_status", "follows", "posts", "inbox")}
     unread = {r["user_id"]: r["unread"] for r in _table(settings, ns, "unread_counts") if r["unread"]}
     return {
-        "users": {r["user_id"]: {"handle": r["handle"], "display_name": r["display_name"]} for r in t["users"]},
-        "status": {r["user_id"]: {"text": r["text"], "event_time": r["event_time"]} for r in t["user_status"]},
+        "users": {
+            r["user_id"]: {"handle": r["handle"], "display_name": r["display_name"]} for r in t["users"]
+        },
+        "status": {
+            r["user_id"]: {"text": r["text"], "event_time": r["event_time"]} for r in t["user_status"]
+        },
         "follows": {(r["user_id"], r["followee_id"]) for r in t["follows"]},
         "posts": {
-            (r["author_id"], r["post_id"]): {"text": r["text"], "event_time": r["event_time"], "deleted": r["deleted"]}
+            (r["author_id"], r["post_id"]): {
+                "text": r["text"],
+                "event_time": r["event_time"],
+                "deleted": r["deleted"],
+            }
             for r in t["posts"]
         },
         "inbox": {
             (r["recipient_id"], r["message_id"]): {
-                "message_id": r["message_id"], "sender_id": r["sender_id"], "text": r["text"],
-                "event_time": r["event_time"], "read": r["read"],
+                "message_id": r["message_id"],
+                "sender_id": r["sender_id"],
+                "text": r["text"],
+                "event_time": r["event_time"],
+                "read": r["read"],
             }
             for r in t["inbox"]
         },  # fmt: skip

@@ -219,7 +219,9 @@ def partitioned_archive(
                     follows[int(k[0]), int(k[1])] = kind == "F+"
                 elif kind == "P":
                     out.posts[int(k[0]), int(k[1])] = {
-                        "text": k[3], "event_time": int(k[2]), "deleted": int(k[4]) == 1
+                        "text": k[3],
+                        "event_time": int(k[2]),
+                        "deleted": int(k[4]) == 1,
                     }
                 elif kind == "P-":
                     out.posts.pop((int(k[0]), int(k[1])), None)
@@ -242,7 +244,9 @@ def partitioned_archive(
     return out, unread
 
 
-def diff_archive(want: spec.Outcome, got: spec.Outcome, got_unread: dict[int, int], label: str = "") -> list[str]:
+def diff_archive(
+    want: spec.Outcome, got: spec.Outcome, got_unread: dict[int, int], label: str = ""
+) -> list[str]:
     """The archive's facts against the specification's, view by view."""
     out = []
     for view in ("users", "status", "follows", "posts", "inbox"):

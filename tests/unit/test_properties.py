@@ -140,7 +140,9 @@ class PartitionedEngine:
     def settle(self):
         self.proc.settle()
 
-    def archive_at_the_newest_cut(self, log: Log, label: str, expect: dict[int, int] | None = None) -> list[str]:
+    def archive_at_the_newest_cut(
+        self, log: Log, label: str, expect: dict[int, int] | None = None
+    ) -> list[str]:
         """The archiver's cut (the newest position every partition's state was at) and what the
         archive holds there: the changelog entries caused below it, folded, against the spec."""
         from pipelines.speed.changelog import SettledCuts
