@@ -147,17 +147,49 @@ def layout_fences(
     }
 
 
-def accounting(client: redis.Redis, namespace: str, partitions: list[int]) -> dict[str, int]:
-    """Events applied, duplicates, rejected and quarantined, summed over partitions."""
+def stats_key(namespace: str, partition: int, layout: str = "keyed") -> str:
+    """The hash of a partition's accounting (applied, duplicates, rejected, quarantined, and in
+    the partitioned layout ``deliveries_quarantined``)."""
+    return pkey(namespace, partition, "stats") if layout == "partitioned" else key(namespace, "stats", partition)
+
+
+def freshness_histogram(client: redis.Redis, namespace: str, layout: str, partitions) -> dict[int, int]:
+    """Server receive -> visible in Redis, events per 10 ms bucket (keyed: applied; partitioned:
+    delivered to every partition, recorded per source partition)."""
+    if layout != "partitioned":
+        return {int(b): int(n) for b, n in client.hgetall(key(namespace, "freshness")).items()}
+    pipe = client.pipeline(transaction=False)
+    for p in partitions:
+        pipe.hgetall(pkey(namespace, p, "freshness"))
+    hist: dict[int, int] = {}
+    for raw in pipe.execute():
+        for b, n in raw.items():
+            hist[int(b)] = hist.get(int(b), 0) + int(n)
+    return hist
+
+
+def accounting(
+    client: redis.Redis, namespace: str, partitions: list[int], layout: str = "keyed"
+) -> dict[str, int]:
+    """Events applied, duplicates, rejected and quarantined, summed over partitions (in the
+    partitioned layout also ``deliveries_quarantined``)."""
     totals = {"applied": 0, "duplicates": 0, "rejected": 0, "quarantined": 0}
     pipe = client.pipeline(transaction=False)
     for p in partitions:
-        pipe.hgetall(key(namespace, "stats", p))
+        pipe.hgetall(stats_key(namespace, p, layout))
     for stats in pipe.execute():
         for name, n in stats.items():
             name = name.decode() if isinstance(name, bytes) else name
             totals[name] = totals.get(name, 0) + int(n)
     return totals
+
+
+def partitioned_state(client: redis.Redis, namespace: str, partitions: int) -> tuple[dict[int, int], bool]:
+    """The partitioned layout's position: every partition's own fence, and whether the state is
+    complete there (every partition has every other's deliveries below those fences)."""
+    own = layout_fences(client, namespace, "partitioned", partitions, whole=False)
+    whole = layout_fences(client, namespace, "partitioned", partitions, whole=True)
+    return own, own == whole
 
 
 def drop_namespace(r: redis.Redis, namespace: str) -> int:

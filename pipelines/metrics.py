@@ -53,15 +53,16 @@ def snapshot(settings: Settings) -> dict:
     ns = namespaces.active(settings)
     r = functions.connect(settings.redis_url)
     ends = end_offsets(settings, settings.events_topic)
-    fences = functions.fences(r, ns)
+    layout = settings.serving_layout
+    fences = functions.layout_fences(r, ns, layout, len(ends))
     pipe = r.pipeline(transaction=False)
     for p in sorted(ends):
-        pipe.hgetall(functions.key(ns, "stats", p))
+        pipe.hgetall(functions.stats_key(ns, p, layout))
     stats = {
         p: {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in raw.items()}
         for p, raw in zip(sorted(ends), pipe.execute(), strict=True)
     }
-    hist = {int(b): int(n) for b, n in r.hgetall(functions.key(ns, "freshness")).items()}
+    hist = functions.freshness_histogram(r, ns, layout, sorted(ends))
     fcall = r.info("commandstats").get("cmdstat_fcall", {})
     archive, archived_at = _archive(settings, ns)
     from pipelines.stream_progress import progress_dir, read

@@ -10,7 +10,7 @@ the specification (:mod:`tests.spec.views`) evaluated over the same records read
 
 The archiver runs beside it, archiving every few seconds while the stream reads on (each archive at
 the newest position every partition marked, :class:`pipelines.speed.changelog.SettledCuts`), and
-compacts at the end: the Delta views, read with delta-rs, must equal the specification's facts too.
+compacts at the end: the Delta views must equal the specification's facts too, and ``verify`` must pass.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import redis
 from app_sim.generator import GeneratorConfig, produce
 from contract.serving import partition_of
 from infra import clients
+from tests.integration.verifying import assert_verified, run_verify
 from tests.spec import harness
 from tests.spec import views as spec
 
@@ -111,6 +112,11 @@ def test_stream_in_the_partitioned_layout_equals_the_specification(
     assert len(archives) >= 2, f"the archiver cut {len(archives)} archive(s); want several mid-stream"
     assert sum(a["records"] for a in archives) == sum(len(r) for r in per_p.values())
     assert _delta_facts(settings, ns) == _spec_facts(want)
+
+    # and verify, as `python -m pipelines.verify` runs it in this layout: the Delta views against
+    # the batch layer, Redis against the Delta views, and Redis against the log replayed into a
+    # scratch namespace by the same processor and deliveries, key by key
+    assert_verified(run_verify(sl.settings, topic, ns), summary)
 
 
 def _wait_line(path, line: bytes, timeout: float = 180.0) -> None:
