@@ -150,7 +150,9 @@ def layout_fences(
 def stats_key(namespace: str, partition: int, layout: str = "keyed") -> str:
     """The hash of a partition's accounting (applied, duplicates, rejected, quarantined, and in
     the partitioned layout ``deliveries_quarantined``)."""
-    return pkey(namespace, partition, "stats") if layout == "partitioned" else key(namespace, "stats", partition)
+    return (
+        pkey(namespace, partition, "stats") if layout == "partitioned" else key(namespace, "stats", partition)
+    )
 
 
 def freshness_histogram(client: redis.Redis, namespace: str, layout: str, partitions) -> dict[int, int]:
