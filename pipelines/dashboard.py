@@ -36,6 +36,8 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
+from infra.settings import REPO_ROOT
+
 STATIC = Path(__file__).resolve().parent / "static"
 WINDOW_S = 30.0
 DISPOSITIONS = ("applied", "duplicates", "rejected", "quarantined")
@@ -47,6 +49,106 @@ PANELS = (
     ("api", "API request rate and p99 latency", "req/s", "ms"),
     ("accounting", "Accounting: records decided per second", "records/s", None),
 )
+
+
+# The same panels for Grafana (docker-compose.yml's `grafana`, over the Prometheus that scrapes the
+# exporter and the API every 5 s): panel id -> [(PromQL, legend, unit, on the right axis)]. The windows
+# are the page's 30 s; `route!="/metrics"` leaves Prometheus's own scrapes of the API out, as the page
+# leaves the exporter's out.
+GRAFANA_QUERIES: dict[str, list[tuple[str, str, str, bool]]] = {
+    "lag": [("social_serving_lag_records", "{{namespace}} p{{partition}}", "short", False)],
+    "freshness": [
+        (
+            f"histogram_quantile({q}, sum by (namespace, le) (rate(social_freshness_seconds_bucket[30s])))",
+            f"p{round(q * 100)} {{{{namespace}}}}",
+            "s",
+            False,
+        )
+        for q in (0.5, 0.99)
+    ],
+    "archive": [
+        ("sum by (namespace) (social_archive_lag_records)", "behind the log {{namespace}}", "short", False),
+        (
+            "sum by (namespace) (social_archive_behind_serving_records)",
+            "behind Redis {{namespace}}",
+            "short",
+            False,
+        ),
+    ],
+    "api": [
+        ('sum(rate(social_api_requests_total{route!="/metrics"}[30s]))', "requests/s", "reqps", False),
+        (
+            "histogram_quantile(0.99, sum by (le) "
+            '(rate(social_api_request_seconds_bucket{route!="/metrics"}[30s])))',
+            "p99",
+            "s",
+            True,
+        ),
+    ],
+    "accounting": [
+        ("sum by (disposition) (rate(social_events_total[30s]))", "{{disposition}}", "short", False)
+    ],
+}
+GRAFANA_DASHBOARD = REPO_ROOT / "infra" / "grafana" / "dashboards" / "social.json"
+GRAFANA_DATASOURCE = {"type": "prometheus", "uid": "social-prometheus"}  # infra/grafana/provisioning
+
+
+def grafana_dashboard() -> dict:
+    """The dashboard Grafana provisions (infra/grafana/dashboards/social.json): PANELS, two a row."""
+    panels = []
+    for n, (pid, title, _left, _right) in enumerate(PANELS):
+        queries = GRAFANA_QUERIES[pid]
+        overrides = [
+            {
+                "matcher": {"id": "byName", "options": legend},
+                "properties": [
+                    {"id": "custom.axisPlacement", "value": "right"},
+                    {"id": "unit", "value": unit},
+                ],
+            }
+            for _expr, legend, unit, right in queries
+            if right
+        ]
+        panels.append(
+            {
+                "id": n + 1,
+                "type": "timeseries",
+                "title": title,
+                "datasource": GRAFANA_DATASOURCE,
+                "gridPos": {"h": 9, "w": 12, "x": 12 * (n % 2), "y": 9 * (n // 2)},
+                "fieldConfig": {
+                    "defaults": {"unit": queries[0][2], "custom": {"lineWidth": 1, "showPoints": "never"}},
+                    "overrides": overrides,
+                },
+                "options": {"legend": {"displayMode": "list", "placement": "bottom"}},
+                "targets": [
+                    {
+                        "refId": chr(ord("A") + i),
+                        "datasource": GRAFANA_DATASOURCE,
+                        "expr": expr,
+                        "legendFormat": legend,
+                    }
+                    for i, (expr, legend, _unit, _right) in enumerate(queries)
+                ],
+            }
+        )
+    return {
+        "uid": "kappa-social-live",
+        "title": "kappa-social: live health",
+        "description": "The panels of the metrics exporter's /dashboard (pipelines/dashboard.py), from Prometheus",
+        "tags": ["kappa-social"],
+        "timezone": "browser",
+        "schemaVersion": 39,
+        "version": 1,
+        "editable": True,
+        "refresh": "5s",
+        "time": {"from": "now-15m", "to": "now"},
+        "panels": panels,
+    }
+
+
+def grafana_json() -> str:
+    return json.dumps(grafana_dashboard(), indent=2) + "\n"
 
 
 # --- one sample -----------------------------------------------------------------------------------
@@ -314,3 +416,47 @@ def serve(app, host: str, port: int):
     server = make_server(host, port, app, server_class=Server, handler_class=Quiet)
     threading.Thread(target=server.serve_forever, name="exporter-http", daemon=True).start()
     return server
+
+
+# --- the vendored plotting library ----------------------------------------------------------------
+
+UPLOT = STATIC / "uplot"
+
+
+def vendored_problems(directory: Path = UPLOT) -> list[str]:
+    """What differs between the vendored uPlot files and their manifest (vendor.json: each file's
+    sha256, taken from the npm tarball whose integrity the manifest records); [] when they agree."""
+    import hashlib
+
+    manifest = json.loads((directory / "vendor.json").read_text())
+    problems = []
+    for member, entry in manifest["files"].items():
+        path = directory / entry["as"]
+        if not path.exists():
+            problems.append(f"{entry['as']}: missing ({member} of {manifest['tarball']})")
+        elif hashlib.sha256(path.read_bytes()).hexdigest() != entry["sha256"]:
+            problems.append(f"{entry['as']}: not {member} of {manifest['tarball']} (sha256 differs)")
+    return problems
+
+
+def vendor(tarball: Path, integrity: str, directory: Path = UPLOT) -> dict:
+    """Vendor uPlot from an npm tarball (``npm pack uplot@VERSION``) whose sha512 is ``integrity``
+    (``npm view uplot@VERSION dist.integrity``): copy its files, rewrite vendor.json."""
+    import base64
+    import hashlib
+    import tarfile
+
+    data = tarball.read_bytes()
+    got = "sha512-" + base64.b64encode(hashlib.sha512(data).digest()).decode()
+    if got != integrity:
+        raise ValueError(f"{tarball.name}: integrity {got}, the registry says {integrity}")
+    manifest = json.loads((directory / "vendor.json").read_text())
+    with tarfile.open(tarball) as tar:
+        version = json.load(tar.extractfile("package/package.json"))["version"]
+        for member, entry in manifest["files"].items():
+            content = tar.extractfile(member).read()
+            (directory / entry["as"]).write_bytes(content)
+            entry["sha256"] = hashlib.sha256(content).hexdigest()
+    manifest |= {"version": version, "tarball": tarball.name, "integrity": integrity}
+    (directory / "vendor.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
