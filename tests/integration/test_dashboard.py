@@ -8,6 +8,8 @@ on every series, the page is opened, and after it rendered every panel must say 
 that its sparsest series has points; the screenshot goes to var/reports/dashboard/. The same points
 are checked against what the exporter served: the lag panel has the topic's 8 partitions, records
 read = records decided in every point (the accounting), the API's rate counts the client's requests.
+With Debian's Prometheus here (``make test`` fetches it), a Prometheus scrapes the same exporter and
+API, and every query of Grafana's dashboard (the same panels in compose) must answer with data.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import urllib.parse
 import urllib.request
 import uuid
 from dataclasses import replace
@@ -24,7 +27,8 @@ import pytest
 
 from app_sim.generator import GeneratorConfig, produce
 from infra.settings import get_settings
-from pipelines.dashboard import PANELS
+from infra.prometheus import binary
+from pipelines.dashboard import GRAFANA_QUERIES, PANELS
 from tests.conftest import _free_port
 
 pytestmark = pytest.mark.integration
@@ -41,6 +45,16 @@ def _data(settings) -> dict:
         return json.loads(a.read())
 
 
+def _prometheus(settings, expr: str) -> list:
+    """The series an instant query of Prometheus answers with (non-NaN values only)."""
+    url = f"http://127.0.0.1:{settings.prometheus_port}/api/v1/query?" + urllib.parse.urlencode(
+        {"query": expr}
+    )
+    with urllib.request.urlopen(url, timeout=10) as a:
+        result = json.loads(a.read())["data"]["result"]
+    return [r for r in result if r["value"][1] not in ("NaN", "+Inf", "-Inf")]
+
+
 def _sparsest(data: dict) -> dict[str, int]:
     """Panel -> the non-null points of its sparsest series (what the page's data-points says)."""
     out = {}
@@ -54,7 +68,7 @@ def test_every_panel_plots_points_while_events_flow(kafka_stack, topic_factory, 
     from playwright.sync_api import sync_playwright
 
     from infra.browser import ensure_chromium
-    from infra.stack import ApiServer, MetricsExporter
+    from infra.stack import ApiServer, MetricsExporter, PrometheusServer
 
     chromium = ensure_chromium()
     started = time.monotonic()
@@ -68,10 +82,15 @@ def test_every_panel_plots_points_while_events_flow(kafka_stack, topic_factory, 
         api_port=_free_port(18000, set()),
         api_workers=1,
         dashboard_sample_s=1.0,
+        prometheus=1,
+        prometheus_port=_free_port(19090, set()),
     )
     # the archiver appends every 10 s, so its lag falls and rises within the test
     sl = speed_layer_factory(topic=topic, namespace=namespace, archive_interval_s=10.0)
     exporter, api = MetricsExporter(settings), ApiServer(settings)
+    # Grafana's panels (compose) are PromQL over a Prometheus scraping the same exporter and API:
+    # with Debian's package here (make test fetches it), each is asked on this stack too
+    prometheus = PrometheusServer(settings) if binary() is not None else None
     stop = threading.Event()
     failed: list[BaseException] = []
     requests_sent = [0]
@@ -116,6 +135,7 @@ def test_every_panel_plots_points_while_events_flow(kafka_stack, topic_factory, 
     threads = [threading.Thread(target=f, daemon=True) for f in (generator, client)]
     try:
         assert api.start() == "started" and exporter.start() == "started"
+        assert prometheus is None or prometheus.start() == "started"
         sl.wait_running()
         for t in threads:
             t.start()
@@ -166,6 +186,13 @@ def test_every_panel_plots_points_while_events_flow(kafka_stack, topic_factory, 
         assert 0 < max(p99) < 10_000, p99
         fresh = [v for v in data["freshness"]["p99 (s)"] if v is not None]
         assert 0 < max(fresh) < 120, fresh  # measured, not the speed layer's 120 s cap
+        if prometheus is not None:
+            empty = {}
+            for pid, queries in GRAFANA_QUERIES.items():
+                for expr, *_ in queries:
+                    if not _prometheus(settings, expr):
+                        empty.setdefault(pid, []).append(expr)
+            assert empty == {}, f"Grafana panels with no data in Prometheus: {empty}"
         assert not failed, failed
     finally:
         stop.set()
@@ -173,4 +200,6 @@ def test_every_panel_plots_points_while_events_flow(kafka_stack, topic_factory, 
             t.join(timeout=30)
         exporter.stop()
         api.stop()
+        if prometheus is not None:
+            prometheus.stop()
     print(f"whole test {time.monotonic() - started:.0f} s")
