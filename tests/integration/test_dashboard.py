@@ -26,8 +26,8 @@ import httpx
 import pytest
 
 from app_sim.generator import GeneratorConfig, produce
-from infra.settings import get_settings
 from infra.prometheus import binary
+from infra.settings import get_settings
 from pipelines.dashboard import GRAFANA_QUERIES, PANELS
 from tests.conftest import _free_port
 
