@@ -137,7 +137,7 @@ test-fast: deps ## the fast tier: every test that needs no JVM and no Go, the pr
 
 test-integration: deps ## the integration tier: the stack's tests on INTEGRATION_WORKERS xdist workers, tests/integration/local beside them
 	@$(PROMETHEUS_FOR_TESTS)
-	@$(PY) -m social ensure-chromium
+	@$(PY) -m social ensure-chromium || echo "chromium: not installed; the dashboard's browser test will fail"
 	@mkdir -p var
 	@$(LOCAL) & local=$$!; \
 	$(INTEGRATION) $(PYTEST_ARGS); integration=$$?; \
