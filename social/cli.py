@@ -60,6 +60,11 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...], str]] = {
         ("ensure-prometheus",),
         "With SOCIAL_PROMETHEUS=1: Prometheus from PATH, else Debian's package unpacked under .tools.",
     ),
+    "ensure-chromium": (
+        "infra.stack:main",
+        ("ensure-chromium",),
+        "A headless Chromium for the browser test: from PATH, else Debian's chromium-headless-shell (apt-get).",
+    ),
     "jars": ("infra.jars:main", (), "The JVM jars: fetched from Maven Central, pinned, checksum-verified."),
     "airflow": ("infra.airflow:main", (), "Local Airflow over dags/: env, db, test, standalone."),
     "tail": ("infra.tail:main", (), "The event log, record by record (Kafka's console consumer)."),
