@@ -35,6 +35,14 @@ and then trims the streams up to what Delta holds. Fields of an entry:
 The value of any key after the events of a consistent cut (:func:`cut`) is its last change in
 ``(s, position in the entry)`` order among the entries of that cut: the compaction's rule
 (:mod:`pipelines.compaction`).
+
+In the partitioned layout (``<ns>:{<p>}:changelog``, docs/architecture.md) an event's entry is
+``<offset + 1>-0`` with no ``s`` (there is no global order); the changes a delivery made to facts
+the partition owns (an erasure's edges and messages) are an entry ``<fence>-<n>`` with ``d`` ``x``
+and ``src`` ``<source partition>:<offset>``, n counting from 1 at that fence. A key belongs to one
+partition, so its last change is the last in its partition's stream order (:func:`order`); a
+consistent cut is a position every partition marked (:class:`SettledCuts`), and its entries are
+those caused below it (:func:`read_partitioned`).
 """
 
 from __future__ import annotations
