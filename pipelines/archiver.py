@@ -335,7 +335,8 @@ def cutter(
         return lambda: changelog.cut(client, namespace)
     if settings.compacted_topics:
         raise SystemExit(
-            "archiver: SOCIAL_COMPACTED_TOPICS is not supported with SOCIAL_SERVING_LAYOUT=partitioned yet"
+            "archiver: the compacted topics read the keyed layout only so far; "
+            "with SOCIAL_SERVING_LAYOUT=partitioned set SOCIAL_COMPACTED_TOPICS=0"
         )
     from pipelines.speed.stream import topic_partitions
 
