@@ -62,14 +62,40 @@ def key(namespace: str, *parts) -> str:
 
 
 def source() -> str:
-    return LIBRARY.read_text()
+    """The library as Redis loads it: ``social.lua`` with its VERSION line naming its content
+    (:func:`version`), so an edit without a bump still loads, and a stale library cannot run."""
+    return _versioned(LIBRARY.read_text(), version())
 
 
 def version() -> str:
-    m = re.search(r"^local VERSION = '([^']+)'", source(), re.MULTILINE)
+    """The library's VERSION line and a digest of its source: what ``social_version`` answers."""
+    return _content_version(LIBRARY, LIBRARY.read_text())
+
+
+def _content_version(path: Path, text: str, extra: str = "") -> str:
+    import hashlib
+
+    m = re.search(r"^local VERSION = '([^']+)'", text, re.MULTILINE)
     if m is None:
-        raise RuntimeError(f"{LIBRARY}: no VERSION line")
-    return m.group(1)
+        raise RuntimeError(f"{path}: no VERSION line")
+    return f"{m.group(1)}-{hashlib.sha256((text + extra).encode()).hexdigest()[:12]}"
+
+
+def _versioned(text: str, version: str) -> str:
+    return re.sub(r"^local VERSION = '[^']+'", f"local VERSION = '{version}'", text, count=1, flags=re.M)
+
+
+def loaded_versions(client: redis.Redis) -> dict[str, str | None]:
+    """What each library in Redis answers for its version (None: not loaded), beside this
+    repository's: verify reports a stale one."""
+    out: dict[str, str | None] = {}
+    for name, fn in (("social", "social_version"), ("partitioned", "p_version")):
+        try:
+            have = client.fcall_ro(fn, 0)
+            out[name] = have.decode() if isinstance(have, bytes) else have
+        except redis.ResponseError:
+            out[name] = None
+    return out
 
 
 def ensure_loaded(client: redis.Redis) -> str:
@@ -228,7 +254,7 @@ def partitioned_source() -> str:
         raise RuntimeError(f"{PARTITIONED}: no @PROTOCOL@ placeholder")
     text = text.replace("@PROTOCOL@", _lua({k: v for k, v in protocol().items() if not k.startswith("_")}))
     # the version Redis reports names this source and protocol exactly: any change is loaded
-    return re.sub(r"^local VERSION = '[^']+'", f"local VERSION = '{partitioned_version()}'", text, flags=re.M)
+    return _versioned(text, partitioned_version())
 
 
 def _lua(value) -> str:
@@ -247,14 +273,7 @@ def _lua(value) -> str:
 
 def partitioned_version() -> str:
     """The library's VERSION line and a digest of its source and protocol."""
-    import hashlib
-
-    text = PARTITIONED.read_text()
-    m = re.search(r"^local VERSION = '([^']+)'", text, re.MULTILINE)
-    if m is None:
-        raise RuntimeError(f"{PARTITIONED}: no VERSION line")
-    digest = hashlib.sha256((text + PROTOCOL_FILE.read_text()).encode()).hexdigest()[:12]
-    return f"{m.group(1)}-{digest}"
+    return _content_version(PARTITIONED, PARTITIONED.read_text(), PROTOCOL_FILE.read_text())
 
 
 def ensure_partitioned_loaded(client: redis.Redis) -> str:

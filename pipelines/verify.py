@@ -260,6 +260,14 @@ def verify_keyed(spark, settings: Settings, namespace: str, topic: str) -> dict:
         return functions.fences(client, namespace), True
 
     position, complete = state()
+    # the library Redis runs, before the replay loads this repository's: a stale one is a mismatch
+    name, want = (
+        ("partitioned", functions.partitioned_version())
+        if layout == "partitioned"
+        else ("social", functions.version())
+    )
+    running = functions.loaded_versions(client)[name]
+    library = {"name": name, "running": running, "repository": want, "ok": running in (want, None)}
     ends = {p: position.get(p, 0) for p in partitions}
     scratch = f"{namespace}__replay"
     drop_namespace(client, scratch)
@@ -284,6 +292,7 @@ def verify_keyed(spark, settings: Settings, namespace: str, topic: str) -> dict:
         },
         "accounting": acct,
         "freshness": keyed_freshness(client, namespace, layout, partitions),
+        "library": library,
         **result,
     }
     if moved or not complete:
@@ -294,7 +303,7 @@ def verify_keyed(spark, settings: Settings, namespace: str, topic: str) -> dict:
             else "the live state is between a micro-batch's calls and its deliveries (the stream is running)"
         )
     else:
-        out["ok"] = result["ok"] and acct["ok"]
+        out["ok"] = result["ok"] and acct["ok"] and library["ok"]
     return out
 
 
@@ -580,6 +589,12 @@ def summary(report: dict) -> str:
             f"  keyed state vs its replay at {k['position']}: {k['keys']} keys, {k['mismatches']} mismatches"
             f" ({k.get('skipped') or ('ok' if k['ok'] else 'MISMATCH')}); replay {k['replay']['events_per_s']} events/s"
         )
+        lib = k.get("library")
+        if lib and not lib["ok"]:
+            lines.append(
+                f"  STALE Redis library {lib['name']}: Redis ran {lib['running']}, this repository is "
+                f"{lib['repository']} (the next speed layer start loads it)"
+            )
         kf = k["freshness"]
         lines.append(
             f"  keyed freshness p50 {kf['p50_ms']} ms, p99 {kf['p99_ms']} ms over {kf['events']} events"
