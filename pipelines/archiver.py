@@ -230,13 +230,16 @@ def archive_once(
         side_by_side([lambda t=t, df=df: lake.append(t, df) for t, df in data.items()])
         lake.append("archives", spark.createDataFrame([row], TABLES["archives"].ddl))
     upto = a.end_offsets
-    if (
-        settings.compacted_topics and not partitioned
-    ):  # nor what the compacted topics' publisher has not produced yet
+    if settings.compacted_topics:  # nor what the compacted topics' publisher has not produced yet
         from pipelines.speed.compacted import position
 
-        published = position(client, lake.namespace)
-        upto = {p: min(o, published.get(p, 0)) for p, o in upto.items()}
+        if partitioned:  # both settled cuts, of one chain: the earlier one
+            published = position(client, lake.namespace, len(upto))
+            published = {p: published.get(p, 0) for p in upto}
+            upto = published if sum(published.values()) < sum(upto.values()) else upto
+        else:
+            published = position(client, lake.namespace)
+            upto = {p: min(o, published.get(p, 0)) for p, o in upto.items()}
     changelog.trim(client, lake.namespace, upto)
     log.info(
         "archive %d: %d records (%s) up to %s in %.2fs",
@@ -333,11 +336,6 @@ def cutter(
     if settings.serving_layout != "partitioned":
         functions.ensure_loaded(client)
         return lambda: changelog.cut(client, namespace)
-    if settings.compacted_topics:
-        raise SystemExit(
-            "archiver: the compacted topics read the keyed layout only so far; "
-            "with SOCIAL_SERVING_LAYOUT=partitioned set SOCIAL_COMPACTED_TOPICS=0"
-        )
     from pipelines.speed.stream import topic_partitions
 
     functions.ensure_partitioned_loaded(client)

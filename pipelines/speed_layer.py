@@ -41,11 +41,6 @@ def run(
     topic = topic or settings.events_topic
     # state an older key layout wrote is refused before anything starts (docs/architecture.md)
     functions.check_layout(functions.connect(settings.redis_url), namespace)
-    if settings.compacted_topics and settings.serving_layout == "partitioned":
-        raise SystemExit(
-            "speed layer: the compacted topics read the keyed layout only so far; "
-            "with SOCIAL_SERVING_LAYOUT=partitioned set SOCIAL_COMPACTED_TOPICS=0"
-        )
     spark = build_spark(f"speed-layer-{namespace}", settings)
     publisher = None
     if settings.compacted_topics:

@@ -63,7 +63,6 @@ def test_stream_in_the_partitioned_layout_equals_the_specification(
         namespace=ns,
         serving_layout="partitioned",
         archive_interval_s=2.0,  # archives at cuts taken while deliveries are still under way
-        compacted_topics=0,
         fanout_threshold=5,
         max_offsets_per_trigger=1_500,  # several micro-batches: deliveries between them
     )
