@@ -119,12 +119,15 @@ def _build_progress(settings: Settings, namespace: str, topic: str):
     from pipelines.progress import log_position
 
     try:
-        log_end = sum(end_offsets(settings, topic).values())
+        ends = end_offsets(settings, topic)
         client = connect(settings.redis_url)
     except Exception:  # noqa: BLE001 - no bar then; the build reports its own errors
         return threading.Event()
+    layout, partitions = settings.serving_layout, len(ends)
     return log_position(
-        lambda: sum(functions.fences(client, namespace).values()), log_end, f"build {namespace}"
+        lambda: sum(functions.layout_fences(client, namespace, layout, partitions).values()),
+        sum(ends.values()),
+        f"build {namespace}",
     )
 
 

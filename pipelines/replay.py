@@ -80,9 +80,10 @@ def replay_keyed(
     from infra.stack import watermarks
     from pipelines.speed.stream import SUMMARY_SCHEMA, apply_partitions, processor_config
 
-    cfg = processor_config(settings, namespace, record_freshness=False)
-    tasks = settings.speed_tasks or spark.sparkContext.defaultParallelism
     marks = watermarks(settings, topic)
+    # (the partitioned layout delivers to every partition of this topic, not of the settings' topic)
+    cfg = processor_config(settings, namespace, record_freshness=False, partitions=len(marks))
+    tasks = settings.speed_tasks or spark.sparkContext.defaultParallelism
     ends = {p: hi for p, (_lo, hi) in marks.items()} if end_offsets is None else dict(end_offsets)
     starts = {p: min(marks.get(p, (0, 0))[0], end) for p, end in ends.items()}
     keys = ("records", "applied", "duplicates", "rejected", "quarantined", "skipped")

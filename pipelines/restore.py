@@ -12,6 +12,10 @@ the restored keys are the keys a replay up to P would have made. Then the speed 
 again, reads the log from P: the Delta views plus the log after the position they cover, not
 the whole log.
 
+In the partitioned layout (``SOCIAL_SERVING_LAYOUT=partitioned``) the same rows go to each
+partition's keys through that library's ``p_restore``, one partition per call
+(:func:`restore_partitioned`).
+
 Run with the speed layer stopped: ``python -m pipelines.restore [--namespace NS]``. It refuses
 a namespace that still has keys in Redis unless ``--force`` (which drops them first).
 
@@ -181,13 +185,15 @@ def restore(spark, settings: Settings, namespace: str, *, force: bool = False) -
                 f"Redis already holds keys of {namespace!r} (e.g. {existing!r}); --force drops them"
             )
         functions.drop_namespace(client, namespace)
-    functions.ensure_loaded(client)
     lake = Lake(spark, settings.lake_dir, namespace)
     record = lake.last_batch() if lake.exists() else None
     if record is None:
         raise RestoreError(
             f"no compacted views for {namespace!r} under {settings.lake_dir}: nothing to restore"
         )
+    if settings.serving_layout == "partitioned":
+        return restore_partitioned(client, lake, record, settings, namespace)
+    functions.ensure_loaded(client)
     t0 = time.time()
     v = record.versions
     ends = record.end_offsets
@@ -261,6 +267,164 @@ def restore(spark, settings: Settings, namespace: str, *, force: bool = False) -
     }
     log.info("restored %s at %s in %.1fs: %s", namespace, ends, time.time() - t0, counts)
     return report
+
+
+# --- the partitioned layout (docs/architecture.md, "The partitioned layout") ----------------------
+
+
+def _partition_of(col, partitions: int):
+    """:func:`contract.serving.partition_of` as a Spark column: CRC-32 of the id's decimal bytes."""
+    return F.pmod(F.crc32(F.col(col).cast("string")), F.lit(partitions)).cast("int")
+
+
+def _pwrite(client: redis.Redis, namespace: str, kind: str, df, partitions: int) -> int:
+    """Rows of one kind (column ``q``: the partition, then the protocol's fields in order) through
+    ``p_restore``, ROWS_PER_CALL per call, each call over the keys of its partition."""
+    names = functions.protocol()["restore_rows"][kind]
+    chunks: dict[int, list] = {q: [] for q in range(partitions)}
+    pipe = client.pipeline(transaction=False)
+    n = 0
+
+    def flush(q: int) -> None:
+        if chunks[q]:
+            head = [namespace, q, kind, len(names)]
+            pipe.fcall("p_restore", 1, functions.pkey(namespace, q, "fence"), *head, *chunks[q])
+            chunks[q] = []
+
+    for row in df.select("q", *names).toLocalIterator():
+        q = int(row[0])
+        chunks[q] += ["" if v is None else str(int(v)) if isinstance(v, bool) else str(v) for v in row[1:]]
+        n += 1
+        if len(chunks[q]) >= ROWS_PER_CALL * len(names):
+            flush(q)
+            if len(pipe) >= 20:
+                pipe.execute()
+    for q in chunks:
+        flush(q)
+    pipe.execute()
+    return n
+
+
+def restore_partitioned(client: redis.Redis, lake: Lake, record, settings: Settings, namespace: str) -> dict:
+    """Each partition's keys at the compacted views' position P (whole: every delivery caused below
+    P applied), written by ``p_restore``: the facts each partition owns (its users' profiles,
+    statuses, follows, posts, inboxes, unread counters; ``lfol`` and ``celebs`` from the follows of
+    its users), every author's replica of the latest N + S live posts in every partition, the
+    timelines at their latest N over the sources stored in that partition (the authors at or below
+    the threshold among its users, and the user), the erased users (``erased`` in their own
+    partition, ``gone`` in all), the dedup memory, the statistics, then ``dfence`` and the fence at P,
+    which leave a mark: P is the archiver's settled cut to go on from."""
+    from pyspark.sql import Window
+
+    from pipelines.speed.processor import ProcessorConfig
+
+    t0 = time.time()
+    v, ends = record.versions, record.end_offsets
+    n = len(ends)
+    if sorted(ends) != list(range(n)):
+        raise RestoreError(f"{namespace!r}: the views' position {ends} does not name every partition")
+    functions.ensure_partitioned_loaded(client)
+    spark = lake.spark
+    N, S, T = settings.timeline_length, ProcessorConfig("", "").timeline_slack, settings.fanout_threshold
+
+    def at(table: str):
+        return lake.read(table, v[table])
+
+    def owned(df, col):
+        return df.withColumn("q", _partition_of(col, n))
+
+    every = spark.range(n).select(F.col("id").cast("int").alias("q"))
+    counts: dict[str, int] = {}
+
+    def load(kind: str, df, **renames) -> None:
+        counts[kind] = _pwrite(
+            client,
+            namespace,
+            kind,
+            df.select(*[F.col(c).alias(a) for a, c in renames.items()], "q") if renames else df,
+            n,
+        )
+
+    users = owned(at("users"), "user_id")
+    load("U", users, user="user_id", handle="handle", display_name="display_name")
+    load("S", owned(at("user_status"), "user_id"), user="user_id", text="text", event_time="event_time")
+    follows = owned(at("follows"), "user_id")
+    load("F", follows, user="user_id", followee="followee_id")
+    celebs = follows.groupBy("q", "followee_id").count().where(F.col("count") > T)
+    load("C", celebs, author="followee_id")
+    posts = owned(at("posts"), "author_id").withColumn("deleted", F.col("deleted").cast("int"))
+    load(
+        "P",
+        posts,
+        author="author_id",
+        post_id="post_id",
+        event_time="event_time",
+        text="text",
+        deleted="deleted",
+    )
+    newest = Window.partitionBy("author_id").orderBy(F.desc("event_time"), F.desc("post_id"))
+    live = posts.where(F.col("deleted") == 0).withColumn("k", F.row_number().over(newest))
+    replica = live.where(F.col("k") <= N + S).withColumnRenamed("q", "home").crossJoin(every)
+    replica = replica.withColumn("own", (F.col("home") == F.col("q")).cast("int"))
+    load("R", replica, author="author_id", post_id="post_id", event_time="event_time", text="text", own="own")
+    # the timelines: the latest N over the sources stored in the user's partition
+    fanned = follows.join(celebs.select("q", "followee_id"), ["q", "followee_id"], "left_anti")
+    sources = fanned.select("user_id", F.col("followee_id").alias("author_id")).unionByName(
+        live.select(F.col("author_id").alias("user_id"), "author_id").distinct()
+    )
+    latest = live.where(F.col("k") <= N).select("author_id", "post_id", "event_time")
+    order = Window.partitionBy("user_id").orderBy(
+        F.desc("event_time"), F.desc("post_id"), F.desc("author_id")
+    )
+    timelines = owned(
+        sources.join(latest, "author_id").withColumn("r", F.row_number().over(order)).where(F.col("r") <= N),
+        "user_id",
+    )
+    load("T", timelines, user="user_id", post_id="post_id", event_time="event_time", author="author_id")
+    inbox = owned(at("inbox"), "recipient_id").withColumn("read", F.col("read").cast("int"))
+    load(
+        "I", inbox, recipient="recipient_id", message_id="message_id", sender="sender_id", text="text",
+        event_time="event_time", read="read",
+    )  # fmt: skip
+    load("N", owned(at("unread_counts"), "user_id"), user="user_id", unread="unread")
+
+    # the erased users (their applied user_erased events below P): `erased` where their events are,
+    # `gone` everywhere (every erasure delivery below P is applied)
+    bronze = below(at("events_bronze"), ends)
+    erased = bronze.where((F.col("type") == "user_erased") & (F.col("disposition") == "applied"))
+    load("E", erased.select("user_id", F.col("partition").alias("q")).distinct(), user="user_id")
+    load("G", erased.select("user_id").distinct().crossJoin(every), user="user_id")
+    # the dedup memory, per partition, as p_apply keeps it (window + grace below the newest)
+    hwm = bronze.groupBy(F.col("partition").alias("q")).agg(F.max("received_time").alias("hwm"))
+    load("H", hwm, hwm="hwm")
+    horizon = settings.dedup_window_ms + settings.dedup_grace_ms
+    seen = (
+        bronze.groupBy(F.col("partition").alias("q"), "event_id")
+        .agg(F.max("received_time").alias("rt"))
+        .join(hwm, "q")
+        .where(F.col("rt") >= F.col("hwm") - horizon)
+    )
+    load("D", seen, event_id="event_id", received_time="rt")
+    # the statistics: the events' dispositions below P (a delivery's row has no offset)
+    cl = below(at("changelog"), ends)
+    names = F.create_map(*[F.lit(x) for kv in {"a": "applied", "d": "duplicates", "r": "rejected",
+                                                  "q": "quarantined"}.items() for x in kv])  # fmt: skip
+    stats = cl.groupBy(F.col("partition").alias("q"), names[F.col("disposition")].alias("field")).count()
+    load("X", stats, field="field", count="count")
+    position = spark.createDataFrame(
+        [(q, s, o) for q in range(n) for s, o in ends.items()], "q int, source int, offset long"
+    )
+    load("Z", position)
+    load("Y", spark.createDataFrame([(q, o) for q, o in ends.items()], "q int, offset long"))  # last
+    log.info("restored %s at %s in %.1fs: %s", namespace, ends, time.time() - t0, counts)
+    return {
+        "namespace": namespace,
+        "layout": "partitioned",
+        "position": {str(p): o for p, o in ends.items()},
+        "batch_id": record.batch_id,
+        "rows": counts,
+        "seconds": round(time.time() - t0, 1),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -42,7 +42,7 @@ A delivery it cannot apply is kept in `dlq` with its reason and counted, never d
 that leaves the partition complete (its own deliveries at its fence) appends dfence to `marks`.
 ]]
 
-local VERSION = 'p3'
+local VERSION = 'p4'
 local MARKS_KEPT = '4096' -- complete states each partition keeps for the archiver to find a cut in
 local LAYOUT = '3'
 local PROTOCOL = @PROTOCOL@ -- protocol.json as a Lua table (contract/functions.py)
@@ -842,6 +842,78 @@ local function p_deliver(keys, args)
   return {counts.applied, counts.skipped, counts.quarantined}
 end
 
+-- Restore (pipelines/restore.py): partition p's state at a whole position P from the Delta views,
+-- written with the encoders the events write with. `FCALL p_restore 1 <ns>:{<p>}:fence <restore
+-- header> <row>...`, each row `width` strings named by `restore_rows[kind]` (protocol.json). `Z`
+-- (dfence) comes before `Y` (the fence, last), which also marks the complete state for the archiver.
+local RESTORE = {
+  U = function(c, r) redis.call('HSET', c:k('users'), r.user, user_json(r.handle, r.display_name)) end,
+  S = function(c, r) redis.call('HSET', c:k('status'), r.user, status_json(r.text, tonumber(r.event_time))) end,
+  F = function(c, r)
+    redis.call('SADD', c:k('following', r.user), r.followee)
+    redis.call('SADD', c:k('lfol', r.followee), r.user)
+  end,
+  C = function(c, r) redis.call('SADD', c:k('celebs'), r.author) end,
+  P = function(c, r)
+    if r.deleted == '1' then
+      redis.call('HSET', c:k('pids', r.author), r.post_id, 0)
+    else
+      local m = pad(r.post_id)
+      redis.call('HSET', c:k('pids', r.author), r.post_id, 1)
+      redis.call('ZADD', c:k('posts', r.author), r.event_time, m)
+      redis.call('SET', c:bkey(r.author, m), post_json(r.post_id, r.author, r.text, tonumber(r.event_time)))
+    end
+  end,
+  R = function(c, r)
+    local m = pad(r.post_id)
+    redis.call('ZADD', c:k('ap', r.author), r.event_time, m)
+    if r.own ~= '1' then
+      redis.call('SET', c:bkey(r.author, m), post_json(r.post_id, r.author, r.text, tonumber(r.event_time)))
+    end
+  end,
+  T = function(c, r) redis.call('ZADD', c:k('tl', r.user), r.event_time, tl_member(pad(r.post_id), r.author)) end,
+  I = function(c, r)
+    local rcpt, mid, sender, text = r.recipient, r.message_id, r.sender, r.text
+    redis.call('ZADD', c:k('inbox', rcpt), r.event_time, pad(mid))
+    if sender == '0' then text = nil else redis.call('SADD', c:k('sent', sender), rcpt .. ':' .. mid) end
+    redis.call('HSET', c:k('msgs', rcpt), mid, msg_json(mid, sender, text, tonumber(r.event_time)))
+    if r.read == '1' then redis.call('HSET', c:k('msgs', rcpt), mid .. ':r', 1) end
+  end,
+  N = function(c, r) redis.call('HSET', c:k('unread'), r.user, r.unread) end,
+  E = function(c, r) redis.call('SADD', c:k('erased'), r.user) end,
+  G = function(c, r) redis.call('SADD', c:k('gone'), r.user) end,
+  D = function(c, r) redis.call('ZADD', c:k('seenq'), r.received_time, r.event_id) end,
+  H = function(c, r) redis.call('SET', c:k('hwm'), r.hwm) end,
+  X = function(c, r) redis.call('HSET', c:k('stats'), r.field, r.count) end,
+  Z = function(c, r) redis.call('HSET', c:k('dfence'), r.source, r.offset) end,
+  Y = function(c, r)
+    redis.call('SET', c:k('fence'), r.offset)
+    if tonumber(redis.call('HGET', c:k('dfence'), c.p) or '0') == tonumber(r.offset) then
+      redis.call('XADD', c:k('marks'), 'MAXLEN', '~', MARKS_KEPT, '*', unpack(redis.call('HGETALL', c:k('dfence'))))
+    end
+  end,
+}
+
+local function p_restore(keys, args)
+  local header, i = named(args, 1, PROTOCOL.restore)
+  local c = setmetatable({ns = header.namespace, p = header.partition,
+    pre = header.namespace .. ':{' .. header.partition .. '}:'}, Ctx)
+  if keys[1] ~= c:k('fence') then error('protocol: key ' .. tostring(keys[1]) .. ' is not ' .. c:k('fence'), 0) end
+  local names, write, width = PROTOCOL.restore_rows[header.kind], RESTORE[header.kind], tonumber(header.width)
+  if names == nil or write == nil or #names ~= width then
+    error('protocol: restore rows ' .. tostring(header.kind) .. ' of ' .. tostring(header.width) .. ' fields', 0)
+  end
+  check_layout(c)
+  local n = 0
+  while i <= #args do
+    local r
+    r, i = named(args, i, names)
+    write(c, r)
+    n = n + 1
+  end
+  return n
+end
+
 -- `FCALL_RO p_cut 1 <ns>:{<p>}:fence <ns> <p>` -> {fence, {source, dfence, ...}, p}: what partition
 -- p's state covers, read atomically (its own log below `fence`, each source's deliveries below dfence).
 local function p_cut(keys, args)
@@ -931,6 +1003,7 @@ local function p_version() return VERSION end
 
 redis.register_function('p_apply', p_apply)
 redis.register_function('p_deliver', p_deliver)
+redis.register_function('p_restore', p_restore)
 redis.register_function{function_name = 'p_cut', callback = p_cut, flags = {'no-writes'}}
 redis.register_function{function_name = 'p_timeline', callback = p_timeline, flags = {'no-writes'}}
 redis.register_function{function_name = 'p_decode', callback = p_decode, flags = {'no-writes', 'no-cluster'}}

@@ -117,6 +117,23 @@ def test_stream_in_the_partitioned_layout_equals_the_specification(
     # scratch namespace by the same processor and deliveries, key by key
     assert_verified(run_verify(sl.settings, topic, ns), summary)
 
+    # restore after FLUSHALL (`python -m pipelines.restore`, here in this worker's Spark session):
+    # the namespace's keys copied aside, dropped, written again from its Delta views at P (the log's
+    # end here), then equal to the copy key by key as verify compares (timelines: their first N)
+    from contract import functions
+    from pipelines.restore import restore
+    from pipelines.speed.compare import compare_namespaces
+    from tests.integration.verifying import worker_spark
+
+    for key in client.scan_iter(match=f"{ns}:*", count=2000):
+        client.copy(key, b"before" + key[len(ns) :])
+    functions.drop_namespace(client, ns)
+    report = restore(worker_spark(sl.settings), sl.settings, ns)
+    assert report["position"] == {str(p): len(recs) for p, recs in per_p.items()}
+    same = compare_namespaces(client, ns, "before", sl.settings.timeline_length)
+    assert same["ok"], {n: f for n, f in same["families"].items() if not f["ok"]}
+    assert same["families"]["tl"]["keys"] > 100 and same["families"]["ap"]["keys"] > 100
+
 
 def _wait_line(path, line: bytes, timeout: float = 180.0) -> None:
     deadline = time.monotonic() + timeout

@@ -129,6 +129,41 @@ def test_every_key_a_call_writes_is_in_its_partitions_slot(redis_url):
     assert all(k.startswith((f"{ns}:{{0}}:", f"{ns}:{{1}}:")) for k in keys), keys
 
 
+def test_restore_rows_are_named_and_routed_by_their_partition(redis_url):
+    """``p_restore`` (pipelines/restore.py) writes each kind of row the protocol names, by name, over
+    its own partition's keys only; an unknown kind, a wrong width or another partition's key is
+    refused with the reason."""
+    ns = f"t{uuid.uuid4().hex[:8]}"
+    r = redis.Redis.from_url(redis_url)
+    functions.ensure_partitioned_loaded(r)
+    fence = functions.pkey(ns, 3, "fence")
+    rows = functions.protocol()["restore_rows"]
+    # worked by hand: user 7 (partition 3) follows 9, wrote post 5, got message 11 from 8, read it
+    assert r.fcall("p_restore", 1, fence, ns, 3, "U", 3, "7", "ann", "Ann") == 1
+    assert r.fcall("p_restore", 1, fence, ns, 3, "F", 2, "7", "9") == 1
+    assert r.fcall("p_restore", 1, fence, ns, 3, "P", 5, "7", "5", str(T0), "hi", "0") == 1
+    assert r.fcall("p_restore", 1, fence, ns, 3, "I", 6, "7", "11", "8", "m", str(T0), "1") == 1
+    assert r.fcall("p_restore", 1, fence, ns, 3, "Z", 2, "3", "40", "0", "12") == 2
+    assert r.fcall("p_restore", 1, fence, ns, 3, "Y", 1, "40") == 1
+    k = lambda *parts: functions.pkey(ns, 3, *parts)  # noqa: E731
+    assert json.loads(r.hget(k("users"), "7")) == {"handle": "ann", "display_name": "Ann"}
+    assert r.smembers(k("following", 7)) == {b"9"} and r.smembers(k("lfol", 9)) == {b"7"}
+    assert r.zrange(k("posts", 7), 0, -1, withscores=True) == [(b"0" * 18 + b"5", float(T0))]
+    assert json.loads(r.get(k("b", "0" * 18 + "5" + "0" * 18 + "7")))["text"] == "hi"
+    assert json.loads(r.hget(k("msgs", 7), "11"))["sender_id"] == 8 and r.hget(k("msgs", 7), "11:r") == b"1"
+    assert r.smembers(k("sent", 8)) == {b"7:11"}
+    assert r.get(k("fence")) == b"40" and r.hgetall(k("dfence")) == {b"3": b"40", b"0": b"12"}
+    assert r.xlen(k("marks")) == 1  # complete at its fence: the archiver's cut to go on from
+    assert all(key.decode().startswith(f"{ns}:{{3}}:") for key in r.scan_iter(match=f"{ns}:*"))
+    with pytest.raises(redis.ResponseError, match="protocol: restore rows W"):
+        r.fcall("p_restore", 1, fence, ns, 3, "W", 1, "7")
+    with pytest.raises(redis.ResponseError, match="protocol: restore rows U of 2"):
+        r.fcall("p_restore", 1, fence, ns, 3, "U", 2, "7", "ann")
+    with pytest.raises(redis.ResponseError, match="protocol: key"):
+        r.fcall("p_restore", 1, functions.pkey(ns, 2, "fence"), ns, 3, "U", 3, "7", "ann", "Ann")
+    assert set(rows) == set("USFCPRTINEGDHXZY")
+
+
 def test_a_delivery_the_library_cannot_apply_is_quarantined_and_counted(redis_url):
     ns = f"t{uuid.uuid4().hex[:8]}"
     proc = _proc(redis_url, ns)
