@@ -67,9 +67,20 @@ class SpeedLayerProcess:
         _kill9(self.archiver)
 
     def store(self):
-        from contract.serving import ServingStore, connect
+        """The serving store's dumps (``contract.serving``) in this speed layer's layout."""
+        from contract.serving import PartitionedStore, ServingStore, connect
 
+        if self.settings.serving_layout == "partitioned":
+            return PartitionedStore(connect(self.settings.redis_url), self.namespace, self.partitions())
         return ServingStore(connect(self.settings.redis_url), self.namespace)
+
+    def partitions(self) -> int:
+        """The event topic's partition count (read once)."""
+        if not hasattr(self, "_partitions"):
+            from pipelines.speed.stream import topic_partitions
+
+            self._partitions = len(topic_partitions(self.settings, self.topic))
+        return self._partitions
 
     def lake_position(self) -> dict[int, int]:
         """The log position the Delta views cover."""
@@ -84,12 +95,9 @@ class SpeedLayerProcess:
         if self.settings.serving_layout != "partitioned":
             return self.store().fences()
         from contract import functions
-        from pipelines.speed.stream import topic_partitions
 
-        if not hasattr(self, "_partitions"):
-            self._partitions = len(topic_partitions(self.settings, self.topic))
         client = functions.connect(self.settings.redis_url)
-        return functions.layout_fences(client, self.namespace, "partitioned", self._partitions)
+        return functions.layout_fences(client, self.namespace, "partitioned", self.partitions())
 
     def position(self) -> dict[int, int]:
         """Where both the keyed state and the Delta views are (the smaller offset per partition)."""

@@ -92,11 +92,17 @@ def log_end_offsets(settings: Settings, topic: str) -> dict[int, int]:
     return end_offsets(settings, topic)
 
 
-def serving_position(settings: Settings, namespace: str) -> dict[int, int]:
-    """The serving path's position: the fences of the keyed state in Redis (partition -> next offset)."""
-    from contract.functions import fences
+def serving_position(settings: Settings, namespace: str, partitions: int | None = None) -> dict[int, int]:
+    """The serving path's position: the fences of the keyed state in Redis (partition -> next offset;
+    in the partitioned layout, of the event topic's ``partitions``, each with its deliveries in)."""
+    from contract.functions import layout_fences
 
-    return fences(keyed_connect(settings.redis_url), namespace)
+    return layout_fences(
+        keyed_connect(settings.redis_url),
+        namespace,
+        settings.serving_layout,
+        partitions or settings.events_partitions,
+    )
 
 
 def archive_position(settings: Settings, namespace: str) -> dict[int, int]:
@@ -143,7 +149,11 @@ def wait_caught_up(
     one progress bar per path that moves as it does."""
     from tqdm import tqdm
 
-    readers = {"serving": serving_position, "archived": archived_position, "archive": archive_position}
+    readers = {
+        "serving": lambda s, ns: serving_position(s, ns, len(target)),
+        "archived": archived_position,
+        "archive": archive_position,
+    }
     labels = {"serving": "serving (Redis)", "archived": "archived (Delta)", "archive": "views (Delta)"}
     total = sum(target.values())
     progress = Progress()

@@ -210,25 +210,61 @@ class StoreState:
     status: dict[int, str]
 
 
-def read_timelines(r, namespace: str, users: Iterable[int], timeline_length: int = 800) -> dict:
-    """Each user's home timeline as users read it: the API's read (``ServingReader.timeline``,
-    ``FCALL_RO social_timeline``: the stored entries merged with the posts of followed authors
-    above the fan-out threshold), its first N, as (author, post) pairs."""
+def _reader_url(r) -> str:
+    kw = r.connection_pool.connection_kwargs  # the same server as ``r``, read by asyncio
+    auth = f":{kw['password']}@" if kw.get("password") else ""
+    return f"redis://{auth}{kw.get('host', '127.0.0.1')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"
+
+
+def read_timelines(
+    r,
+    namespace: str,
+    users: Iterable[int],
+    timeline_length: int = 800,
+    layout: str = "keyed",
+    partitions: int = 0,
+) -> dict:
+    """Each user's home timeline as users read it: the API's read (``contract.serving.reader``:
+    the stored entries merged with the posts of followed authors above the fan-out threshold), its
+    first N, as (author, post) pairs."""
+    return _read_users(r, namespace, users, layout, partitions, timeline_length)["timeline"]
+
+
+def _read_users(
+    r,
+    namespace: str,
+    users: Iterable[int],
+    layout: str,
+    partitions: int,
+    timeline_length: int,
+    *,
+    all_views=False,
+) -> dict[str, dict]:
+    """The users' views through the API's reader of ``layout``: timelines (and, ``all_views``,
+    inboxes with their read flags, unread counters and statuses)."""
     import asyncio
 
-    from contract.serving import ServingReader
+    from contract.serving import reader
 
-    async def read_all() -> dict[int, set[tuple[int, int]]]:
-        kw = r.connection_pool.connection_kwargs  # the same server as ``r``, read by asyncio
-        auth = f":{kw['password']}@" if kw.get("password") else ""
-        url = f"redis://{auth}{kw.get('host', '127.0.0.1')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"
-        client = clients.redis_client(url, decode_responses=True, asyncio=True)
-        reader = ServingReader(client, namespace)
+    async def read_all() -> dict[str, dict]:
+        client = clients.redis_client(_reader_url(r), decode_responses=True, asyncio=True)
+        store = reader(client, namespace, layout, partitions)
+        out: dict[str, dict] = {"timeline": {}, "inbox": {}, "unread": {}, "status": {}}
         try:
-            out = {}
             for u in users:
-                bodies, _as_of = await reader.timeline(u, timeline_length)
-                out[u] = {(int(b["author_id"]), int(b["post_id"])) for b in bodies}
+                bodies, _as_of = await store.timeline(u, timeline_length)
+                out["timeline"][u] = {(int(b["author_id"]), int(b["post_id"])) for b in bodies}
+                if not all_views:
+                    continue
+                msgs, _ = await store.inbox(u, 1_000_000)
+                if msgs:
+                    out["inbox"][u] = {int(m["message_id"]): bool(m["read"]) for m in msgs}
+                n, _ = await store.unread(u)
+                if n:
+                    out["unread"][u] = n
+                status, _ = await store.status(u)
+                if status is not None:
+                    out["status"][u] = status["text"]
             return out
         finally:
             await client.aclose()
@@ -236,15 +272,28 @@ def read_timelines(r, namespace: str, users: Iterable[int], timeline_length: int
     return asyncio.run(read_all())
 
 
-def read_store(r, namespace: str, users: Iterable[int], timeline_length: int = 800) -> StoreState:
+def read_store(
+    r,
+    namespace: str,
+    users: Iterable[int],
+    timeline_length: int = 800,
+    layout: str = "keyed",
+    partitions: int = 0,
+) -> StoreState:
     """The parts of a namespace the comparison needs, for ``users`` (key layout:
     ``contract/functions.py``); the timelines read as the API reads them
-    (:func:`read_timelines`), never from the raw ``tl:`` keys."""
+    (:func:`read_timelines`), never from the raw ``tl:`` keys. In the partitioned layout (the log
+    design's store when ``SOCIAL_SERVING_LAYOUT=partitioned``; dual mode always writes the keyed
+    one) every view of ``users`` through the API's reader."""
 
     def user_of(key: str) -> int:
         return int(key.rsplit(":", 1)[1])
 
     users = sorted(set(users))
+    if layout == "partitioned":
+        got = _read_users(r, namespace, users, layout, partitions, timeline_length, all_views=True)
+        timeline = {u: tl for u, tl in got["timeline"].items() if tl}
+        return StoreState(unread=got["unread"], inbox=got["inbox"], timeline=timeline, status=got["status"])
     inbox = {
         user_of(key): {int(mid): bool(json.loads(body)["read"]) for mid, body in r.hgetall(key).items()}
         for key in r.scan_iter(f"{namespace}:msgs:*", count=1000)
@@ -441,9 +490,17 @@ def run_workload(
         api.stop()
 
 
-def measure(r, truth: Truth, namespace: str, journal: list[dict], timeline_length: int = 800) -> dict:
+def measure(
+    r,
+    truth: Truth,
+    namespace: str,
+    journal: list[dict],
+    timeline_length: int = 800,
+    layout: str = "keyed",
+    partitions: int = 0,
+) -> dict:
     """A namespace against the truth of one mode's span of the log, for that span's users only."""
-    store = read_store(r, namespace, truth.users, timeline_length)
+    store = read_store(r, namespace, truth.users, timeline_length, layout, partitions)
     return summarize(divergences(store, truth, only=truth.users), journal)
 
 
@@ -533,11 +590,14 @@ def run(
         speed_layer.stop()
         phase("speed_layer")
         points = []
+        parts = len(end_offsets(base, TOPIC))
         for spec in specs:
             truth = fold(read_log(base, TOPIC, *spans[spec.label]), base.timeline_length)
             journal = read_journal(r, TOPIC, spec.mode, windows[spec.label])
             namespace = REPLAY if spec.mode == "log" else "dual"
-            before = measure(r, truth, namespace, journal, base.timeline_length)
+            # the speed layer's store in its layout; the dual-mode API writes the keyed one
+            layout = base.serving_layout if spec.mode == "log" else "keyed"
+            before = measure(r, truth, namespace, journal, base.timeline_length, layout, parts)
             injected = {f: sum(1 for j in journal if j["fault"] == f) for f in FAULTS}
             if spec.scale is not None:
                 writes = summaries[spec.label]["writes"]["requests"]
@@ -572,7 +632,7 @@ def run(
                 # the repair: the namespace rebuilt from the log, i.e. the replay's; for the log
                 # design that is its own namespace already
                 "after_repair": {
-                    **measure(r, truth, REPLAY, journal, base.timeline_length),
+                    **measure(r, truth, REPLAY, journal, base.timeline_length, base.serving_layout, parts),
                     "namespace": REPLAY,
                 },
             }

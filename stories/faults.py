@@ -248,10 +248,14 @@ def spark_worker_killed(settings: Settings, *, seconds: float = 30.0, rate: floa
     client = connect(settings.redis_url)
     ends = end_offsets(settings, topic)
     deadline = time.monotonic() + 600
-    while (fences := functions.fences(client, namespace)) != ends and time.monotonic() < deadline:
+
+    def position() -> dict[int, int]:
+        return functions.layout_fences(client, namespace, settings.serving_layout, len(ends))
+
+    while (fences := position()) != ends and time.monotonic() < deadline:
         time.sleep(1)
     run_.events.append(f"speed layer caught up: {fences == ends}")
-    stats = functions.accounting(client, namespace, sorted(ends))
+    stats = functions.accounting(client, namespace, sorted(ends), settings.serving_layout)
     read = sum(ends.values())
     report = {
         **asdict(run_),

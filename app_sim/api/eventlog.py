@@ -64,6 +64,18 @@ class EventLog:
         self._poller = threading.Thread(target=self._poll, name="eventlog-poll", daemon=True)
         self._poller.start()
 
+    def partitions(self, default: int, timeout_s: float = 5.0) -> int:
+        """The topic's partition count as the broker reports it (``default`` when it cannot say:
+        the topic does not exist yet). The partitioned layout reads each user's keys from the
+        partition the user's records go to, which this count decides."""
+        try:
+            meta = self._producer.list_topics(self.topic, timeout=timeout_s).topics.get(self.topic)
+        except Exception:  # noqa: BLE001 - a broker not answering yet: the appends will say so
+            return default
+        if meta is None or meta.error is not None or not meta.partitions:
+            return default
+        return len(meta.partitions)
+
     def _poll(self) -> None:
         while not self._stop.is_set():
             self._producer.poll(0.05)

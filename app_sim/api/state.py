@@ -31,6 +31,7 @@ class Api:
     ids: Snowflake
     keystore: keys.KeyStore  # data keys: seal personal fields on write, open them on read
     sealer: keys.Sealer | None  # None: SOCIAL_SEAL_PERSONAL_DATA=0, plaintext writes
+    partitions: int = 0  # the event topic's (the partitioned layout's owners); 0: the setting's
     _ns: tuple[float, str] = (0.0, "")
 
     async def namespace(self) -> str:
@@ -50,7 +51,9 @@ class Api:
         from contract.serving import reader
 
         s = self.settings
-        return reader(self.redis, await self.namespace(), s.serving_layout, s.events_partitions)
+        return reader(
+            self.redis, await self.namespace(), s.serving_layout, self.partitions or s.events_partitions
+        )
 
     # hints about the API's own recent writes (see the package docstring)
     async def remember(self, kind: str, ident: int, value) -> None:

@@ -92,7 +92,7 @@ def test_bootstrap_from_compacted_topics_equals_the_views(kafka_stack, topic_fac
 
     topic = topic_factory(4)
     ns = "ct" + topic[-8:]
-    sl = speed_layer_factory(topic, ns, archive=False, **COMPACTED_TEST_SETTINGS)
+    sl = speed_layer_factory(topic, ns, archive=False, serving_layout="keyed", **COMPACTED_TEST_SETTINGS)
     settings = sl.settings
     names = compacted.topic_names(topic, ns)
     client = __import__("redis").Redis.from_url(settings.redis_url)

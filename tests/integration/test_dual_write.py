@@ -155,7 +155,7 @@ def _run_mode(mode: str, base, topic: str, namespace: str) -> None:
 def runs(kafka_stack, tmp_path_factory):
     """mode -> (divergences, attribution, journal) after the seeded scenarios."""
     from contract.serving import connect
-    from infra.stack import create_topic, delete_topic
+    from infra.stack import create_topic, delete_topic, end_offsets
     from pipelines.speed_layer_process import SpeedLayerProcess
 
     base = replace(
@@ -189,7 +189,11 @@ def runs(kafka_stack, tmp_path_factory):
     for mode, topic in topics.items():
         truth = fold(read_log(base, topic), base.timeline_length)
         # the store as users read it: timelines through the API's read (social_timeline)
-        found = divergences(read_store(r, f"{mode}{tag}", truth.users, base.timeline_length), truth)
+        # the speed layer's store in its layout (the dual-mode API writes the keyed one)
+        layout = base.serving_layout if mode == "log" else "keyed"
+        parts = len(end_offsets(base, topic))
+        store = read_store(r, f"{mode}{tag}", truth.users, base.timeline_length, layout, parts)
+        found = divergences(store, truth)
         journal = read_journal(r, topic)
         out[mode] = (found, attribute(found, journal), journal)
     yield out

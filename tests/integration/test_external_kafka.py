@@ -355,14 +355,16 @@ def test_up_starts_only_the_projects_processes_on_the_external_kafka_and_redis(s
         namespace = namespaces.active(settings)
         r = clients.redis_client(settings.redis_url)
         deadline = time.monotonic() + 120
+
+        def fences() -> dict[int, int]:
+            return functions.layout_fences(r, namespace, settings.serving_layout, len(ends))
+
         while not (
-            covers(functions.fences(r, namespace), ends)
+            covers(fences(), ends)
             and (a := archived(settings.lake_dir, namespace))
             and covers(a.end_offsets, ends)
         ):
-            assert time.monotonic() < deadline, (
-                f"not applied and archived: fences {functions.fences(r, namespace)}, log {ends}"
-            )
+            assert time.monotonic() < deadline, f"not applied and archived: fences {fences()}, log {ends}"
             time.sleep(1)
         url = f"http://127.0.0.1:{api_port}/v1/health"
         with urllib.request.urlopen(url, timeout=5) as answer:

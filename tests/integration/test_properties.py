@@ -177,8 +177,16 @@ def run_batch(spark, stack_settings, topic: str, batch: list[Log], n: int, t: in
     from pipelines.parse import parse_records
     from pipelines.replay import read_log, replay_keyed
 
+    # the keyed layout: these logs put their users in partitions of their own choosing, where the
+    # partitioned layout's readers find a user in the partition librdkafka's partitioner gives its
+    # key (the partitioned layout is held to the specification by tests/unit/test_properties.py
+    # and tests/integration/test_partitioned_layout.py)
     settings = dataclasses.replace(
-        stack_settings, timeline_length=n, fanout_threshold=t, processor_group_size=group
+        stack_settings,
+        timeline_length=n,
+        fanout_threshold=t,
+        processor_group_size=group,
+        serving_layout="keyed",
     )
     ends = produce(settings.kafka_bootstrap, topic, batch)
     ns = f"props{uuid.uuid4().hex[:8]}"

@@ -66,11 +66,13 @@ def test_verify_a_young_stack_with_a_post_id_shared_by_authors(
             topic, json.dumps(e).encode(), key=str(e["user_id"]).encode(), partition=PARTITION[e["user_id"]]
         )
     assert producer.flush(30) == 0
-    sl = speed_layer_factory(topic=topic, namespace="young")
+    # the keyed layout: the records go to partitions of the test's choosing, where the partitioned
+    # layout's readers find a user in the partition librdkafka's partitioner gives its key
+    sl = speed_layer_factory(topic=topic, namespace="young", serving_layout="keyed")
     sl.wait_caught_up(timeout=600)
     sl.stop()
 
-    report = run_verify(kafka_stack.settings, topic, "young")
+    report = run_verify(sl.settings, topic, "young")
     assert report["position"]["at_zero"] == [1, 3]
     assert report["ok"], {k: v["mismatches"] for k, v in report["views"].items()}
     assert report["keyed"]["ok"] is True and report["batch_layer"]["ok"] is True
@@ -108,10 +110,9 @@ def test_verify_reads_the_archive_at_the_views_position_while_the_archive_runs_a
     ahead of partitions with no records); then partition 2 gets records that are archived, not
     compacted; once compacted, verify covers them."""
     from contract import functions
-    from pipelines.archiver import archive_once
+    from pipelines.archiver import archive_once, cutter
     from pipelines.compaction import compact_once
     from pipelines.lake import Lake
-    from pipelines.speed import changelog
     from tests.integration.verifying import worker_spark
 
     settings, ns = kafka_stack.settings, "ahead"
@@ -141,8 +142,10 @@ def test_verify_reads_the_archive_at_the_views_position_while_the_archive_runs_a
     archiver.ensure_tables()
     compactor = Lake(spark, settings.lake_dir, ns, writer="compaction")
 
+    cut = cutter(sl.settings, client, ns, topic)  # the serving layout's consistent cut
+
     def archive() -> None:
-        assert archive_once(spark, archiver, client, settings, topic, changelog.cut(client, ns)) is not None
+        assert archive_once(spark, archiver, client, settings, topic, cut()) is not None
 
     archive()
     assert compact_once(spark, compactor, settings) is not None
