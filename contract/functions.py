@@ -126,12 +126,27 @@ def layout() -> str:
     return m.group(1)
 
 
-def check_layout(client: redis.Redis, namespace: str) -> None:
-    """Refuse (one line, :class:`LayoutError`) a namespace whose state an older library wrote.
+def check_layout(client: redis.Redis, namespace: str, serving_layout: str = "keyed") -> None:
+    """Refuse (one line, :class:`LayoutError`) a namespace whose state an older library or the
+    other serving layout (``SOCIAL_SERVING_LAYOUT``) wrote.
 
     State from before ``layout`` existed (layout 1: a post keyed by its id alone) has a fence and
-    no ``layout`` key. An empty namespace is fine: the first ``social_apply`` stamps it.
-    """
+    no ``layout`` key. An empty namespace is fine: the first ``social_apply`` stamps it (in the
+    partitioned layout, each partition's first call stamps its own; the partitioned library refuses
+    a partition stamped by another version of it)."""
+    keyed = client.exists(key(namespace, "layout"), key(namespace, "fence")) > 0
+    partitioned = client.exists(pkey(namespace, 0, "layout"), pkey(namespace, 0, "fence")) > 0
+    other = {"keyed": partitioned, "partitioned": keyed}[serving_layout]
+    if other:
+        held = "partitioned" if serving_layout == "keyed" else "keyed"
+        raise LayoutError(
+            f"Redis namespace {namespace!r} holds state of the {held} serving layout and "
+            f"SOCIAL_SERVING_LAYOUT={serving_layout}: rebuild it in this layout with "
+            f"`python -m pipelines.rebuild run`, or set SOCIAL_SERVING_LAYOUT={held} "
+            f'(docs/architecture.md, "Upgrading")'
+        )
+    if serving_layout == "partitioned":
+        return
     have = client.get(key(namespace, "layout"))
     have = have.decode() if isinstance(have, bytes) else have
     if have is None and not client.exists(key(namespace, "fence")):

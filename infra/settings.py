@@ -356,10 +356,9 @@ class Settings:
         "keyed",
         "the keyed state's layout in Redis: `keyed` (social.lua, one keyspace) or `partitioned` "
         "(partitioned.lua: every key hash-tagged by its Kafka partition, posts and erasures delivered "
-        "between partitions; docs/architecture.md, The partitioned layout). The stream, the API's "
-        "reads, the archiver, verify, the metrics and the catch-up bench read both; restore, rebuild, "
-        "the erasure audit, dual-write and the compacted topics `keyed` only so far (with `partitioned`, "
-        "set SOCIAL_COMPACTED_TOPICS=0)",
+        "between partitions; docs/architecture.md, The partitioned layout). Every part of the project "
+        "reads and writes both; a namespace keeps the layout it was built in (the other is refused with "
+        "one line naming the rebuild command)",
     )
     processor_group_posts: int = _setting(
         "SOCIAL_PROCESSOR_GROUP_POSTS",

@@ -40,7 +40,7 @@ def run(
     namespace = namespace or namespaces.active(settings)
     topic = topic or settings.events_topic
     # state an older key layout wrote is refused before anything starts (docs/architecture.md)
-    functions.check_layout(functions.connect(settings.redis_url), namespace)
+    functions.check_layout(functions.connect(settings.redis_url), namespace, settings.serving_layout)
     spark = build_spark(f"speed-layer-{namespace}", settings)
     publisher = None
     if settings.compacted_topics:

@@ -836,6 +836,28 @@ def test_state_of_an_older_key_layout_is_refused_with_the_rebuild_command(redis_
     functions.check_layout(r, fresh)
 
 
+def test_state_of_the_other_serving_layout_is_refused_with_the_rebuild_command(redis_url, ns):
+    """Switching SOCIAL_SERVING_LAYOUT never reads (or writes beside) a namespace the other layout
+    built: the speed layer's start refuses it with one line naming the rebuild and the setting."""
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    apply(redis_url, ns, [[ev("status_updated", 1, 0, text="x")]])  # keyed state
+    functions.check_layout(r, ns, "keyed")
+    with pytest.raises(
+        functions.LayoutError,
+        match=r"keyed serving layout and SOCIAL_SERVING_LAYOUT=partitioned.*pipelines\.rebuild run.*"
+        r"SOCIAL_SERVING_LAYOUT=keyed",
+    ):
+        functions.check_layout(r, ns, "partitioned")
+    other = ns + "p"
+    r.set(functions.pkey(other, 0, "layout"), "3")  # as a partitioned call stamps partition 0
+    functions.check_layout(r, other, "partitioned")
+    with pytest.raises(
+        functions.LayoutError, match=r"partitioned serving layout and SOCIAL_SERVING_LAYOUT=keyed"
+    ):
+        functions.check_layout(r, other, "keyed")
+    functions.check_layout(r, ns + "empty", "partitioned")  # an empty namespace is fine in either
+
+
 def test_a_function_call_ends_at_the_posts_cap(redis_url, ns):
     """group_posts bounds what one call holds Redis for: a registration, 7 posts and 3 status
     updates of one user, at most 3 posts (and 200 events) per call: the registration and posts
