@@ -283,7 +283,9 @@ def _seed_views(api: RunningApi, alice: int, bob: int) -> None:
 
 
 def test_reads_come_from_the_serving_store_with_as_of(api_factory):
-    api = api_factory()
+    # the keyed layout's keys, written by hand (the partitioned layout's reads through the API:
+    # tests/unit/test_api_partitioned.py)
+    api = api_factory(serving_layout="keyed")
     alice, token = api.register("alice")
     bob, _ = api.register("bob")
     _seed_views(api, alice, bob)
@@ -317,7 +319,7 @@ def test_a_blue_green_switch_is_picked_up_without_restart(api_factory):
 
     from contract import namespaces
 
-    api = api_factory(views_namespace="")  # follow Redis active_namespace
+    api = api_factory(views_namespace="", serving_layout="keyed")  # follow Redis active_namespace
     alice, token = api.register("alice")
     r = redis.Redis.from_url(api.settings.redis_url, decode_responses=True)
     previous = r.get(namespaces.REDIS_KEY)
@@ -638,7 +640,7 @@ def test_erasure_appends_user_erased_and_revokes_the_token(api_factory):
     the log, then 401 for that token; the handle can be registered again (a new user id)."""
     import redis
 
-    api = api_factory()
+    api = api_factory(serving_layout="keyed")  # (its erased set written by hand below)
     alice, alice_token = api.register("alice")
     bob, bob_token = api.register("bob")
     store = keys.KeyStore.for_settings(api.settings)

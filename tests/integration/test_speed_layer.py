@@ -58,12 +58,8 @@ def test_stream_equals_replay(kafka_stack, topic_factory, speed_layer_factory, t
     timelines = sum(1 for _ in sl.store().dump_timelines(kafka_stack.settings.timeline_length))
     assert timelines > 10_000
     # the serving store holds sealed values only; they open with the user's key
-    import redis
-
-    from contract.functions import key
-
-    r = redis.Redis.from_url(kafka_stack.settings.redis_url)
-    profile = json.loads(r.hget(key("stream", "users"), 7))
+    users = sl.store().dump_hash("users")
+    profile = json.loads(users.get(b"7") or users["7"])
     assert is_sealed(profile["handle"]) and is_sealed(profile["display_name"])
     assert open_fields(store, [profile], "handle")[0]["handle"] == "u7"  # the generator's handle of user 7
 

@@ -11,6 +11,7 @@ of the follower's timeline must show both posts of the shared id.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -115,7 +116,8 @@ def test_verify_reads_the_archive_at_the_views_position_while_the_archive_runs_a
     from pipelines.lake import Lake
     from tests.integration.verifying import worker_spark
 
-    settings, ns = kafka_stack.settings, "ahead"
+    # the keyed layout: the records go to partitions of the test's choosing (as in the test above)
+    settings, ns = dataclasses.replace(kafka_stack.settings, serving_layout="keyed"), "ahead"
     topic = topic_factory(4)
     producer = Producer({"bootstrap.servers": kafka_stack.bootstrap, "enable.idempotence": True})
 
@@ -133,7 +135,7 @@ def test_verify_reads_the_archive_at_the_views_position_while_the_archive_runs_a
     first = [_event(0, "user_registered", u, handle=f"u{u}", display_name=f"U {u}") for u in (1, 3)]
     first += [_event(1, "followed", 3, followee_id=1), _event(2, "post_created", 1, post_id=5, text="a")]
     send(first, bad_in=0)
-    sl = speed_layer_factory(topic=topic, namespace=ns, archive=False)
+    sl = speed_layer_factory(topic=topic, namespace=ns, archive=False, serving_layout="keyed")
     sl.wait_caught_up(timeout=600)
 
     spark = worker_spark(settings)
