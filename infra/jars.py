@@ -1,10 +1,13 @@
 """JVM jars for the local stack: fetched once from Maven Central, pinned, checksum-verified.
 
-Two manifests in ``infra/jvm/`` describe two classpaths that must never mix:
+Three manifests in ``infra/jvm/`` describe classpaths; the broker's and Spark's must never mix:
 
 - ``kafka``: the broker (KRaft) and its tools, run by ``infra.stack`` as ``java -cp ...``;
 - ``spark``: what the speed layer adds to PySpark (Kafka source, Delta Lake), passed as ``spark.jars``.
   It carries Spark's own kafka-clients 3.9.x, not the broker's 4.x.
+- ``s3``: Hadoop's S3A file system and the AWS SDK v2 modules it calls (not the 686 MB SDK bundle:
+  ``infra/jvm/s3-pom.xml`` says why), added to ``spark.jars`` only when the lake is an ``s3a://``
+  URI (SOCIAL_LAKE_URI).
 
 ``python -m infra.jars fetch`` copies each manifest's runtime closure into ``<jars_dir>/<name>/``
 with Maven (local repository ``.cache/m2``) and checks every jar against the committed lock file
@@ -28,7 +31,13 @@ from infra.settings import REPO_ROOT, Settings, get_settings
 JVM_DIR = REPO_ROOT / "infra" / "jvm"
 MAVEN_SETTINGS = JVM_DIR / "maven-settings.xml"
 MAVEN_REPO = REPO_ROOT / ".cache" / "m2"
-MANIFESTS = {"kafka": JVM_DIR / "kafka-pom.xml", "spark": JVM_DIR / "spark-pom.xml"}
+MANIFESTS = {
+    "kafka": JVM_DIR / "kafka-pom.xml",
+    "spark": JVM_DIR / "spark-pom.xml",
+    "s3": JVM_DIR / "s3-pom.xml",
+}
+# what Spark drivers add to PySpark's own jars (the s3 set only for a lake on an object store)
+SPARK_EXTRAS = ("spark", "s3")
 
 # name-version.jar -> name; versions start with a digit (kafka_2.13-4.3.1.jar -> kafka_2.13)
 _JAR_NAME = re.compile(r"^(?P<name>.+)-\d[\w.]*(?:-[A-Za-z][\w.-]*)?\.jar$")
@@ -166,7 +175,7 @@ def _download(name: str, directory: Path) -> Path:
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     _maven_copy(name, staging)
-    if name == "spark" and (dupes := shadowed_pyspark_jars(staging)):
+    if name in SPARK_EXTRAS and (dupes := shadowed_pyspark_jars(staging)):
         raise JarsError(
             f"spark extras would duplicate jars PySpark ships: {', '.join(dupes)}; exclude them in the pom"
         )
@@ -224,8 +233,11 @@ def kafka_classpath(settings: Settings | None = None) -> str:
 
 
 def spark_jars(settings: Settings | None = None) -> list[Path]:
-    """Jars to add to PySpark (spark.jars): the Kafka source/sink and Delta Lake."""
-    return _jars("spark", settings)
+    """Jars to add to PySpark (spark.jars): the Kafka source/sink and Delta Lake, and S3A with the
+    AWS SDK when the lake is on an object store."""
+    settings = settings or get_settings()
+    extra = _jars("s3", settings) if settings.lake_on_s3 else []
+    return _jars("spark", settings) + extra
 
 
 def main(argv: list[str] | None = None) -> int:

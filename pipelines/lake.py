@@ -21,7 +21,6 @@ file system only): the same calls read a lake on an object store.
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -31,6 +30,8 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from infra.lake_store import delta_storage_options, lake_path, remove_tree
+from infra.settings import get_settings
 from pipelines.tables import STORED, TABLES
 
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
@@ -69,12 +70,14 @@ class BatchRecord:
 
 def delta_log(table: Path | str):
     """The table's Delta log as delta-rs reads it (its latest snapshot), or None when the table has
-    no commit yet."""
+    no commit yet. A table on an object store (``s3a://...``) is read with the lake's settings
+    (SOCIAL_LAKE_S3_*, :func:`infra.lake_store.delta_storage_options`)."""
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
+    options = delta_storage_options(get_settings()) if str(table).startswith("s3a://") else None
     try:
-        return DeltaTable(str(table))
+        return DeltaTable(str(table), storage_options=options)
     except TableNotFoundError:
         return None
 
@@ -145,7 +148,7 @@ def committed_position(lake_dir: Path, namespace: str) -> tuple[int, dict[int, i
     Every ``batches`` commit carries them in its ``userMetadata``; no Spark needed (for waiting
     in tests, the demo and health checks).
     """
-    meta = latest_metadata(Path(lake_dir) / namespace / "batches", "batch_id")
+    meta = latest_metadata(lake_path(lake_dir) / namespace / "batches", "batch_id")
     if meta is None:
         return None
     return int(meta["batch_id"]), {int(p): int(o) for p, o in meta["end_offsets"].items()}
@@ -182,7 +185,7 @@ class Archive:
 
 def archived(lake_dir: Path, namespace: str) -> Archive | None:
     """The last complete archive (its ``archives`` row committed), from the Delta log alone."""
-    m = latest_metadata(Path(lake_dir) / namespace / "archives", "archive_id")
+    m = latest_metadata(lake_path(lake_dir) / namespace / "archives", "archive_id")
     return Archive.from_metadata(m) if m else None
 
 
@@ -199,7 +202,7 @@ class Lake:
 
     def __init__(self, spark: SparkSession, root: Path, namespace: str, writer: str = "speed_layer"):
         self.spark = spark
-        self.root = Path(root) / namespace
+        self.root = lake_path(root) / namespace
         self.namespace = namespace
         self.app_id = f"{writer}:{namespace}"
         self._fence: dict[str, str] = {}  # writer options of the batch being written (none outside one)
@@ -223,11 +226,11 @@ class Lake:
     def _create(self, t) -> None:
         from delta.tables import DeltaTable
 
-        leftover = Path(self.path(t.name))
+        leftover = lake_path(self.path(t.name))
         if leftover.exists():
             # a creation killed half-way (kill -9 of the archiver at start): no commit was ever
             # made, so nothing was ever in it; start the table again
-            shutil.rmtree(leftover)
+            remove_tree(leftover)
         builder = DeltaTable.createIfNotExists(self.spark).location(self.path(t.name))
         for col in t.ddl.split(","):
             name, typ = col.strip().split(" ", 1)

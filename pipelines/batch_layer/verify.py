@@ -17,7 +17,6 @@ import json
 import sys
 import time
 from dataclasses import replace
-from pathlib import Path
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
@@ -47,7 +46,7 @@ def verify_batch_layer(
     which is the same once the stream has caught up)."""
     client = keyed_connect(settings.redis_url)
     redis_namespace = redis_namespace or namespace
-    archive = Archive(spark, Path(settings.lake_dir) / namespace)
+    archive = Archive(spark, settings.lake_dir / namespace)
     if not archive.exists():
         return {"ok": None, "skipped": f"no archive at {archive.root}"}
     position = functions.fences(client, redis_namespace)
