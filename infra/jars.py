@@ -7,7 +7,8 @@ Three manifests in ``infra/jvm/`` describe classpaths; the broker's and Spark's 
   It carries Spark's own kafka-clients 3.9.x, not the broker's 4.x.
 - ``s3``: Hadoop's S3A file system and the AWS SDK v2 modules it calls (not the 686 MB SDK bundle:
   ``infra/jvm/s3-pom.xml`` says why), added to ``spark.jars`` only when the lake is an ``s3a://``
-  URI (SOCIAL_LAKE_URI).
+  URI (SOCIAL_LAKE_URI), with the project's S3 LogStore (``infra/jvm/logstore/``), compiled here by
+  ``javac`` from its committed source.
 
 ``python -m infra.jars fetch`` copies each manifest's runtime closure into ``<jars_dir>/<name>/``
 with Maven (local repository ``.cache/m2``) and checks every jar against the committed lock file
@@ -198,7 +199,73 @@ def fetch(settings: Settings | None = None, names: tuple[str, ...] = tuple(MANIF
                 raise JarsError(f"{name} jars do not match {lock_path(name).name}: {'; '.join(found[:5])}")
             _install(staging, directory)
         counts[name] = len(read_lock(name))
+    if "s3" in names:
+        build_logstore(settings)
     return counts
+
+
+# The LogStore an s3a:// lake's commits go through (infra/jvm/logstore/: why it is the project's own),
+# compiled from its committed source against the jars it links (PySpark's Hadoop, hadoop-aws,
+# delta-storage) into a jar named by the source's hash: a changed source builds a new jar.
+LOGSTORE_SOURCES = JVM_DIR / "logstore"
+
+
+def logstore_jar(settings: Settings | None = None) -> Path:
+    h = hashlib.sha256()
+    for source in sorted(LOGSTORE_SOURCES.rglob("*.java")):
+        h.update(source.relative_to(LOGSTORE_SOURCES).as_posix().encode() + b"\0" + source.read_bytes())
+    return jar_dir("logstore", settings) / f"social-delta-logstore-{h.hexdigest()[:12]}.jar"
+
+
+def build_logstore(settings: Settings | None = None) -> Path:
+    """The LogStore's jar, compiled with `javac` if it is not there yet (~2 s)."""
+    import pyspark
+
+    target = logstore_jar(settings)
+    if target.exists():
+        return target
+    javac, jar = shutil.which("javac"), shutil.which("jar")
+    if not javac or not jar:
+        raise JarsError(
+            "`javac` not found on PATH: install a JDK 17 (e.g. `apt-get install -y openjdk-17-jdk-headless`)"
+        )
+    pyspark_jars = Path(pyspark.__file__).parent / "jars"
+    classpath = [
+        *pyspark_jars.glob("hadoop-client-api-*.jar"),
+        *_jars("s3", settings),
+        *_jars("spark", settings),
+    ]
+    staging = target.parent / (target.name + ".staging")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    sources = [str(p) for p in sorted(LOGSTORE_SOURCES.rglob("*.java"))]
+    cmd = [
+        javac,
+        "--release",
+        "17",
+        "-nowarn",
+        "-d",
+        str(staging),
+        "-cp",
+        ":".join(map(str, classpath)),
+        *sources,
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise JarsError(
+            "javac could not build the S3 LogStore: " + " | ".join(done.stderr.strip().splitlines()[:3])
+        )
+    built = target.parent / (target.name + ".part")
+    done = subprocess.run(
+        [jar, "--create", "--file", str(built), "-C", str(staging), "."], capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        raise JarsError(f"jar could not pack the S3 LogStore: {done.stderr.strip()[:200]}")
+    shutil.rmtree(staging)
+    for old in target.parent.glob("social-delta-logstore-*.jar"):
+        old.unlink()
+    built.rename(target)
+    return target
 
 
 def lock(settings: Settings | None = None) -> dict[str, int]:
@@ -236,8 +303,12 @@ def spark_jars(settings: Settings | None = None) -> list[Path]:
     """Jars to add to PySpark (spark.jars): the Kafka source/sink and Delta Lake, and S3A with the
     AWS SDK when the lake is on an object store."""
     settings = settings or get_settings()
-    extra = _jars("s3", settings) if settings.lake_on_s3 else []
-    return _jars("spark", settings) + extra
+    if not settings.lake_on_s3:
+        return _jars("spark", settings)
+    store = logstore_jar(settings)
+    if not store.exists():
+        raise JarsError(f"no S3 LogStore jar {store.name}: run `make setup` (python -m infra.jars fetch)")
+    return [*_jars("spark", settings), *_jars("s3", settings), store]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,11 +18,11 @@ which answers the few pathlib calls the project makes of its lake root (``/``, `
 ``Path(<an s3a URI>)`` would fold ``s3a://`` into ``s3a:/`` silently, so it fails loudly instead.
 
 Several writers on one store (the archiver and its compaction in one driver; the maintenance,
-restore, rebuild jobs in others): :func:`spark_conf` keeps Delta's S3 LogStore
-(``S3SingleDriverLogStore``: commits of one JVM are serialised and retried on conflict) and turns on
-S3A's conditional create, so a commit file is written with ``If-None-Match: *`` and a second JVM
-racing for the same table version is refused by the store (412) instead of replacing the first's
-commit. docs/running.md says what that guarantees and what not.
+restore, rebuild jobs in others): :func:`spark_conf` names the project's LogStore
+(``infra/jvm/logstore/``), which writes every commit file with S3's put-if-absent
+(``If-None-Match: *``, through S3A's conditional create): of two writers racing for one table
+version the store accepts one and refuses the other, and Delta retries the refused one at the next
+version, as on HDFS. docs/running.md says what that guarantees and what not.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ if TYPE_CHECKING:
     from infra.settings import Settings
 
 SCHEME = "s3a://"
-# Delta's LogStore for s3a paths: its own default, named so the choice is visible (see above)
-S3_LOG_STORE = "io.delta.storage.S3SingleDriverLogStore"
+# Delta's LogStore for s3a paths: the project's put-if-absent one (infra/jvm/logstore/: why)
+S3_LOG_STORE = "social.delta.S3ConditionalPutLogStore"
 
 
 def is_object_uri(location: str) -> bool:
@@ -268,13 +268,10 @@ def spark_conf(settings: Settings) -> dict[str, str]:
     conf = {
         "spark.hadoop.fs.s3a.endpoint.region": settings.lake_s3_region,
         "spark.hadoop.fs.s3a.path.style.access": "true" if settings.lake_s3_path_style else "false",
-        # several writers: Delta's S3 LogStore serialises one JVM's commits; S3A's conditional
-        # create (If-None-Match: *, Hadoop 3.4.2+) makes the store refuse a second JVM's commit of
-        # a version that exists. "create" in the performance flags is what turns it on for
-        # FileSystem.create(path, overwrite=false), the call the LogStore makes.
+        # several writers: every commit file is a put-if-absent (If-None-Match: *); of two writers
+        # racing for one version the store refuses one, which Delta then retries at the next
         "spark.delta.logStore.s3a.impl": S3_LOG_STORE,
         "spark.hadoop.fs.s3a.create.conditional.enabled": "true",
-        "spark.hadoop.fs.s3a.performance.flags": "create",
         # no retries of a refused conditional PUT, no long waits on a store that is down
         "spark.hadoop.fs.s3a.attempts.maximum": "3",
         "spark.hadoop.fs.s3a.connection.establish.timeout": "5s",
@@ -352,7 +349,10 @@ def check_lake(settings: Settings) -> tuple[str | None, str]:
             )
         return (f"{where}: unreachable ({_first_line(exc)})", "")
     ms = (time.monotonic() - started) * 1000
-    return None, f"{where}: bucket {bucket} answers, list/put/get/delete allowed, conditional writes honoured ({ms:.0f} ms)"
+    return (
+        None,
+        f"{where}: bucket {bucket} answers, list/put/get/delete allowed, conditional writes honoured ({ms:.0f} ms)",
+    )
 
 
 def _first_line(exc: BaseException) -> str:
