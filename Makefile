@@ -33,13 +33,14 @@ $(STAMP): pyproject.toml uv.lock .python-version | $(UV)
 	$(UV) sync -q --locked --extra dev
 	@touch $(STAMP)
 
-setup: deps ## install Python deps, fetch + verify JVM jars, dump the Spark class archive, ensure redis-server (and Prometheus with SOCIAL_PROMETHEUS=1; idempotent)
+setup: deps ## install Python deps, fetch + verify JVM jars, dump the Spark class archive, ensure redis-server, build the S3 test server (and Prometheus with SOCIAL_PROMETHEUS=1; idempotent)
 	@$(PY) -m social spark class-archive
 
 deps: $(STAMP) ## setup without the class archive (make test dumps it beside the first tests)
 	@$(PY) -m social jars fetch
 	@$(PY) -m social ensure-redis
 	@$(PY) -m social ensure-prometheus
+	@$(PY) -m social ensure-s3server
 
 up: setup ## start Kafka (KRaft), Redis, the speed layer, the API and the metrics exporter on 127.0.0.1
 	@$(PY) -m social up

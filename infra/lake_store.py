@@ -28,6 +28,7 @@ version, as on HDFS. docs/running.md says what that guarantees and what not.
 from __future__ import annotations
 
 import os
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -215,7 +216,11 @@ def _allow_http(settings: Settings) -> bool:
 
 
 @cache
-def _store(endpoint: str, region: str, access_key: str, secret: str, path_style: bool, bucket: str):
+def _store(
+    endpoint: str, region: str, access_key: str, secret: str, path_style: bool, bucket: str, retries: int = 10
+):
+    from datetime import timedelta
+
     from obstore.store import S3Store
 
     options = {"region": region, "virtual_hosted_style_request": not path_style}
@@ -225,10 +230,11 @@ def _store(endpoint: str, region: str, access_key: str, secret: str, path_style:
         options["access_key_id"] = access_key
         options["secret_access_key"] = secret
     client = {"allow_http": endpoint.startswith("http://"), "timeout": "30s", "connect_timeout": "5s"}
-    return S3Store(bucket, client_options=client, **options)
+    retry = {"max_retries": retries, "retry_timeout": timedelta(seconds=10 if retries < 3 else 180)}
+    return S3Store(bucket, client_options=client, retry_config=retry, **options)
 
 
-def object_store(settings: Settings, bucket: str):
+def object_store(settings: Settings, bucket: str, retries: int = 10):
     """An obstore client of ``bucket`` with the lake's settings (one per set of settings)."""
     return _store(
         settings.lake_s3_endpoint,
@@ -237,6 +243,7 @@ def object_store(settings: Settings, bucket: str):
         settings.lake_s3_secret_key.get_secret_value(),
         bool(settings.lake_s3_path_style),
         bucket,
+        retries,
     )
 
 
@@ -307,7 +314,7 @@ def check_lake(settings: Settings) -> tuple[str | None, str]:
 
     where = lake_where(settings)
     bucket, prefix = split_uri(settings.lake_uri)
-    store = object_store(settings, bucket)
+    store = object_store(settings, bucket, retries=1)  # a start check answers in seconds
     probe = "/".join(p for p in (prefix, f"_social_check/{uuid.uuid4().hex}") if p)
     started = time.monotonic()
     try:
@@ -329,30 +336,36 @@ def check_lake(settings: Settings) -> tuple[str | None, str]:
                 return (f"{where}: an object read back differs from the one written", "")
         finally:
             obstore.delete(store, probe)
-    except PermissionDeniedError as exc:
-        return (
-            f"{where}: access denied ({_first_line(exc)}): check SOCIAL_LAKE_S3_ACCESS_KEY and "
-            "SOCIAL_LAKE_S3_SECRET_KEY, and that they may list, put, get and delete under the prefix",
-            "",
-        )
-    except NotFoundError as exc:
-        return (f"{where}: bucket {bucket} not found ({_first_line(exc)})", "")
-    except Exception as exc:  # noqa: BLE001 - unreachable, refused, a bucket that does not exist: one line
-        text = str(exc)
-        if "NoSuchBucket" in text:
+    except (PermissionDeniedError, NotFoundError, Exception) as exc:  # noqa: BLE001 - one line each
+        code = _s3_code(exc)
+        if code == "NoSuchBucket":
             return (f"{where}: bucket {bucket} does not exist (create it first)", "")
-        if "SignatureDoesNotMatch" in text or "InvalidAccessKeyId" in text or "403" in text:
+        refused = re.search(r"status code: 40[13]|AccessDenied|AccessKey|Signature|UserNotFound", str(exc))
+        if isinstance(exc, PermissionDeniedError) or refused:
             return (
-                f"{where}: credentials refused ({_first_line(exc)}): check SOCIAL_LAKE_S3_ACCESS_KEY "
-                "and SOCIAL_LAKE_S3_SECRET_KEY",
+                f"{where}: credentials refused ({code or 'access denied'}): check SOCIAL_LAKE_S3_ACCESS_KEY "
+                "and SOCIAL_LAKE_S3_SECRET_KEY, and that they may list, put, get and delete under the prefix",
                 "",
             )
-        return (f"{where}: unreachable ({_first_line(exc)})", "")
+        return (f"{where}: unreachable ({code or _first_line(exc)})", "")
     ms = (time.monotonic() - started) * 1000
     return (
         None,
         f"{where}: bucket {bucket} answers, list/put/get/delete allowed, conditional writes honoured ({ms:.0f} ms)",
     )
+
+
+def _s3_code(exc: BaseException) -> str | None:
+    """The S3 error code in an obstore error (``<Code>NoSuchBucket</Code>``), else its HTTP status,
+    else a refused connection, else None."""
+    text = str(exc)
+    if found := re.search(r"<Code>([^<]+)</Code>", text):
+        return found[1]
+    if found := re.search(r"status code: (\d{3})", text):
+        return found[1]
+    if "Connection refused" in text or "error sending request" in text or "connect" in text.lower():
+        return "connection refused"
+    return None
 
 
 def _first_line(exc: BaseException) -> str:
