@@ -1,0 +1,301 @@
+"""The Delta lake on an S3-compatible object store, for real: versitygw (infra/s3server.py, built
+by ``make setup``) started here on a free port, with a root user of a random secret, serving a
+folder of this test; the lake is ``s3a://lake/<prefix>`` (SOCIAL_LAKE_URI and the SOCIAL_LAKE_S3_*
+group, docs/running.md "Your own object store").
+
+Tested: the start check passes and says each unfit store in one line (wrong secret, no bucket,
+nothing listening); two Spark drivers racing to append to one table on the store lose no commit
+(the lake's put-if-absent LogStore); and the stack (``up``: speed layer, archiver with its
+compaction) writes the archive and the Delta views to the store, where the project's own readers
+(delta-rs for the log, Spark for the rows) find them, and verify passes on them. ``make demo``
+against an external SASL Kafka, a Redis with a password and this store at once is
+``test_demo_passes_on_external_kafka_redis_and_s3_lake`` (slow).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from infra.external import ExternalUnfit, check_external, check_lake
+from infra.processes import settings_env
+from infra.settings import REPO_ROOT, Settings
+from tests.integration.test_external_kafka import scram_kafka  # noqa: F401 - the SASL broker, a fixture
+
+pytestmark = pytest.mark.integration
+
+ACCESS_KEY = "social-lake"
+BUCKET = "lake"
+
+
+def _free_port() -> int:
+    from infra.stack import free_port_block
+
+    return free_port_block(1)
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    """A running versitygw with the bucket ``lake``; yields the server (endpoint, keys, root)."""
+    from infra import s3server
+
+    if not s3server.binary_path().exists():
+        pytest.fail(
+            f"{s3server.binary_path()} is missing: `make setup` builds it (social ensure-s3server; needs Go)",
+            pytrace=False,
+        )
+    root = tmp_path_factory.mktemp("s3root")
+    server = s3server.start(
+        root, _free_port(), ACCESS_KEY, "s3cret-" + uuid.uuid4().hex[:12], root.parent / f"{root.name}.log"
+    )
+    server.bucket(BUCKET)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def on_lake(settings: Settings, s3, prefix: str) -> Settings:
+    """``settings`` with the lake at ``s3a://lake/<prefix>`` on the test's store."""
+    return replace(
+        settings,
+        lake_uri=f"s3a://{BUCKET}/{prefix}",
+        lake_s3_endpoint=s3.endpoint,
+        lake_s3_access_key=s3.access_key,
+        lake_s3_secret_key=s3.secret_key,
+        lake_s3_path_style=1,
+    )
+
+
+def test_the_check_passes_and_each_unfit_store_is_one_line(s3, tmp_path, private_settings):
+    settings = on_lake(private_settings(tmp_path / "var"), s3, "check")
+    [line] = check_external(settings)
+    assert "conditional writes honoured" in line and s3.secret_key not in line
+
+    def problem(**changes) -> str:
+        with pytest.raises(ExternalUnfit) as caught:
+            check_lake(replace(settings, **changes))
+        [line] = caught.value.problems
+        assert "\n" not in line and s3.secret_key not in line
+        return line
+
+    assert "credentials refused" in problem(lake_s3_secret_key="wrong")
+    assert "bucket nobucket does not exist" in problem(lake_uri="s3a://nobucket/check")
+    assert "unreachable (connection refused)" in problem(lake_s3_endpoint=f"http://127.0.0.1:{_free_port()}")
+    # the probe left nothing behind
+    left = [p for p in (s3.root / BUCKET).rglob("*") if p.is_file() and ".sgwtmp" not in p.parts]
+    assert not left, left
+
+
+RACER = """
+import sys, time
+from pipelines.spark import build_spark
+spark = build_spark("racer", testing=True)
+table, writer, commits, start_at = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+row = spark.createDataFrame([(writer, 0)], "writer long, i long")  # planned before the start line
+while time.time() < start_at:
+    time.sleep(0.02)
+for i in range(commits):
+    spark.createDataFrame([(writer, i)], "writer long, i long").write.format("delta").mode("append").save(table)
+print("done", writer)
+"""
+
+
+def test_two_writers_racing_on_one_table_lose_no_commit(s3, tmp_path, private_settings):
+    """Two drivers (two JVMs, as the archiver and a maintenance job are) append to one table at the
+    same moments: every append is a commit of its own, none replaced by the other's (the loser of
+    a race is refused by the store and retries at the next version). A race is a matter of timing:
+    with Delta's S3SingleDriverLogStore and S3A's ``fs.s3a.performance.flags=create`` (which turns
+    its create(path, overwrite=false) into an unchecked PUT) 40 racing appends kept 39 here
+    (2026-12-06); with the LogStore alone (a HEAD, then an unconditional PUT: a window of
+    milliseconds) they kept 40 of 40, which is luck, not a guarantee."""
+    from deltalake import DeltaTable
+
+    from infra.lake_store import delta_storage_options
+    from pipelines.spark import build_spark
+
+    settings = on_lake(private_settings(tmp_path / "var"), s3, "race")
+    table = f"{settings.lake_uri}/t"
+    spark = build_spark("race-setup", settings, testing=True)
+    spark.createDataFrame([(0, 0)], "writer long, i long").write.format("delta").save(table)
+    commits = 12
+    env = settings_env(settings)
+    start_at = time.time() + 25  # both JVMs up by then
+    racers = [
+        subprocess.Popen(
+            [sys.executable, "-c", RACER, table, str(w), str(commits), str(start_at)],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for w in (1, 2)
+    ]
+    outputs = [r.communicate(timeout=240)[0] for r in racers]
+    for racer, out in zip(racers, outputs, strict=True):
+        assert racer.returncode == 0, out[-3000:]
+    log = DeltaTable(table, storage_options=delta_storage_options(settings))
+    assert log.version() == 2 * commits, f"{2 * commits + 1 - (log.version() + 1)} commits lost"
+    rows = spark.read.format("delta").load(table).groupBy("writer").count().collect()
+    assert {r["writer"]: r["count"] for r in rows} == {0: 1, 1: commits, 2: commits}
+    # the commits are objects on the store, not files of this machine's var/
+    assert (s3.root / BUCKET / "race" / "t" / "_delta_log" / f"{2 * commits:020d}.json").exists()
+    assert not (Path(settings.var_dir) / "lake").exists()
+
+
+@pytest.mark.timeout(420)
+def test_the_archive_and_the_views_are_written_to_the_store_and_read_back(s3, tmp_path, private_settings):
+    """``up`` with the lake on the store: the archiver's archive and its compaction's Delta views
+    land there; the readers the stack waits with (delta-rs: ``archived``, ``committed_position``)
+    and the views' reader (Spark: ``Lake.read``) find them; ``verify`` passes on them."""
+    from app_sim.generator import GeneratorConfig, produce
+    from contract import namespaces
+    from infra.kafka_admin import end_offsets
+    from infra.stack import Stack
+    from pipelines.lake import Lake, archived, committed_position, covers
+    from pipelines.spark import build_spark
+
+    settings = on_lake(
+        private_settings(
+            tmp_path / "var",
+            analytics=0,
+            api_workers=1,
+            off_path_nice=0,
+            archive_interval_s=5.0,
+            archive_durability_s=1.0,
+            compaction_interval_s=5.0,
+            compacted_partitions=1,
+            events_partitions=4,
+        ),
+        s3,
+        "stack",
+    )
+    stack = Stack(settings)
+    started = time.monotonic()
+    try:
+        outcome = stack.up()
+        assert outcome["lake (external)"].startswith(f"lake {settings.lake_uri}"), outcome
+        config = GeneratorConfig(users=80, mean_followers=5, seed=65)
+        assert (
+            produce(
+                2_000, config, topic=settings.events_topic, bootstrap=settings, progress=False
+            ).delivery_failures
+            == 0
+        )
+        ends = end_offsets(settings, settings.events_topic)
+        namespace = namespaces.active(settings)
+        deadline = time.monotonic() + 240
+        while not (
+            (a := archived(settings.lake_dir, namespace))
+            and covers(a.end_offsets, ends)
+            and (c := committed_position(settings.lake_dir, namespace))
+            and covers(c[1], ends)
+        ):
+            assert time.monotonic() < deadline, f"not archived and compacted to {ends} on the store"
+            time.sleep(1)
+        print(f"archived and compacted on the store {time.monotonic() - started:.0f} s after up")
+        spark = build_spark("read-back", settings, testing=True)
+        lake = Lake(spark, settings.lake_dir, namespace)
+        assert lake.read("events_bronze").count() == sum(ends.values())
+        assert lake.read("users").count() > 0 and lake.read("posts").count() > 0
+        spark.stop()
+        done = subprocess.run(
+            [sys.executable, "-m", "pipelines.verify", "--no-serving"],
+            cwd=REPO_ROOT,
+            env=settings_env(settings),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    finally:
+        stack.down()
+    print(f"test took {time.monotonic() - started:.0f} s")
+    report = json.loads((Path(settings.var_dir) / "reports" / "verify" / "latest.json").read_text())
+    assert report["ok"], report
+    store = s3.root / BUCKET / "stack"
+    assert (store / "ACTIVE").exists() or namespaces.DEFAULT == namespace
+    for table in ("events_bronze", "changelog", "archives", "batches", "users", "posts", "inbox"):
+        assert (store / namespace / table / "_delta_log").is_dir(), table
+    assert not (Path(settings.var_dir) / "lake").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_demo_passes_on_external_kafka_redis_and_s3_lake(s3, tmp_path, request):
+    """``make demo`` small (tests/integration/test_demo.py's size) with all three of the user's
+    own: the SASL/SCRAM Kafka with ACLs of test_external_kafka.py, a Redis with a password, and the
+    lake on the store; it must exit 0 with verify and the quality checks ok."""
+    from infra.stack import Stack
+    from tests.integration.test_demo import ARCHIVER, DEMO_ENV
+
+    _admin, user_settings = request.getfixturevalue("scram_kafka")
+    redis_port, api_port, metrics_port = _free_port(), _free_port(), _free_port()
+    redis_password = "redis-" + uuid.uuid4().hex[:8]
+    redis = subprocess.Popen(
+        ["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--requirepass", redis_password,
+         "--appendonly", "yes", "--save", "", "--dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    settings = on_lake(
+        replace(
+            user_settings,
+            var_dir=tmp_path / "var",
+            events_topic=f"ext.demo-{uuid.uuid4().hex[:6]}",
+            redis_external=1,
+            redis_url=f"redis://:{redis_password}@127.0.0.1:{redis_port}/0",
+            redis_port=redis_port,
+            api_port=api_port,
+            metrics_port=metrics_port,
+            analytics=1,
+            off_path_nice=0,
+            **ARCHIVER,
+        ),
+        s3,
+        "demo",
+    )
+    log = tmp_path / "demo.log"
+    started = time.monotonic()
+    rc = None
+    try:
+        with log.open("w") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "stories.demo"],
+                cwd=REPO_ROOT,
+                env={**settings_env(settings), **DEMO_ENV},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            try:
+                rc = proc.wait(timeout=1300)
+            except subprocess.TimeoutExpired:
+                pass
+            finally:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                    proc.wait(timeout=60)
+    finally:
+        Stack(settings).down()
+        redis.kill()
+        redis.wait(10)
+    took = time.monotonic() - started
+    text = log.read_text()
+    tail = "\n".join(line for line in text.replace("\r", "\n").splitlines() if line.strip())[-5000:]
+    print(f"demo on external Kafka, Redis and S3 lake: exit {rc} after {took:.0f} s")
+    assert rc == 0, f"the demo exited {rc} after {took:.0f}s:\n{tail}"
+    result = json.loads((tmp_path / "var" / "reports" / "demo" / "summary.json").read_text())
+    assert result["verify_ok"] and result["quality_ok"], tail
+    assert all(n == 0 for n in result["mismatches"].values()), result["mismatches"]
+    assert (s3.root / BUCKET / "demo").is_dir() and not (tmp_path / "var" / "lake").exists()
