@@ -99,10 +99,15 @@ class ObjectPath:
         return self.parent / f"{stem}{suffix}"
 
     # -- the store --------------------------------------------------------------------------------
-    def _store(self):
+    @property
+    def settings(self) -> Settings:
+        """The settings this location was made with, else the environment's."""
         from infra.settings import get_settings
 
-        return object_store(self._settings or get_settings(), self.bucket)
+        return self._settings or get_settings()
+
+    def _store(self):
+        return object_store(self.settings, self.bucket)
 
     def _prefix(self) -> str:
         return f"{self.key}/" if self.key else ""

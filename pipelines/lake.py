@@ -30,7 +30,7 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from infra.lake_store import delta_storage_options, lake_path, remove_tree
+from infra.lake_store import ObjectPath, delta_storage_options, lake_path, remove_tree
 from infra.settings import get_settings
 from pipelines.tables import STORED, TABLES
 
@@ -68,14 +68,18 @@ class BatchRecord:
     row: dict
 
 
-def delta_log(table: Path | str):
+def delta_log(table: Path | ObjectPath | str):
     """The table's Delta log as delta-rs reads it (its latest snapshot), or None when the table has
     no commit yet. A table on an object store (``s3a://...``) is read with the lake's settings
     (SOCIAL_LAKE_S3_*, :func:`infra.lake_store.delta_storage_options`)."""
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
-    options = delta_storage_options(get_settings()) if str(table).startswith("s3a://") else None
+    options = None
+    if isinstance(table, ObjectPath):
+        options = delta_storage_options(table.settings)
+    elif str(table).startswith("s3a://"):
+        options = delta_storage_options(get_settings())
     try:
         return DeltaTable(str(table), storage_options=options)
     except TableNotFoundError:
@@ -211,7 +215,7 @@ class Lake:
         return str(self.root / table)
 
     def exists(self) -> bool:
-        return has_commits(self.path("batches"))
+        return has_commits(self.root / "batches")
 
     # -- creation ------------------------------------------------------------------------------
     def ensure_tables(self) -> None:
@@ -220,13 +224,13 @@ class Lake:
         Whether a table exists is read from its Delta log with delta-rs: asking Spark's Delta
         (``isDeltaTable``) builds a snapshot of each, a Spark job per table at every start.
         """
-        missing = [TABLES[t] for t in STORED if not has_commits(self.path(t))]
+        missing = [TABLES[t] for t in STORED if not has_commits(self.root / t)]
         side_by_side([lambda t=t: self._create(t) for t in missing])
 
     def _create(self, t) -> None:
         from delta.tables import DeltaTable
 
-        leftover = lake_path(self.path(t.name))
+        leftover = self.root / t.name
         if leftover.exists():
             # a creation killed half-way (kill -9 of the archiver at start): no commit was ever
             # made, so nothing was ever in it; start the table again
@@ -262,7 +266,7 @@ class Lake:
     def version(self, table: str) -> int:
         """The table's latest committed version, read from its Delta log with delta-rs, not with
         ``DESCRIBE HISTORY`` (a Spark job per table per batch)."""
-        log = delta_log(self.path(table))
+        log = delta_log(self.root / table)
         if log is None:
             raise FileNotFoundError(f"{self.path(table)}/_delta_log: no Delta commits")
         return log.version()

@@ -7,7 +7,7 @@ Tested: the start check passes and says each unfit store in one line (wrong secr
 nothing listening); two Spark drivers racing to append to one table on the store lose no commit
 (the lake's put-if-absent LogStore); and the stack (``up``: speed layer, archiver with its
 compaction) writes the archive and the Delta views to the store, where the project's own readers
-(delta-rs for the log, Spark for the rows) find them, and verify passes on them. ``make demo``
+(delta-rs for the log, Spark for the rows) find them. ``make demo``
 against an external SASL Kafka, a Redis with a password and this store at once is
 ``test_demo_passes_on_external_kafka_redis_and_s3_lake`` (slow).
 """
@@ -127,9 +127,9 @@ def test_two_writers_racing_on_one_table_lose_no_commit(s3, tmp_path, private_se
     table = f"{settings.lake_uri}/t"
     spark = build_spark("race-setup", settings, testing=True)
     spark.createDataFrame([(0, 0)], "writer long, i long").write.format("delta").save(table)
-    commits = 12
+    commits = 8
     env = settings_env(settings)
-    start_at = time.time() + 25  # both JVMs up by then
+    start_at = time.time() + 20  # both JVMs up by then
     racers = [
         subprocess.Popen(
             [sys.executable, "-c", RACER, table, str(w), str(commits), str(start_at)],
@@ -157,7 +157,7 @@ def test_two_writers_racing_on_one_table_lose_no_commit(s3, tmp_path, private_se
 def test_the_archive_and_the_views_are_written_to_the_store_and_read_back(s3, tmp_path, private_settings):
     """``up`` with the lake on the store: the archiver's archive and its compaction's Delta views
     land there; the readers the stack waits with (delta-rs: ``archived``, ``committed_position``)
-    and the views' reader (Spark: ``Lake.read``) find them; ``verify`` passes on them."""
+    and the views' reader (Spark: ``Lake.read``) find them. (verify on such a lake: the demo test.)"""
     from app_sim.generator import GeneratorConfig, produce
     from contract import namespaces
     from infra.kafka_admin import end_offsets
@@ -209,20 +209,9 @@ def test_the_archive_and_the_views_are_written_to_the_store_and_read_back(s3, tm
         assert lake.read("events_bronze").count() == sum(ends.values())
         assert lake.read("users").count() > 0 and lake.read("posts").count() > 0
         spark.stop()
-        done = subprocess.run(
-            [sys.executable, "-m", "pipelines.verify", "--no-serving"],
-            cwd=REPO_ROOT,
-            env=settings_env(settings),
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     finally:
         stack.down()
     print(f"test took {time.monotonic() - started:.0f} s")
-    report = json.loads((Path(settings.var_dir) / "reports" / "verify" / "latest.json").read_text())
-    assert report["ok"], report
     store = s3.root / BUCKET / "stack"
     assert (store / "ACTIVE").exists() or namespaces.DEFAULT == namespace
     for table in ("events_bronze", "changelog", "archives", "batches", "users", "posts", "inbox"):
