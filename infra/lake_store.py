@@ -34,10 +34,11 @@ import uuid
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
-if TYPE_CHECKING:
-    from infra.settings import Settings
+# infra.settings makes an ObjectPath of an s3a lake (Settings.lake_dir), so this module does not
+# import it back: a settings object here is anything with the SOCIAL_LAKE_* fields
+Settings = Any
 
 SCHEME = "s3a://"
 # Delta's LogStore for s3a paths: the project's put-if-absent one (infra/jvm/logstore/: why)
@@ -65,7 +66,7 @@ class ObjectPath:
 
     __slots__ = ("bucket", "key", "_settings")
 
-    def __init__(self, uri: str, settings: Settings | None = None):
+    def __init__(self, uri: str, settings: Settings):
         self.bucket, self.key = split_uri(uri)
         self._settings = settings
 
@@ -101,10 +102,8 @@ class ObjectPath:
     # -- the store --------------------------------------------------------------------------------
     @property
     def settings(self) -> Settings:
-        """The settings this location was made with, else the environment's."""
-        from infra.settings import get_settings
-
-        return self._settings or get_settings()
+        """The settings this location was made with (its store's endpoint and credentials)."""
+        return self._settings
 
     def _store(self):
         return object_store(self.settings, self.bucket)
@@ -185,11 +184,16 @@ class ObjectPath:
 
 
 def lake_path(location, settings: Settings | None = None) -> Path | ObjectPath:
-    """A lake location as the project handles it: an :class:`ObjectPath` for ``s3a://...``, else a
+    """A lake location as the project handles it: an :class:`ObjectPath` for ``s3a://...`` (with
+    ``settings``, its store's), else a
     :class:`~pathlib.Path` (an ``ObjectPath`` or ``Path`` given is returned as it is)."""
     if isinstance(location, ObjectPath | Path):
         return location
-    return ObjectPath(location, settings) if is_object_uri(location) else Path(location)
+    if not is_object_uri(location):
+        return Path(location)
+    if settings is None:
+        raise TypeError(f"{location}: an object-store location needs the settings of its store")
+    return ObjectPath(location, settings)
 
 
 def write_atomically(path: Path | ObjectPath, text: str) -> None:

@@ -55,9 +55,8 @@ from tenacity import Retrying, before_sleep_log, stop_after_attempt, wait_expone
 from contract import functions, namespaces
 from infra import logs
 from infra.cli import command_name, run_main
-from infra.lake_store import lake_path
 from infra.settings import Settings, get_settings
-from pipelines.lake import Archive, Lake, archived, covers, latest_metadata, side_by_side
+from pipelines.lake import Archive, Lake, archived, covers, latest_metadata, location, side_by_side
 from pipelines.parse import parse_records, received_date
 from pipelines.speed import changelog
 from pipelines.speed.stream import commit_positions
@@ -76,7 +75,7 @@ def unfinished(lake_dir: Path, namespace: str, after: Archive | None) -> Archive
     """An archive some data table committed but ``archives`` did not: a crash in the middle."""
     want = 0 if after is None else after.archive_id + 1
     for table in DATA_TABLES:
-        m = latest_metadata(lake_path(lake_dir) / namespace / table, "archive_id")
+        m = latest_metadata(location(lake_dir) / namespace / table, "archive_id")
         if m and int(m["archive_id"]) == want:
             return Archive.from_metadata(m)
     return None

@@ -68,6 +68,14 @@ class BatchRecord:
     row: dict
 
 
+def location(place: Path | ObjectPath | str) -> Path | ObjectPath:
+    """A lake location (:func:`infra.lake_store.lake_path`); an ``s3a://`` string gets the
+    environment's lake settings."""
+    if isinstance(place, str) and place.startswith("s3a://"):
+        return lake_path(place, get_settings())
+    return lake_path(place)
+
+
 def delta_log(table: Path | ObjectPath | str):
     """The table's Delta log as delta-rs reads it (its latest snapshot), or None when the table has
     no commit yet. A table on an object store (``s3a://...``) is read with the lake's settings
@@ -152,7 +160,7 @@ def committed_position(lake_dir: Path, namespace: str) -> tuple[int, dict[int, i
     Every ``batches`` commit carries them in its ``userMetadata``; no Spark needed (for waiting
     in tests, the demo and health checks).
     """
-    meta = latest_metadata(lake_path(lake_dir) / namespace / "batches", "batch_id")
+    meta = latest_metadata(location(lake_dir) / namespace / "batches", "batch_id")
     if meta is None:
         return None
     return int(meta["batch_id"]), {int(p): int(o) for p, o in meta["end_offsets"].items()}
@@ -189,7 +197,7 @@ class Archive:
 
 def archived(lake_dir: Path, namespace: str) -> Archive | None:
     """The last complete archive (its ``archives`` row committed), from the Delta log alone."""
-    m = latest_metadata(lake_path(lake_dir) / namespace / "archives", "archive_id")
+    m = latest_metadata(location(lake_dir) / namespace / "archives", "archive_id")
     return Archive.from_metadata(m) if m else None
 
 
@@ -206,7 +214,7 @@ class Lake:
 
     def __init__(self, spark: SparkSession, root: Path, namespace: str, writer: str = "speed_layer"):
         self.spark = spark
-        self.root = lake_path(root) / namespace
+        self.root = location(root) / namespace
         self.namespace = namespace
         self.app_id = f"{writer}:{namespace}"
         self._fence: dict[str, str] = {}  # writer options of the batch being written (none outside one)

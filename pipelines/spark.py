@@ -169,7 +169,11 @@ def build_spark(
     # (infra/lake_store.py; nothing for a local lake)
     from infra.lake_store import spark_conf as lake_conf
 
-    for key, value in {**lake_conf(settings), **(extra_conf or {}), **parse_conf(settings.spark_conf)}.items():
+    for key, value in {
+        **lake_conf(settings),
+        **(extra_conf or {}),
+        **parse_conf(settings.spark_conf),
+    }.items():
         builder = builder.config(key, value)
     spark = _get_or_create(builder)
     spark.sparkContext.setLogLevel("WARN")

@@ -27,10 +27,9 @@ from pyspark.sql import functions as F
 
 from contract import namespaces
 from infra.cli import command_name, run_main
-from infra.lake_store import lake_path
 from infra.settings import Settings, get_settings
 from pipelines.batch_layer.definition import BatchConfig, BatchViews, compute
-from pipelines.lake import delta_log, latest_metadata
+from pipelines.lake import delta_log, latest_metadata, location
 from pipelines.tables import TABLES
 
 SUFFIX = "-batch"
@@ -112,7 +111,7 @@ def _last_metadata(table_dir: Path, key: str):
 
 def batch_position(lake_dir: Path, out_namespace: str) -> dict[int, int] | None:
     """The log position the batch views of ``out_namespace`` cover (from ``accounting``'s commit)."""
-    got = _last_metadata(lake_path(lake_dir) / out_namespace / "accounting", "position")
+    got = _last_metadata(location(lake_dir) / out_namespace / "accounting", "position")
     return None if got is None else {int(p): int(o) for p, o in got.items()}
 
 

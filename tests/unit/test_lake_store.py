@@ -44,7 +44,11 @@ def test_an_s3a_lake_is_an_object_path_that_joins_like_a_path():
     assert str(table) == "s3a://lake/social/v1/batches" and table.name == "batches"
     assert table.parent == root / "v1" and str(root.parent) == "s3a://lake"
     assert str((root / "namespaces.json").with_suffix(".tmp")) == "s3a://lake/social/namespaces.tmp"
-    assert lake_path("s3a://lake/x") == ObjectPath("s3a://lake/x") and lake_path("/a/b") == Path("/a/b")
+    settings = s3_settings()
+    assert lake_path("s3a://lake/x", settings) == ObjectPath("s3a://lake/x", settings)
+    assert lake_path("/a/b") == Path("/a/b")
+    with pytest.raises(TypeError, match="needs the settings of its store"):
+        lake_path("s3a://lake/x")
     with pytest.raises(TypeError):  # never folded into "s3a:/lake/..." by pathlib
         Path(root)
 
