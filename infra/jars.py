@@ -199,7 +199,9 @@ def fetch(settings: Settings | None = None, names: tuple[str, ...] = tuple(MANIF
                 raise JarsError(f"{name} jars do not match {lock_path(name).name}: {'; '.join(found[:5])}")
             _install(staging, directory)
         counts[name] = len(read_lock(name))
-    if "s3" in names:
+    if "s3" in names and shutil.which("javac"):
+        # a JRE alone (the compose image) has no javac: its drivers then refuse an s3a:// lake
+        # with one line (spark_jars), while a local lake needs no LogStore
         build_logstore(settings)
     return counts
 
@@ -307,7 +309,9 @@ def spark_jars(settings: Settings | None = None) -> list[Path]:
         return _jars("spark", settings)
     store = logstore_jar(settings)
     if not store.exists():
-        raise JarsError(f"no S3 LogStore jar {store.name}: run `make setup` (python -m infra.jars fetch)")
+        raise JarsError(
+            f"no S3 LogStore jar {store.name}: run `make setup` with a JDK's `javac` on PATH (python -m infra.jars fetch)"
+        )
     return [*_jars("spark", settings), *_jars("s3", settings), store]
 
 
