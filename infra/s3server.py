@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from infra.cli import command_name, run_main
-from infra.settings import REPO_ROOT
+from infra.settings import REPO_ROOT, get_settings
 
 MODULE = "github.com/versity/versitygw"
 VERSION = "v1.8.0"
@@ -149,6 +149,7 @@ def start(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=command_name("infra.s3server"), description=__doc__.splitlines()[0])
     parser.parse_args(argv)
+    get_settings()  # a bad setting in the environment is one line here too, as in every command
     if shutil.which("go") is None and not binary_path().exists():
         # Go is needed by `make test` only (README): `make setup` goes on without the server
         print(

@@ -25,6 +25,7 @@ OWN_HELP = {
     "ensure-redis": "{up,down,status,ensure-redis,ensure-prometheus}",
     "ensure-prometheus": "{up,down,status,ensure-redis,ensure-prometheus}",
     "check-external": "usage: social check-external",
+    "ensure-s3server": "usage: social ensure-s3server",
     "jars": "{fetch,verify,lock}",
     "airflow": "standalone",
     "tail": "--max-messages",
