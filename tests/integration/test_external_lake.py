@@ -228,9 +228,28 @@ def test_demo_passes_on_external_kafka_redis_and_s3_lake(s3, tmp_path, request):
     from infra.stack import Stack
     from tests.integration.test_demo import ARCHIVER, DEMO_ENV
 
-    _admin, user_settings = request.getfixturevalue("scram_kafka")
+    from confluent_kafka.admin import (
+        AclBinding,
+        AclOperation,
+        AclPermissionType,
+        ResourcePatternType,
+        ResourceType,
+    )
+
+    from infra import clients
+
+    admin_settings, user_settings = request.getfixturevalue("scram_kafka")
+    # the demo reads the alerts back in a consumer group of its own (`demo-<ns>`): what a Kafka team
+    # would grant the project besides the fixture's groups
+    demo_groups = AclBinding(
+        ResourceType.GROUP, "demo-", ResourcePatternType.PREFIXED, "User:social", "*",
+        AclOperation.READ, AclPermissionType.ALLOW,
+    )  # fmt: skip
+    for future in clients.kafka_admin(admin_settings).create_acls([demo_groups], request_timeout=20).values():
+        future.result(timeout=20)
     redis_port, api_port, metrics_port = _free_port(), _free_port(), _free_port()
     redis_password = "redis-" + uuid.uuid4().hex[:8]
+    suffix = uuid.uuid4().hex[:6]
     redis = subprocess.Popen(
         ["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--requirepass", redis_password,
          "--appendonly", "yes", "--save", "", "--dir", str(tmp_path)],
@@ -241,7 +260,8 @@ def test_demo_passes_on_external_kafka_redis_and_s3_lake(s3, tmp_path, request):
         replace(
             user_settings,
             var_dir=tmp_path / "var",
-            events_topic=f"ext.demo-{uuid.uuid4().hex[:6]}",
+            events_topic=f"ext.demo-{suffix}",
+            alerts_topic=f"ext.alerts-{suffix}",  # the ACLs allow the project's user topics under ext. only
             redis_external=1,
             redis_url=f"redis://:{redis_password}@127.0.0.1:{redis_port}/0",
             redis_port=redis_port,
