@@ -225,9 +225,6 @@ def test_demo_passes_on_external_kafka_redis_and_s3_lake(s3, tmp_path, request):
     """``make demo`` small (tests/integration/test_demo.py's size) with all three of the user's
     own: the SASL/SCRAM Kafka with ACLs of test_external_kafka.py, a Redis with a password, and the
     lake on the store; it must exit 0 with verify and the quality checks ok."""
-    from infra.stack import Stack
-    from tests.integration.test_demo import ARCHIVER, DEMO_ENV
-
     from confluent_kafka.admin import (
         AclBinding,
         AclOperation,
@@ -237,6 +234,8 @@ def test_demo_passes_on_external_kafka_redis_and_s3_lake(s3, tmp_path, request):
     )
 
     from infra import clients
+    from infra.stack import Stack
+    from tests.integration.test_demo import ARCHIVER, DEMO_ENV
 
     admin_settings, user_settings = request.getfixturevalue("scram_kafka")
     # the demo reads the alerts back in a consumer group of its own (`demo-<ns>`): what a Kafka team
