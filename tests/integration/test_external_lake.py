@@ -4,8 +4,9 @@ folder of this test; the lake is ``s3a://lake/<prefix>`` (SOCIAL_LAKE_URI and th
 group, docs/running.md "Your own object store").
 
 Tested: the start check passes and says each unfit store in one line (wrong secret, no bucket,
-nothing listening); two Spark drivers racing to append to one table on the store lose no commit
-(the lake's put-if-absent LogStore); and the stack (``up``: speed layer, archiver with its
+nothing listening); a commit of another writer that lands while the LogStore writes the same
+version is refused to ours, not replaced (and replaced by Delta's own S3 LogStore, the contrast);
+two Spark drivers racing to append to one table on the store lose no commit; and the stack (``up``: speed layer, archiver with its
 compaction) writes the archive and the Delta views to the store, where the project's own readers
 (delta-rs for the log, Spark for the rows) find them. ``make demo``
 against an external SASL Kafka, a Redis with a password and this store at once is
@@ -94,6 +95,74 @@ def test_the_check_passes_and_each_unfit_store_is_one_line(s3, tmp_path, private
     # the probe left nothing behind
     left = [p for p in (s3.root / BUCKET).rglob("*") if p.is_file() and ".sgwtmp" not in p.parts]
     assert not left, left
+
+
+class _OtherWriterLandsMidway:
+    """The actions of a commit, handed to the LogStore as a ``java.util.Iterator`` (through py4j's
+    callback server): while the LogStore's output stream is open, a second writer's commit of the
+    same version lands on the store (a plain PUT, as another JVM's would), so the race happens
+    every time, not by chance."""
+
+    def __init__(self, land):
+        self.land, self.sent = land, False
+
+    def hasNext(self):  # noqa: N802 - java.util.Iterator
+        return not self.sent
+
+    def next(self):
+        self.sent = True
+        self.land()
+        return '{"commitInfo":{"writer":"mine"}}'
+
+    class Java:
+        implements = ["java.util.Iterator"]
+
+
+@pytest.mark.parametrize(
+    ("log_store", "kept"),
+    [
+        ("social.delta.S3ConditionalPutLogStore", "theirs"),
+        # Delta's S3 default, for contrast: it checks, then PUTs unconditionally over the other's
+        pytest.param("io.delta.storage.S3SingleDriverLogStore", "mine", id="delta-default"),
+    ],
+)
+def test_a_commit_that_lands_while_ours_is_written_is_not_replaced(
+    s3, tmp_path, private_settings, log_store, kept
+):
+    import obstore
+    from py4j.protocol import Py4JJavaError
+    from pyspark.java_gateway import ensure_callback_server_started
+
+    from infra.lake_store import object_store
+    from pipelines.spark import build_spark
+
+    settings = on_lake(private_settings(tmp_path / "var"), s3, f"midway-{kept}")
+    spark = build_spark("midway", settings, testing=True)
+    ensure_callback_server_started(spark.sparkContext._gateway)
+    jvm, conf = spark._jvm, spark._jsc.hadoopConfiguration()
+    key = f"midway-{kept}/t/_delta_log/00000000000000000000.json"
+    store = object_store(settings, BUCKET)
+    obstore.put(store, f"midway-{kept}/t/_delta_log/.keep", b"")  # the log folder exists, version 0 not
+    path = jvm.org.apache.hadoop.fs.Path(f"s3a://{BUCKET}/{key}")
+    package, _, name = log_store.rpartition(".")
+    instance = getattr(jvm, package.split(".")[0])
+    for part in [*package.split(".")[1:], name]:
+        instance = getattr(instance, part)
+    instance = instance(conf)
+    actions = _OtherWriterLandsMidway(
+        lambda: obstore.put(store, key, b'{"commitInfo":{"writer":"theirs"}}\n')
+    )
+    try:
+        instance.write(path, actions, False, conf)
+        refused = False
+    except Py4JJavaError as exc:
+        refused = "java.nio.file.FileAlreadyExistsException" in str(exc.java_exception.toString())
+    finally:
+        spark.stop()
+    content = bytes(obstore.get(store, key).bytes()).decode()
+    assert f'"writer":"{kept}"' in content, content
+    if kept == "theirs":  # the put-if-absent LogStore: refused, as Delta expects of a lost race
+        assert refused
 
 
 RACER = """
