@@ -313,7 +313,8 @@ def test_demo_passes_on_external_kafka_redis_and_s3_lake(s3, tmp_path, request):
         ResourceType.GROUP, "demo-", ResourcePatternType.PREFIXED, "User:social", "*",
         AclOperation.READ, AclPermissionType.ALLOW,
     )  # fmt: skip
-    for future in clients.kafka_admin(admin_settings).create_acls([demo_groups], request_timeout=20).values():
+    admin = clients.kafka_admin(admin_settings)  # held: a collected client ends its pending requests
+    for future in admin.create_acls([demo_groups], request_timeout=20).values():
         future.result(timeout=20)
     redis_port, api_port, metrics_port = _free_port(), _free_port(), _free_port()
     redis_password = "redis-" + uuid.uuid4().hex[:8]
