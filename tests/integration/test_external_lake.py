@@ -283,6 +283,23 @@ def test_the_archive_and_the_views_are_written_to_the_store_and_read_back(s3, tm
     print(f"test took {time.monotonic() - started:.0f} s")
     store = s3.root / BUCKET / "stack"
     assert (store / "ACTIVE").exists() or namespaces.DEFAULT == namespace
+    # the secret is in no file the stack wrote: logs, Spark's event logs (Hadoop's properties are
+    # redacted there), checkpoints (read once the drivers' JVMs closed their files)
+    events = Path(settings.var_dir) / "spark-events"
+    deadline = time.monotonic() + 30
+    while any(p.suffix == ".inprogress" for p in events.rglob("*")) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    written = [Path(d) / f for d, _dirs, files in os.walk(settings.var_dir) for f in files]
+    assert any("spark-events" in p.parts for p in written)
+
+    def holds_the_secret(path: Path) -> bool:
+        try:
+            return s3.secret_key.encode() in path.read_bytes()
+        except FileNotFoundError:  # a driver's temporary file, removed as its JVM exits
+            return False
+
+    leaks = [p for p in written if holds_the_secret(p)]
+    assert not leaks, leaks
     for table in ("events_bronze", "changelog", "archives", "batches", "users", "posts", "inbox"):
         assert (store / namespace / table / "_delta_log").is_dir(), table
     assert not (Path(settings.var_dir) / "lake").exists()
