@@ -126,6 +126,9 @@ test: deps ## every test: the fast tier, then the integration tier
 # The tests of the opt-in Prometheus (its alert rules, the alert on a live stack) need Debian's
 # package, whatever SOCIAL_PROMETHEUS says: fetched once into .tools (infra/prometheus.py); where it
 # cannot be, those tests are skipped, saying so, and the rest runs.
+# The dashboard's browser test (tests/integration/test_dashboard.py) needs a headless Chromium:
+# Debian's chromium-headless-shell, installed with apt-get when none is on PATH (infra/browser.py);
+# Playwright's own browser download is not reachable, so it is not an option.
 PROMETHEUS_FOR_TESTS := SOCIAL_PROMETHEUS=1 $(PY) -m social ensure-prometheus || \
 	echo "prometheus: not installed; the Prometheus tests will be skipped"
 
@@ -135,6 +138,7 @@ test-fast: deps ## the fast tier: every test that needs no JVM and no Go, the pr
 
 test-integration: deps ## the integration tier: the stack's tests on INTEGRATION_WORKERS xdist workers, tests/integration/local beside them
 	@$(PROMETHEUS_FOR_TESTS)
+	@$(PY) -m social ensure-chromium || echo "chromium: not installed; the dashboard's browser test will fail"
 	@mkdir -p var
 	@$(LOCAL) & local=$$!; \
 	$(INTEGRATION) $(PYTEST_ARGS); integration=$$?; \

@@ -62,14 +62,40 @@ def key(namespace: str, *parts) -> str:
 
 
 def source() -> str:
-    return LIBRARY.read_text()
+    """The library as Redis loads it: ``social.lua`` with its VERSION line naming its content
+    (:func:`version`), so an edit without a bump still loads, and a stale library cannot run."""
+    return _versioned(LIBRARY.read_text(), version())
 
 
 def version() -> str:
-    m = re.search(r"^local VERSION = '([^']+)'", source(), re.MULTILINE)
+    """The library's VERSION line and a digest of its source: what ``social_version`` answers."""
+    return _content_version(LIBRARY, LIBRARY.read_text())
+
+
+def _content_version(path: Path, text: str, extra: str = "") -> str:
+    import hashlib
+
+    m = re.search(r"^local VERSION = '([^']+)'", text, re.MULTILINE)
     if m is None:
-        raise RuntimeError(f"{LIBRARY}: no VERSION line")
-    return m.group(1)
+        raise RuntimeError(f"{path}: no VERSION line")
+    return f"{m.group(1)}-{hashlib.sha256((text + extra).encode()).hexdigest()[:12]}"
+
+
+def _versioned(text: str, version: str) -> str:
+    return re.sub(r"^local VERSION = '[^']+'", f"local VERSION = '{version}'", text, count=1, flags=re.M)
+
+
+def loaded_versions(client: redis.Redis) -> dict[str, str | None]:
+    """What each library in Redis answers for its version (None: not loaded), beside this
+    repository's: verify reports a stale one."""
+    out: dict[str, str | None] = {}
+    for name, fn in (("social", "social_version"), ("partitioned", "p_version")):
+        try:
+            have = client.fcall_ro(fn, 0)
+            out[name] = have.decode() if isinstance(have, bytes) else have
+        except redis.ResponseError:
+            out[name] = None
+    return out
 
 
 def ensure_loaded(client: redis.Redis) -> str:
@@ -147,17 +173,51 @@ def layout_fences(
     }
 
 
-def accounting(client: redis.Redis, namespace: str, partitions: list[int]) -> dict[str, int]:
-    """Events applied, duplicates, rejected and quarantined, summed over partitions."""
+def stats_key(namespace: str, partition: int, layout: str = "keyed") -> str:
+    """The hash of a partition's accounting (applied, duplicates, rejected, quarantined, and in
+    the partitioned layout ``deliveries_quarantined``)."""
+    return (
+        pkey(namespace, partition, "stats") if layout == "partitioned" else key(namespace, "stats", partition)
+    )
+
+
+def freshness_histogram(client: redis.Redis, namespace: str, layout: str, partitions) -> dict[int, int]:
+    """Server receive -> visible in Redis, events per 10 ms bucket (keyed: applied; partitioned:
+    delivered to every partition, recorded per source partition)."""
+    if layout != "partitioned":
+        return {int(b): int(n) for b, n in client.hgetall(key(namespace, "freshness")).items()}
+    pipe = client.pipeline(transaction=False)
+    for p in partitions:
+        pipe.hgetall(pkey(namespace, p, "freshness"))
+    hist: dict[int, int] = {}
+    for raw in pipe.execute():
+        for b, n in raw.items():
+            hist[int(b)] = hist.get(int(b), 0) + int(n)
+    return hist
+
+
+def accounting(
+    client: redis.Redis, namespace: str, partitions: list[int], layout: str = "keyed"
+) -> dict[str, int]:
+    """Events applied, duplicates, rejected and quarantined, summed over partitions (in the
+    partitioned layout also ``deliveries_quarantined``)."""
     totals = {"applied": 0, "duplicates": 0, "rejected": 0, "quarantined": 0}
     pipe = client.pipeline(transaction=False)
     for p in partitions:
-        pipe.hgetall(key(namespace, "stats", p))
+        pipe.hgetall(stats_key(namespace, p, layout))
     for stats in pipe.execute():
         for name, n in stats.items():
             name = name.decode() if isinstance(name, bytes) else name
             totals[name] = totals.get(name, 0) + int(n)
     return totals
+
+
+def partitioned_state(client: redis.Redis, namespace: str, partitions: int) -> tuple[dict[int, int], bool]:
+    """The partitioned layout's position: every partition's own fence, and whether the state is
+    complete there (every partition has every other's deliveries below those fences)."""
+    own = layout_fences(client, namespace, "partitioned", partitions, whole=False)
+    whole = layout_fences(client, namespace, "partitioned", partitions, whole=True)
+    return own, own == whole
 
 
 def drop_namespace(r: redis.Redis, namespace: str) -> int:
@@ -194,7 +254,7 @@ def partitioned_source() -> str:
         raise RuntimeError(f"{PARTITIONED}: no @PROTOCOL@ placeholder")
     text = text.replace("@PROTOCOL@", _lua({k: v for k, v in protocol().items() if not k.startswith("_")}))
     # the version Redis reports names this source and protocol exactly: any change is loaded
-    return re.sub(r"^local VERSION = '[^']+'", f"local VERSION = '{partitioned_version()}'", text, flags=re.M)
+    return _versioned(text, partitioned_version())
 
 
 def _lua(value) -> str:
@@ -213,14 +273,7 @@ def _lua(value) -> str:
 
 def partitioned_version() -> str:
     """The library's VERSION line and a digest of its source and protocol."""
-    import hashlib
-
-    text = PARTITIONED.read_text()
-    m = re.search(r"^local VERSION = '([^']+)'", text, re.MULTILINE)
-    if m is None:
-        raise RuntimeError(f"{PARTITIONED}: no VERSION line")
-    digest = hashlib.sha256((text + PROTOCOL_FILE.read_text()).encode()).hexdigest()[:12]
-    return f"{m.group(1)}-{digest}"
+    return _content_version(PARTITIONED, PARTITIONED.read_text(), PROTOCOL_FILE.read_text())
 
 
 def ensure_partitioned_loaded(client: redis.Redis) -> str:

@@ -97,6 +97,48 @@ class ServingStore:
         return self.r.hgetall(self.k(name))
 
 
+class PartitionedStore:
+    """:class:`ServingStore`'s dumps in the partitioned layout: every partition's keys, and each
+    home timeline as it is read (``p_timeline``: the fanned-out entries merged with the followed
+    celebrities' posts)."""
+
+    def __init__(self, client: redis.Redis, namespace: str, partitions: int):
+        self.r = client
+        self.ns = namespace
+        self.partitions = partitions
+
+    def fences(self) -> dict[int, int]:
+        """The log position the state covers: its own fences, when every delivery caused below
+        them is applied too; empty otherwise (between a micro-batch's calls and its deliveries)."""
+        own, complete = functions.partitioned_state(self.r, self.ns, self.partitions)
+        return own if complete else {}
+
+    def dump_timelines(self, n: int) -> Iterator[tuple[int, int, int]]:
+        """(user, author, post) of the first ``n`` of every home timeline that has a post: of each
+        user with a fanned-out timeline or a followee."""
+        for p in range(self.partitions):
+            users: set[int] = set()
+            for name in ("tl", "following"):
+                prefix = functions.pkey(self.ns, p, name, "")
+                users |= {int(k[len(prefix) :]) for k in self.r.scan_iter(match=prefix + "*", count=1000)}
+            order = sorted(users)
+            for i in range(0, len(order), 500):
+                pipe = self.r.pipeline(transaction=False)
+                for u in order[i : i + 500]:
+                    pipe.fcall_ro("p_timeline", 1, functions.pkey(self.ns, p, "fence"), self.ns, p, u, n)
+                for u, (_cut, bodies) in zip(order[i : i + 500], pipe.execute(), strict=True):
+                    for b in bodies:
+                        if b:
+                            post = orjson.loads(b)
+                            yield u, post["author_id"], post["post_id"]
+
+    def dump_hash(self, name: str) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for p in range(self.partitions):
+            out.update(self.r.hgetall(functions.pkey(self.ns, p, name)))
+        return out
+
+
 class ServingReader:
     """The read model the API serves from (asyncio): timeline, inbox, unread, status of a user.
 

@@ -68,20 +68,45 @@ def data_dir(settings: Settings) -> Path:
 
 def config(settings: Settings) -> str:
     """prometheus.yml for this stack: the exporter and the API, the project's alert rules."""
+    return render_config(
+        exporter=f"127.0.0.1:{settings.metrics_port}",
+        api=f"{settings.api_host}:{settings.api_port}",
+        rules=str(RULES),
+        written_by="infra/prometheus.py at each start: edits are lost",
+    )
+
+
+# docker-compose.yml's Prometheus (profile `monitoring`) reads this file: the same scrapes and rules as
+# `SOCIAL_PROMETHEUS=1 make up`'s, its targets the compose services (tests/unit/test_prometheus.py
+# checks it is what compose_config() writes)
+COMPOSE_CONFIG = REPO_ROOT / "infra" / "compose" / "prometheus.yml"
+COMPOSE_RULES = "/etc/prometheus/rules/alerts.yml"  # where docker-compose.yml mounts RULES
+
+
+def compose_config() -> str:
+    return render_config(
+        exporter="metrics:9464",
+        api="api:8000",
+        rules=COMPOSE_RULES,
+        written_by="infra/prometheus.py (compose_config) for docker-compose.yml's prometheus",
+    )
+
+
+def render_config(exporter: str, api: str, rules: str, written_by: str) -> str:
     return (
-        "# written by infra/prometheus.py at each start: edits are lost\n"
+        f"# written by {written_by}\n"
         "global:\n"
         f"  scrape_interval: {SCRAPE_INTERVAL_S}s\n"
         f"  evaluation_interval: {SCRAPE_INTERVAL_S}s\n"
         "rule_files:\n"
-        f"  - {RULES}\n"
+        f"  - {rules}\n"
         "scrape_configs:\n"
         "  - job_name: social_exporter\n"
         "    static_configs:\n"
-        f"      - targets: ['127.0.0.1:{settings.metrics_port}']\n"
+        f"      - targets: ['{exporter}']\n"
         "  - job_name: social_api\n"
         "    static_configs:\n"
-        f"      - targets: ['{settings.api_host}:{settings.api_port}']\n"
+        f"      - targets: ['{api}']\n"
     )
 
 

@@ -68,7 +68,7 @@ def write_index(settings: Settings | None = None) -> Path:
         rows.append(
             {"href": e["href"], "name": e["name"], "time": str(e["time"]), "verdict": text, "css": css}
         )
-    page = render("reports_index.html.j2", rows=rows)
+    page = render("reports_index.html.j2", rows=rows, dashboard=settings.dashboard_url)
     index = reports_dir / "index.html"
     tmp = index.with_suffix(".tmp")
     tmp.write_text(page)

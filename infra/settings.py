@@ -147,6 +147,24 @@ class Settings:
         9464,
         "port of the metrics exporter `make up` starts (`python -m pipelines.metrics`: /metrics for Prometheus)",
     )
+    dashboard_sample_s: float = _setting(
+        "SOCIAL_DASHBOARD_SAMPLE_S",
+        2.0,
+        "seconds between two points of the exporter's dashboard (/dashboard: lag, freshness, archive, API, "
+        "accounting over the last minutes; docs/metrics.md)",
+    )
+    dashboard_history_s: int = _setting(
+        "SOCIAL_DASHBOARD_HISTORY_S",
+        900,
+        "seconds of history the exporter keeps for its dashboard (a ring buffer of "
+        "SOCIAL_DASHBOARD_HISTORY_S / SOCIAL_DASHBOARD_SAMPLE_S points, in memory)",
+    )
+    dashboard_api_url: str = _setting(
+        "SOCIAL_DASHBOARD_API_URL",
+        "",
+        "the app API whose /metrics the dashboard plots; empty: http://SOCIAL_API_HOST:SOCIAL_API_PORT "
+        "(docker-compose.yml: http://api:8000)",
+    )
     api_secret: str = _setting(
         "SOCIAL_API_SECRET", "", "token signing secret; empty = generated once under var/api/ and reused"
     )
@@ -368,8 +386,10 @@ class Settings:
         "keyed",
         "the keyed state's layout in Redis: `keyed` (social.lua, one keyspace) or `partitioned` "
         "(partitioned.lua: every key hash-tagged by its Kafka partition, posts and erasures delivered "
-        "between partitions; docs/architecture.md, The partitioned layout). Read by the speed layer's "
-        "stream and the catch-up bench; the readers, verify and restore read `keyed` only so far",
+        "between partitions; docs/architecture.md, The partitioned layout). The stream, the API's "
+        "reads, the archiver, verify, the metrics and the catch-up bench read both; restore, rebuild, "
+        "the erasure audit, dual-write and the compacted topics `keyed` only so far (with `partitioned`, "
+        "set SOCIAL_COMPACTED_TOPICS=0)",
     )
     processor_group_posts: int = _setting(
         "SOCIAL_PROCESSOR_GROUP_POSTS",
@@ -591,6 +611,11 @@ class Settings:
         return max(1, self.replication_factor - 1)
 
     # Derived locations -------------------------------------------------------------------------
+    @property
+    def dashboard_url(self) -> str:
+        """The metrics exporter's live page (pipelines/dashboard.py), as a browser on this machine opens it."""
+        return f"http://127.0.0.1:{self.metrics_port}/dashboard"
+
     @property
     def log_dir(self) -> Path:
         return Path(self.var_dir) / "log"

@@ -329,13 +329,19 @@ def ensure_redis() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=command_name("infra.stack"), description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=["up", "down", "status", "ensure-redis", "ensure-prometheus"])
+    parser.add_argument(
+        "command", choices=["up", "down", "status", "ensure-redis", "ensure-prometheus", "ensure-chromium"]
+    )
     args = parser.parse_args(argv)
     settings = get_settings()
     stack = Stack(settings)
     try:
         if args.command == "ensure-redis":
             print(f"redis-server: {ensure_redis()}")
+        elif args.command == "ensure-chromium":
+            from infra.browser import ensure_chromium
+
+            print(f"chromium: {ensure_chromium()}")
         elif args.command == "ensure-prometheus":
             if settings.prometheus:
                 from infra.prometheus import ensure_prometheus
@@ -352,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"kafka {settings.kafka_bootstrap}  redis {redact_url(settings.redis_url)}  state under {settings.var_dir}"
             )
             print(f"metrics http://127.0.0.1:{settings.metrics_port}/metrics (docs/metrics.md)")
+            print(f"dashboard {settings.dashboard_url} (live plots of the last minutes: docs/metrics.md)")
         elif args.command == "down":
             for name, what in stack.down().items():
                 print(f"{name}: {what}")

@@ -82,13 +82,15 @@ def unfinished(lake_dir: Path, namespace: str, after: Archive | None) -> Archive
 
 
 def next_range(
-    client: redis.Redis, namespace: str, done: Archive | None, cut: changelog.Cut
+    client: redis.Redis, namespace: str, done: Archive | None, cut: changelog.Cut, partitioned: bool = False
 ) -> Archive | None:
     """The records from the last archive up to ``cut``; None when there is nothing new."""
     start = {}
     for p in cut.fences:
         if done is not None and p in done.end_offsets:
             start[p] = done.end_offsets[p]
+        elif partitioned:  # a partition new to the archive: from the log's start (no seeded state yet)
+            start[p] = 0
         else:  # a partition new to the archive: from its oldest changelog entry
             first = changelog.first_offset(client, namespace, p)
             start[p] = cut.fences[p] if first is None else first
@@ -136,9 +138,10 @@ def archive_once(
     spark, lake: Lake, client: redis.Redis, settings: Settings, topic: str, target
 ) -> Archive | None:
     """Archive up to the cut ``target`` (or re-run an unfinished archive); returns what it wrote."""
+    partitioned = settings.serving_layout == "partitioned"
     done = archived(settings.lake_dir, lake.namespace)
     a = unfinished(settings.lake_dir, lake.namespace, done) or next_range(
-        client, lake.namespace, done, target
+        client, lake.namespace, done, target, partitioned
     )
     if a is None:
         return None
@@ -146,10 +149,14 @@ def archive_once(
     log.info("archive %d: starting, offsets %s to %s", a.archive_id, a.start_offsets, a.end_offsets)
     rows = []
     for p, end in a.end_offsets.items():
-        got = changelog.read(client, lake.namespace, p, a.start_offsets[p], end)
-        if len(got) != end - a.start_offsets[p]:
+        if partitioned:  # its events and the deliveries it applied, caused in the range
+            got = changelog.read_partitioned(client, lake.namespace, p, a.start_offsets, a.end_offsets)
+        else:
+            got = changelog.read(client, lake.namespace, p, a.start_offsets[p], end)
+        events = sum(r["disposition"] != "x" for r in got)
+        if events != end - a.start_offsets[p]:
             raise ArchiveGap(
-                f"partition {p}: {len(got)} changelog entries for offsets "
+                f"partition {p}: {events} changelog entries for offsets "
                 f"[{a.start_offsets[p]}, {end}) in Redis; expected {end - a.start_offsets[p]}"
             )
         rows += got
@@ -185,7 +192,8 @@ def archive_once(
         .select(*q_cols)
         .localCheckpoint()
     )
-    counts = Counter(r["disposition"] for r in rows)
+    counts = Counter(r["disposition"] for r in rows)  # (x: a delivery's changes, not a record)
+    records = len(rows) - counts.get("x", 0)
     # every record of the range lands in bronze or quarantine (a rejected one in both)
     covered = (
         bronze.select("partition", "offset")
@@ -193,9 +201,9 @@ def archive_once(
         .distinct()
         .count()
     )
-    if covered != len(rows):
+    if covered != records:
         raise ArchiveGap(
-            f"archive {a.archive_id}: {len(rows)} changelog entries but {covered} records in bronze or "
+            f"archive {a.archive_id}: {records} changelog entries but {covered} records in bronze or "
             "quarantine: records missing from the log"
         )
     hist = {
@@ -207,7 +215,7 @@ def archive_once(
         "start_offsets": json.dumps(a.metadata()["start_offsets"]),
         "end_offsets": json.dumps(a.metadata()["end_offsets"]),
         "seq": a.seq,
-        "records": len(rows),
+        "records": records,
         "applied": counts.get("a", 0),
         "duplicates": counts.get("d", 0),
         "rejected": counts.get("r", 0),
@@ -225,13 +233,18 @@ def archive_once(
     if settings.compacted_topics:  # nor what the compacted topics' publisher has not produced yet
         from pipelines.speed.compacted import position
 
-        published = position(client, lake.namespace)
-        upto = {p: min(o, published.get(p, 0)) for p, o in upto.items()}
+        if partitioned:  # both settled cuts, of one chain: the earlier one
+            published = position(client, lake.namespace, len(upto))
+            published = {p: published.get(p, 0) for p in upto}
+            upto = published if sum(published.values()) < sum(upto.values()) else upto
+        else:
+            published = position(client, lake.namespace)
+            upto = {p: min(o, published.get(p, 0)) for p, o in upto.items()}
     changelog.trim(client, lake.namespace, upto)
     log.info(
         "archive %d: %d records (%s) up to %s in %.2fs",
         a.archive_id,
-        len(rows),
+        records,
         dict(counts),
         a.end_offsets,
         time.time() - t0,
@@ -314,6 +327,21 @@ class Schedule:
         self.last_compaction, self.behind = now, False
 
 
+def cutter(
+    settings: Settings, client: redis.Redis, namespace: str, topic: str
+) -> Callable[[], changelog.Cut]:
+    """What reads the newest consistent cut in the serving layout: the keyed layout's fences and
+    sequence number, read atomically; the partitioned layout's newest position every partition
+    marked (:class:`pipelines.speed.changelog.SettledCuts`)."""
+    if settings.serving_layout != "partitioned":
+        functions.ensure_loaded(client)
+        return lambda: changelog.cut(client, namespace)
+    from pipelines.speed.stream import topic_partitions
+
+    functions.ensure_partitioned_loaded(client)
+    return changelog.SettledCuts(client, namespace, len(topic_partitions(settings, topic)))
+
+
 def run(
     settings: Settings, *, namespace: str | None = None, topic: str | None = None, once: bool = False
 ) -> None:
@@ -324,7 +352,7 @@ def run(
     namespace = namespace or namespaces.active(settings)
     topic = topic or settings.events_topic
     client = functions.connect(settings.redis_url)
-    functions.ensure_loaded(client)
+    cut = cutter(settings, client, namespace, topic)
     spark = build_spark(f"archiver-{namespace}", settings)
     lake = Lake(spark, settings.lake_dir, namespace, writer="archiver")
     lake.ensure_tables()
@@ -332,7 +360,7 @@ def run(
 
     log.info("archiver running: namespace=%s topic=%s", namespace, topic)
     if once:
-        archive_once(spark, lake, client, settings, topic, changelog.cut(client, namespace))
+        archive_once(spark, lake, client, settings, topic, cut())
         compact_once(spark, compactor, settings)
         return
     # A failed step (the broker or Redis away for a moment, a Delta commit conflict) is retried
@@ -351,9 +379,7 @@ def run(
     with stop_requested() as stopping:
         while not stopping.is_set():
             now = time.monotonic()
-            step = schedule.tick(
-                now, retry(changelog.cut, client, namespace), lambda f: applied_all(settings, topic, f)
-            )
+            step = schedule.tick(now, retry(cut), lambda f: applied_all(settings, topic, f))
             if step.archive is not None:
                 wrote = retry(archive_once, spark, lake, client, settings, topic, step.archive)
                 schedule.archived(now, step.archive, wrote)

@@ -119,10 +119,20 @@ def _profile(v: dict) -> dict:
     return {k: v.get(k) for k in ("handle", "display_name", "status", "status_time")}
 
 
-def from_redis(client: redis.Redis, namespace: str) -> State:
-    """The same two views as the keyed speed layer serves them (``users``, ``status``, ``following``)."""
-    users = {int(u): json.loads(v) for u, v in client.hgetall(functions.key(namespace, "users")).items()}
-    status = {int(u): json.loads(v) for u, v in client.hgetall(functions.key(namespace, "status")).items()}
+def from_redis(client: redis.Redis, namespace: str, partitions: int | None = None) -> State:
+    """The same two views as the keyed speed layer serves them (``users``, ``status``, ``following``;
+    ``partitions``: of every partition in the partitioned layout)."""
+    prefixes = (
+        [functions.key(namespace)]
+        if partitions is None
+        else [functions.pkey(namespace, p) for p in range(partitions)]
+    )
+    users, status = {}, {}
+    follows: set[tuple[int, int]] = set()
+    for pre in prefixes:
+        users |= {int(u): json.loads(v) for u, v in client.hgetall(f"{pre}:users").items()}
+        status |= {int(u): json.loads(v) for u, v in client.hgetall(f"{pre}:status").items()}
+        follows |= _following(client, f"{pre}:following:")
     profiles = {}
     for u in set(users) | set(status):
         uj, sj = users.get(u, {}), status.get(u, {})
@@ -132,8 +142,11 @@ def from_redis(client: redis.Redis, namespace: str) -> State:
             "status": sj.get("text"),
             "status_time": sj.get("event_time"),
         }
+    return State(profiles, follows)
+
+
+def _following(client: redis.Redis, prefix: str) -> set[tuple[int, int]]:
     follows: set[tuple[int, int]] = set()
-    prefix = functions.key(namespace, "following", "")
     keys = list(client.scan_iter(match=prefix + "*", count=2000))
     pipe = client.pipeline(transaction=False)
     for k in keys:
@@ -141,7 +154,7 @@ def from_redis(client: redis.Redis, namespace: str) -> State:
     for k, members in zip(keys, pipe.execute(), strict=True):
         u = int(k.decode()[len(prefix) :])
         follows |= {(u, int(m)) for m in members}
-    return State(profiles, follows)
+    return follows
 
 
 def differences(a: State, b: State, limit: int = 5) -> list[str]:
@@ -156,12 +169,18 @@ def differences(a: State, b: State, limit: int = 5) -> list[str]:
     return out
 
 
-def wait_published(client: redis.Redis, namespace: str, timeout_s: float) -> bool:
-    """Block until the publisher's position reaches the keyed state's fences (bounded)."""
+def wait_published(
+    client: redis.Redis, namespace: str, timeout_s: float, partitions: int | None = None
+) -> bool:
+    """Block until the publisher's position reaches the keyed state's fences (bounded;
+    ``partitions``: the partitioned layout's own fences)."""
     deadline = time.monotonic() + timeout_s
     while True:
-        fences = functions.fences(client, namespace)
-        done = compacted.position(client, namespace)
+        if partitions is None:
+            fences = functions.fences(client, namespace)
+        else:
+            fences = functions.layout_fences(client, namespace, "partitioned", partitions, whole=False)
+        done = compacted.position(client, namespace, partitions)
         if all(done.get(p, -1) >= o for p, o in fences.items()):
             return True
         if time.monotonic() > deadline:
@@ -181,11 +200,16 @@ def main(argv: list[str] | None = None) -> int:
     namespace = args.namespace or namespaces.active(settings)
     topic = args.topic or settings.events_topic
     client = functions.connect(settings.redis_url)
-    caught_up = wait_published(client, namespace, args.wait)
+    partitions = None
+    if settings.serving_layout == "partitioned":
+        from pipelines.speed.stream import topic_partitions
+
+        partitions = len(topic_partitions(settings, topic))
+    caught_up = wait_published(client, namespace, args.wait, partitions)
     t0 = time.perf_counter()
     topics, read = from_topics(settings, topic, namespace)
     secs = time.perf_counter() - t0
-    live = from_redis(client, namespace)
+    live = from_redis(client, namespace, partitions)
     diffs = differences(topics, live)
     names = compacted.topic_names(topic, namespace)
     print(f"read {names.profiles} and {names.follows} from offset 0 in {secs:.2f}s: {read}")

@@ -1,7 +1,8 @@
 """Live metrics of the speed layer and the archiver, for Prometheus (``prometheus-client``).
 
 ``python -m pipelines.metrics [--port 9464]`` serves ``/metrics`` (``make up`` starts it:
-:class:`infra.services.MetricsExporter`); every scrape reads the live stores, so the figures are those of that moment and the exporter keeps no state of its own:
+:class:`infra.services.MetricsExporter`); every scrape reads the live stores, so the figures are
+those of that moment and a scrape depends on no state of the exporter's own:
 
 - the log's end offsets (Kafka), the speed layer's fences (Redis) and the archive's position
   (the Delta ``batches`` log): per partition, the serving path's and the archive's lag in records;
@@ -14,6 +15,9 @@
   and processing rates, batch duration, and per Kafka partition the records a query had not read
   when it planned its latest batch, from the files their listeners keep
   (:mod:`pipelines.stream_progress`).
+
+The same port serves ``/dashboard``: the plots of the last minutes a person looks at, from a
+bounded history a sampler thread keeps (:mod:`pipelines.dashboard`).
 
 ``python -m pipelines.metrics --summary`` prints the headline numbers once (``make status``).
 Every metric, its labels and its meaning: docs/metrics.md.
@@ -52,15 +56,41 @@ def snapshot(settings: Settings) -> dict:
     ns = namespaces.active(settings)
     r = functions.connect(settings.redis_url)
     ends = end_offsets(settings, settings.events_topic)
-    fences = functions.fences(r, ns)
-    pipe = r.pipeline(transaction=False)
-    for p in sorted(ends):
-        pipe.hgetall(functions.key(ns, "stats", p))
+    # the fences, the accounting and the freshness in one MULTI: the speed layer changes them in one
+    # function call, so records read (the fences) = records decided (the accounting) in every snapshot
+    # (in the partitioned layout, each partition's own fence and accounting; freshness per partition)
+    layout = settings.serving_layout
+    parts = sorted(ends)
+    pipe = r.pipeline(transaction=True)
+    if layout == "partitioned":
+        for p in parts:
+            pipe.get(functions.pkey(ns, p, "fence"))
+    else:
+        pipe.hgetall(functions.key(ns, "fence"))
+    for p in parts:
+        pipe.hgetall(functions.stats_key(ns, p, layout))
+    for freshness in (
+        [functions.pkey(ns, p, "freshness") for p in parts]
+        if layout == "partitioned"
+        else [functions.key(ns, "freshness")]
+    ):
+        pipe.hgetall(freshness)
+    got = pipe.execute()
+    if layout == "partitioned":
+        fences = {p: int(v) for p, v in zip(parts, got[: len(parts)], strict=True) if v is not None}
+        got = got[len(parts) :]
+    else:
+        fences = {int(p): int(o) for p, o in got[0].items()}
+        got = got[1:]
+    raw_stats, raw_hists = got[: len(parts)], got[len(parts) :]
     stats = {
         p: {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in raw.items()}
-        for p, raw in zip(sorted(ends), pipe.execute(), strict=True)
+        for p, raw in zip(sorted(ends), raw_stats, strict=True)
     }
-    hist = {int(b): int(n) for b, n in r.hgetall(functions.key(ns, "freshness")).items()}
+    hist: dict[int, int] = {}
+    for raw in raw_hists:
+        for b, n in raw.items():
+            hist[int(b)] = hist.get(int(b), 0) + int(n)
     fcall = r.info("commandstats").get("cmdstat_fcall", {})
     archive, archived_at = _archive(settings, ns)
     from pipelines.stream_progress import progress_dir, read
@@ -310,6 +340,24 @@ def summary(snap: dict) -> str:
     )
 
 
+def sampled_snapshot(settings: Settings) -> dict:
+    """A snapshot for the dashboard's history (:mod:`pipelines.dashboard`): the scrape's, refused at
+    once when a store's port has no listener."""
+    down = stores_down(settings)
+    if down:
+        raise ConnectionError(down)
+    return snapshot(settings)
+
+
+def api_url(settings: Settings) -> str:
+    """The app API whose ``/metrics`` the dashboard plots (SOCIAL_DASHBOARD_API_URL, else the API's
+    host and port; a wildcard bind address is asked on 127.0.0.1)."""
+    if settings.dashboard_api_url:
+        return settings.dashboard_api_url
+    host = "127.0.0.1" if settings.api_host in ("0.0.0.0", "::", "") else settings.api_host
+    return f"http://{host}:{settings.api_port}"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog=command_name("pipelines.metrics"), description=__doc__.splitlines()[0])
     p.add_argument("--port", type=int, help="port of /metrics (default: SOCIAL_METRICS_PORT, 9464)")
@@ -329,17 +377,27 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:  # noqa: BLE001 - `make status` says why, in one line
             print(f"metrics: not available ({type(exc).__name__}: {exc})")
         return 0
-    from prometheus_client import start_http_server
+    from prometheus_client import make_wsgi_app
     from prometheus_client.core import REGISTRY
 
+    from pipelines import dashboard
+
     REGISTRY.register(Collector(settings))
-    start_http_server(port, addr=host)
-    print(f"serving http://{host}:{port}/metrics", flush=True)
+    history = dashboard.History(settings.dashboard_sample_s, settings.dashboard_history_s)
+    sampler = dashboard.Sampler(history, lambda: sampled_snapshot(settings), api_url(settings))
+    server = dashboard.serve(
+        dashboard.wsgi_app(history, make_wsgi_app(REGISTRY), settings.dashboard_sample_s), host, port
+    )
+    sampler.start()
+    print(f"serving http://{host}:{port}/metrics and http://{host}:{port}/dashboard", flush=True)
     try:
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
         return 0
+    finally:
+        sampler.stopped.set()
+        server.shutdown()
 
 
 if __name__ == "__main__":

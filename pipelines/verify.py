@@ -183,6 +183,7 @@ def compare_serving(
     end_offsets: dict[int, int],
     versions: dict,
     home_timeline: DataFrame | None = None,
+    topic: str | None = None,
 ) -> dict:
     """The keyed state in Redis against the Delta views, when both cover the same log position.
 
@@ -192,9 +193,16 @@ def compare_serving(
     ahead of Delta while events flow; the comparison is made when they cover the same offsets (a
     caught-up stream) and skipped otherwise.
     """
-    from contract.serving import ServingStore, connect
+    from contract.serving import PartitionedStore, ServingStore, connect
+    from pipelines.speed.stream import topic_partitions
 
-    store = ServingStore(connect(settings.redis_url), lake.namespace)
+    client = connect(settings.redis_url)
+    if settings.serving_layout == "partitioned":
+        store = PartitionedStore(
+            client, lake.namespace, len(topic_partitions(settings, topic or settings.events_topic))
+        )
+    else:
+        store = ServingStore(client, lake.namespace)
     covered = store.fences()
     wanted = {int(p): int(o) for p, o in end_offsets.items() if int(o) > 0}
     if {p: o for p, o in covered.items() if o > 0} != wanted:
@@ -202,7 +210,13 @@ def compare_serving(
     out = {}
     tl = list(store.dump_timelines(settings.timeline_length))
     redis_tl = spark.createDataFrame(tl, "user_id BIGINT, author_id BIGINT, post_id BIGINT")
-    if home_timeline is None:
+    if settings.serving_layout == "partitioned":
+        # its fan-out threshold is per partition (a representation): compared as users read it,
+        # every followed author's posts merged, against the view derived with none held back
+        home_timeline = derived.read(
+            lake, "home_timeline", versions, dataclasses.replace(settings, fanout_threshold=2**62)
+        )
+    elif home_timeline is None:
         home_timeline = derived.read(lake, "home_timeline", versions, settings)
     out["home_timeline"] = compare(redis_tl, home_timeline, ["user_id", "author_id", "post_id"])
     unread = [(int(u), int(n)) for u, n in store.dump_hash("unread").items()]
@@ -237,21 +251,38 @@ def verify_keyed(spark, settings: Settings, namespace: str, topic: str) -> dict:
     from pipelines.speed.stream import topic_partitions
 
     client = keyed_connect(settings.redis_url)
-    position = functions.fences(client, namespace)
     partitions = topic_partitions(settings, topic)
+    layout = settings.serving_layout
+
+    def state():
+        if layout == "partitioned":  # its own fences, and whether every delivery below is applied
+            return functions.partitioned_state(client, namespace, len(partitions))
+        return functions.fences(client, namespace), True
+
+    position, complete = state()
+    # the library Redis runs, before the replay loads this repository's: a stale one is a mismatch
+    name, want = (
+        ("partitioned", functions.partitioned_version())
+        if layout == "partitioned"
+        else ("social", functions.version())
+    )
+    running = functions.loaded_versions(client)[name]
+    library = {"name": name, "running": running, "repository": want, "ok": running in (want, None)}
     ends = {p: position.get(p, 0) for p in partitions}
     scratch = f"{namespace}__replay"
     drop_namespace(client, scratch)
     t0 = time.time()
     counts = replay_keyed(spark, settings, topic, ends, scratch)
     replay_s = time.time() - t0
-    stats = functions.accounting(client, namespace, partitions)
+    stats = functions.accounting(client, namespace, partitions, layout)
     result = compare_namespaces(client, namespace, scratch, settings.timeline_length)
-    moved = functions.fences(client, namespace) != position
+    moved = state() != (position, complete)
     drop_namespace(client, scratch)
     read = sum(ends.values())
     acct = dict(stats, events_read=read)
     acct["ok"] = read == stats["applied"] + stats["duplicates"] + stats["rejected"] + stats["quarantined"]
+    if layout == "partitioned":  # a delivery a partition could not apply is kept and counted: a mismatch
+        acct["ok"] = acct["ok"] and not stats.get("deliveries_quarantined")
     out = {
         "position": {str(p): o for p, o in ends.items()},
         "replay": {
@@ -260,23 +291,28 @@ def verify_keyed(spark, settings: Settings, namespace: str, topic: str) -> dict:
             "events_per_s": round(read / max(replay_s, 1e-3)),
         },
         "accounting": acct,
-        "freshness": keyed_freshness(client, namespace),
+        "freshness": keyed_freshness(client, namespace, layout, partitions),
+        "library": library,
         **result,
     }
-    if moved:
+    if moved or not complete:
         out["ok"] = None
-        out["skipped"] = "the live state moved past P during the comparison (the stream is running)"
+        out["skipped"] = (
+            "the live state moved past P during the comparison (the stream is running)"
+            if moved
+            else "the live state is between a micro-batch's calls and its deliveries (the stream is running)"
+        )
     else:
-        out["ok"] = result["ok"] and acct["ok"]
+        out["ok"] = result["ok"] and acct["ok"] and library["ok"]
     return out
 
 
-def keyed_freshness(client, namespace: str) -> dict:
-    """p50/p99 of received -> applied in Redis, from the processor's 10 ms histogram."""
+def keyed_freshness(client, namespace: str, layout: str = "keyed", partitions=()) -> dict:
+    """p50/p99 of received -> visible in Redis, from the processor's 10 ms histogram."""
     from contract import functions
     from pipelines.speed.processor import FRESHNESS_BUCKET_MS
 
-    hist = {int(b): int(n) for b, n in client.hgetall(functions.key(namespace, "freshness")).items()}
+    hist = functions.freshness_histogram(client, namespace, layout, partitions)
     total = sum(hist.values())
     if not total:
         return {"events": 0, "p50_ms": None, "p99_ms": None}
@@ -422,6 +458,7 @@ def verify(
             record.end_offsets,
             record.versions,
             home_timeline=lives["home_timeline"] if versions == _recorded(record) else None,
+            topic=topic,
         )
         if serving
         else disabled,
@@ -552,6 +589,12 @@ def summary(report: dict) -> str:
             f"  keyed state vs its replay at {k['position']}: {k['keys']} keys, {k['mismatches']} mismatches"
             f" ({k.get('skipped') or ('ok' if k['ok'] else 'MISMATCH')}); replay {k['replay']['events_per_s']} events/s"
         )
+        lib = k.get("library")
+        if lib and not lib["ok"]:
+            lines.append(
+                f"  STALE Redis library {lib['name']}: Redis ran {lib['running']}, this repository is "
+                f"{lib['repository']} (the next speed layer start loads it)"
+            )
         kf = k["freshness"]
         lines.append(
             f"  keyed freshness p50 {kf['p50_ms']} ms, p99 {kf['p99_ms']} ms over {kf['events']} events"

@@ -65,6 +65,11 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...], str]] = {
         (),
         "Build the S3-compatible server the S3 lake's tests start (versitygw, pinned, with go install).",
     ),
+    "ensure-chromium": (
+        "infra.stack:main",
+        ("ensure-chromium",),
+        "A headless Chromium for the browser test: from PATH, else Debian's chromium-headless-shell (apt-get).",
+    ),
     "jars": ("infra.jars:main", (), "The JVM jars: fetched from Maven Central, pinned, checksum-verified."),
     "airflow": ("infra.airflow:main", (), "Local Airflow over dags/: env, db, test, standalone."),
     "tail": ("infra.tail:main", (), "The event log, record by record (Kafka's console consumer)."),

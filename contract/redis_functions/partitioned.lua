@@ -38,10 +38,12 @@ below `upto`, each `offset kind n field...`; entries below dfence[source] are sk
 dfence[source] becomes `upto`. The queued fan-out of every segment is applied at the end, one ZADD
 per timeline. Changes a delivery makes to facts (an
 erasure's edges and messages) are a changelog entry `<fence>-<n>` (d `x`, src `<source>:<offset>`).
-A delivery it cannot apply is kept in `dlq` with its reason and counted, never dropped.
+A delivery it cannot apply is kept in `dlq` with its reason and counted, never dropped. A call
+that leaves the partition complete (its own deliveries at its fence) appends dfence to `marks`.
 ]]
 
-local VERSION = 'p2'
+local VERSION = 'p3'
+local MARKS_KEPT = '4096' -- complete states each partition keeps for the archiver to find a cut in
 local LAYOUT = '3'
 local PROTOCOL = @PROTOCOL@ -- protocol.json as a Lua table (contract/functions.py)
 
@@ -783,6 +785,7 @@ local function p_deliver(keys, args)
   local dfence = c:k('dfence')
   local fence = redis.call('GET', keys[1]) or '0'
   local counts = {applied = 0, skipped = 0, quarantined = 0}
+  local moved = false
   while i <= #args do
     local seg
     seg, i = named(args, i, PROTOCOL.segment)
@@ -823,10 +826,18 @@ local function p_deliver(keys, args)
       end
     end
     if upto > covered then covered = upto end
-    if covered > start then redis.call('HSET', dfence, src, fmt(covered)) end
+    if covered > start then
+      redis.call('HSET', dfence, src, fmt(covered))
+      moved = true
+    end
   end
   c.own = false
   c:flush()
+  -- A complete state (its own deliveries at its fence) is a mark: the archiver's cut is a vector
+  -- every partition marked (pipelines/speed/changelog.py, SettledCuts).
+  if moved and tonumber(redis.call('HGET', dfence, c.p) or '0') == tonumber(fence) then
+    redis.call('XADD', c:k('marks'), 'MAXLEN', '~', MARKS_KEPT, '*', unpack(redis.call('HGETALL', dfence)))
+  end
   if counts.quarantined > 0 then redis.call('HINCRBY', c:k('stats'), 'deliveries_quarantined', counts.quarantined) end
   return {counts.applied, counts.skipped, counts.quarantined}
 end

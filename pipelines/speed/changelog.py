@@ -35,6 +35,14 @@ and then trims the streams up to what Delta holds. Fields of an entry:
 The value of any key after the events of a consistent cut (:func:`cut`) is its last change in
 ``(s, position in the entry)`` order among the entries of that cut: the compaction's rule
 (:mod:`pipelines.compaction`).
+
+In the partitioned layout (``<ns>:{<p>}:changelog``, docs/architecture.md) an event's entry is
+``<offset + 1>-0`` with no ``s`` (there is no global order); the changes a delivery made to facts
+the partition owns (an erasure's edges and messages) are an entry ``<fence>-<n>`` with ``d`` ``x``
+and ``src`` ``<source partition>:<offset>``, n counting from 1 at that fence. A key belongs to one
+partition, so its last change is the last in its partition's stream order (:func:`order`); a
+consistent cut is a position every partition marked (:class:`SettledCuts`), and its entries are
+those caused below it (:func:`read_partitioned`).
 """
 
 from __future__ import annotations
@@ -43,7 +51,7 @@ from dataclasses import dataclass
 
 import redis
 
-from contract.functions import key
+from contract.functions import key, pkey
 
 DISPOSITIONS = {"a": "applied", "d": "duplicate", "r": "rejected", "q": "quarantined"}
 
@@ -61,6 +69,102 @@ def cut(client: redis.Redis, namespace: str) -> Cut:
     pairs = raw[1:]
     fences = {int(pairs[i]): int(pairs[i + 1]) for i in range(0, len(pairs), 2)}
     return Cut(seq=int(raw[0]), fences=dict(sorted(fences.items())))
+
+
+class SettledCuts:
+    """The partitioned layout's consistent cut: the newest log position P every partition's state
+    was at, each at a moment of its own (docs/architecture.md, "The partitioned layout").
+
+    A partition's state covers its own log below its fence and each source's deliveries below its
+    ``dfence``; after every ``p_deliver`` that leaves it complete (its own deliveries at its fence)
+    it appends that vector to its ``marks`` stream. A vector every partition marked is a position
+    P whose changelog entries are exactly those caused below P (an event below its partition's
+    offset, a delivery whose source offset is below its source's): each partition wrote all of
+    those before its mark and none after, whatever the interleaving. A speed layer's micro-batch
+    ends at one: each task delivers its partitions' outboxes to every partition after applying
+    them. Marks are read incrementally (a stream capped in Redis); calling returns the newest cut
+    found, all zeros before the first.
+    """
+
+    def __init__(self, client: redis.Redis, namespace: str, partitions: int):
+        self.r, self.ns, self.partitions = client, namespace, partitions
+        self.read_from = dict.fromkeys(range(partitions), "-")
+        self.seen: dict[int, set[tuple[int, ...]]] = {p: set() for p in range(partitions)}
+        self.best: tuple[int, ...] = (0,) * partitions
+
+    def __call__(self) -> Cut:
+        pipe = self.r.pipeline(transaction=False)
+        for p in range(self.partitions):
+            pipe.xrange(pkey(self.ns, p, "marks"), min=self.read_from[p], max="+")
+        for p, got in enumerate(pipe.execute()):
+            for _id, fields in got:
+                dfence = {int(s): int(o) for s, o in fields.items()}
+                self.seen[p].add(tuple(dfence.get(s, 0) for s in range(self.partitions)))
+            if got:
+                self.read_from[p] = "(" + _text(got[-1][0])
+        common = set.intersection(*self.seen.values()) if self.seen else set()
+        if common:  # each partition's marks only grow: the common ones are a chain
+            self.best = max(common, key=sum)
+            for p in self.seen:  # what is not past the best can never be newer
+                self.seen[p] = {v for v in self.seen[p] if sum(v) > sum(self.best)}
+        return Cut(seq=0, fences=dict(enumerate(self.best)))
+
+
+def order(entry_id: str) -> int:
+    """A partitioned changelog entry's place in its partition's order as one integer (its id
+    ``<ms>-<n>``: ms the partition's fence, n 0 for its event and 1, 2, ... for deliveries after)."""
+    ms, n = (int(x) for x in entry_id.split("-"))
+    if n >= 1 << 20:
+        raise ValueError(f"changelog entry {entry_id}: over 2^20 deliveries at one fence")
+    return (ms << 20) | n
+
+
+def read_partitioned(
+    client: redis.Redis,
+    namespace: str,
+    partition: int,
+    start: dict[int, int],
+    end: dict[int, int],
+    page: int = 10_000,
+) -> list[dict]:
+    """The entries of ``partition`` caused in ``[start, end)`` (both settled cuts): its events of
+    offsets ``[start[p], end[p])`` and the deliveries from every source ``s`` of offsets
+    ``[start[s], end[s])``, in order, as :func:`read` gives them (``seq``: :func:`order`; a
+    delivery's ``offset`` None, ``disposition`` ``x``, ``reason`` ``delivery <source>:<offset>``).
+
+    Where they are: every one was written while the partition's fence was in ``[start[p],
+    end[p]]``, so their ids' ms too; those at the bounds are filtered by cause."""
+    out: list[dict] = []
+    stream = pkey(namespace, partition, "changelog")
+    lo, hi = f"{start[partition]}-0", f"{end[partition]}-{(1 << 64) - 1}"
+    while True:
+        got = client.xrange(stream, min=lo, max=hi, count=page)
+        for entry_id, fields in got:
+            eid = _text(entry_id)
+            f = {_text(k): _text(v) for k, v in fields.items()}
+            if f["d"] == "x":
+                src, offset = (int(x) for x in f["src"].split(":"))
+                if not start.get(src, 0) <= offset < end.get(src, 0):
+                    continue
+                row_offset, reason = None, f"delivery {f['src']}"
+            else:
+                row_offset = int(eid.split("-")[0]) - 1
+                if not start[partition] <= row_offset < end[partition]:
+                    continue
+                reason = f.get("r")
+            out.append(
+                {
+                    "partition": partition,
+                    "offset": row_offset,
+                    "seq": order(eid),
+                    "disposition": f["d"],
+                    "reason": reason,
+                    "changes": f.get("c"),
+                }
+            )
+        if len(got) < page:
+            return out
+        lo = f"({_text(got[-1][0])}"
 
 
 def first_offset(client: redis.Redis, namespace: str, partition: int) -> int | None:

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 
 import redis
 
-from contract.functions import key
+from contract.functions import key, pkey
 from infra import clients
 from infra.settings import Settings
 from pipelines.speed import changelog
@@ -199,8 +199,14 @@ class Published:
     more: bool = False  # a bounded run: more of the changelog is waiting
 
 
-def position(client: redis.Redis, namespace: str) -> dict[int, int]:
-    """Partition -> next offset whose changes are in the compacted topics."""
+def position(client: redis.Redis, namespace: str, partitions: int | None = None) -> dict[int, int]:
+    """Partition -> next offset whose changes are in the compacted topics (``partitions``: the
+    partitioned layout's, one ``{<p>}:published`` per partition, a settled cut)."""
+    if partitions is not None:
+        pipe = client.pipeline(transaction=False)
+        for p in range(partitions):
+            pipe.get(pkey(namespace, p, POSITION))
+        return {p: int(v) for p, v in enumerate(pipe.execute()) if v is not None}
     raw = client.hgetall(key(namespace, POSITION))
     return {int(p): int(o) for p, o in raw.items()}
 
@@ -220,17 +226,60 @@ class Publisher:
         self.producer = clients.kafka_producer(settings, "speed_layer.compacted", "kept")
         self.timeout_s = 30.0
         self.max_per_partition = MAX_PER_PARTITION
+        self.cuts: changelog.SettledCuts | None = None
+        if settings.serving_layout == "partitioned":
+            from pipelines.speed.stream import topic_partitions
 
-    def _read_profiles(self, users: list[int]) -> list[tuple]:
+            self.cuts = changelog.SettledCuts(
+                self.r, namespace, len(topic_partitions(settings, events_topic))
+            )
+
+    def _read_profiles(self, users: list[int], partition: int | None = None) -> list[tuple]:
+        def k(name: str) -> str:
+            return key(self.namespace, name) if partition is None else pkey(self.namespace, partition, name)
+
         pipe = self.r.pipeline(transaction=False)
-        pipe.hmget(key(self.namespace, "users"), users)
-        pipe.hmget(key(self.namespace, "status"), users)
+        pipe.hmget(k("users"), users)
+        pipe.hmget(k("status"), users)
         uj, sj = pipe.execute()
         return list(zip(uj, sj, strict=True))
+
+    def _partitioned_run(self) -> tuple[list[dict], list[tuple[bytes, bytes | None]], dict[int, int]] | None:
+        """The partitioned layout's run: every partition's entries caused from the published cut up
+        to the newest settled one (:class:`pipelines.speed.changelog.SettledCuts`), each partition
+        in its own order (a key's changes are all in its owner's partition), and the profiles read
+        from each user's partition. Never bounded: only a settled cut is a prefix of every stream."""
+        assert self.cuts is not None
+        cut = self.cuts().fences
+        done = position(self.r, self.namespace, self.cuts.partitions)
+        start = {p: done.get(p, 0) for p in cut}
+        if any(start[p] > cut[p] for p in cut):  # Redis came back older: wait for the speed layer
+            return None
+        if start == cut:
+            return None
+        entries, profiles = [], []
+        for p in cut:
+            got = changelog.read_partitioned(self.r, self.namespace, p, start, cut)
+            entries += got
+            profiles += profile_records(got, lambda users, p=p: self._read_profiles(users, p))
+        return entries, profiles, cut
 
     def publish_once(self) -> Published:
         """Publish every change from the published position up to a consistent cut; flush; advance."""
         t0 = time.perf_counter()
+        if self.cuts is not None:
+            run = self._partitioned_run()
+            if run is None:
+                return Published()
+            entries, profiles, upto = run
+            out = Published(entries=len(entries), upto=upto)
+            self._produce(out, entries, profiles)
+            pipe = self.r.pipeline(transaction=False)
+            for p, o in upto.items():
+                pipe.set(pkey(self.namespace, p, POSITION), o)
+            pipe.execute()
+            out.ms = (time.perf_counter() - t0) * 1000
+            return out
         cut = changelog.cut(self.r, self.namespace)
         done = position(self.r, self.namespace)
         per_p: dict[int, list[dict]] = {}
@@ -254,6 +303,15 @@ class Publisher:
         out = Published(entries=len(entries), upto=upto, more=bool(truncated))
         if not upto:
             return out
+        self._produce(out, entries, profile_records(entries, self._read_profiles))
+        self.r.hset(key(self.namespace, POSITION), mapping=upto)
+        out.ms = (time.perf_counter() - t0) * 1000
+        return out
+
+    def _produce(
+        self, out: Published, entries: list[dict], profiles: list[tuple[bytes, bytes | None]]
+    ) -> None:
+        """Produce the follows and profiles records of a run and flush (raises unless all are in)."""
         errors: list[str] = []
 
         def report(err, _msg) -> None:
@@ -264,7 +322,7 @@ class Publisher:
         # records share prefixes (zstd then packs a follow edge in ~10 bytes)
         for topic, records in (
             (self.topics.follows, sorted(follow_records(entries), key=lambda kv: kv[0])),
-            (self.topics.profiles, profile_records(entries, self._read_profiles)),
+            (self.topics.profiles, profiles),
         ):
             for k, v in records:
                 while True:
@@ -284,9 +342,6 @@ class Publisher:
             raise RuntimeError(
                 f"compacted topics: {left} records not delivered, errors {errors[:3]}; position kept"
             )
-        self.r.hset(key(self.namespace, POSITION), mapping=upto)
-        out.ms = (time.perf_counter() - t0) * 1000
-        return out
 
 
 class PublisherThread(threading.Thread):

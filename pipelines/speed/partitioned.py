@@ -16,6 +16,8 @@ The arguments of both follow ``contract/redis_functions/protocol.json`` by name.
 
 from __future__ import annotations
 
+import time
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -24,9 +26,10 @@ import redis
 import contract
 from contract import functions
 from infra import clients
-from pipelines.speed.processor import Applied, ProcessorConfig
+from pipelines.speed.processor import FRESHNESS_BUCKET_MS, FRESHNESS_CAP_MS, Applied, ProcessorConfig
 
 PROTOCOL = functions.protocol()
+_RECEIVED = PROTOCOL["event"].index("received_time")
 # protocol names -> the event's field (the rest have the same name in the event)
 _FROM_EVENT = {"followee": "followee_id", "user": "user_id"}
 
@@ -78,6 +81,9 @@ class PartitionedProcessor:
         self.partitions = partitions
         self.r = client or clients.redis_client(cfg.redis_url)
         functions.ensure_partitioned_loaded(self.r)
+        # receive times of the records applied and not yet delivered everywhere, per partition:
+        # :meth:`pump` records them in the freshness histogram once their deliveries are in
+        self._received: dict[int, list[int]] = {}
         self._header = {
             "namespace": cfg.namespace,
             "dedup_window_ms": cfg.dedup_window_ms,
@@ -103,23 +109,30 @@ class PartitionedProcessor:
         pipe = self.r.pipeline(transaction=False)
         args: list = []
         n = posts = 0
-        calls = 0
+        groups: list[list[int | None]] = []  # each call's records' receive times (None: quarantined)
+        group: list[int | None] = []
         for offset, value in records:
             ev = encode(offset, value)
             args += ev
             n += 1
             posts += ev[1] == "post_created"
+            group.append(int(ev[_RECEIVED]) if ev[1] != "!" else None)
             out.records += 1
             if n >= self.cfg.group_size or posts >= self.cfg.group_posts:
                 pipe.fcall("p_apply", 1, fence, *head, *args)
                 args, n, posts = [], 0, 0
-                calls += 1
+                groups.append(group)
+                group = []
         if n:
             pipe.fcall("p_apply", 1, fence, *head, *args)
-            calls += 1
-        if calls:
-            for counts in pipe.execute():
+            groups.append(group)
+        if groups:
+            received = self._received.setdefault(partition, [])
+            for counts, times in zip(pipe.execute(), groups, strict=True):
                 out.add(counts)
+                # records below the fence come first in a call (offset order): an earlier
+                # attempt applied them, and they are not counted again
+                received += [t for t in times[int(counts[4]) :] if t is not None]
         return out
 
     def deliver(self, source: int, target: int, limit: int | None = None, replay: int = 0) -> Delivered:
@@ -226,8 +239,22 @@ class PartitionedProcessor:
         pipe = self.r.pipeline(transaction=False)
         for s in outbox:
             pipe.xtrim(self.k(s, "out"), minid=f"{upto[s]}-0", approximate=False)
+        self._record_freshness(pipe, sources)
         pipe.execute()
         return total
+
+    def _record_freshness(self, pipe, sources: list[int]) -> None:
+        """Received (server clock) -> visible in every partition, in 10 ms buckets, per source
+        partition (``{<p>}:freshness``): a metric, not state."""
+        if not self.cfg.record_freshness:
+            self._received.clear()
+            return
+        now = int(time.time() * 1000)
+        for s in sources:
+            received = self._received.pop(s, [])
+            hist = Counter(min(max(0, now - rt), FRESHNESS_CAP_MS) // FRESHNESS_BUCKET_MS for rt in received)
+            for bucket, n in hist.items():
+                pipe.hincrby(self.k(s, "freshness"), bucket, n)
 
     def fences(self) -> dict[int, int]:
         """Partition -> next offset to apply (each partition's own fence)."""

@@ -51,7 +51,10 @@ def run_verify(settings, topic: str, namespace: str) -> dict:
 
 
 def assert_verified(report: dict, summary) -> None:
-    assert report["ok"], {k: v["mismatches"] for k, v in report["views"].items()}
+    assert report["ok"], {
+        "views": {k: v["mismatches"] for k, v in report["views"].items()},
+        **{k: v for k, v in report.items() if isinstance(v, dict) and v.get("ok") is False},
+    }
     for name in (*VIEWS, "events_bronze", "quarantine"):
         view = report["views"][name]
         assert view["mismatches"] == 0 and view["live_rows"] == view["recomputed_rows"], (name, view)

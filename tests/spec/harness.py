@@ -177,3 +177,85 @@ def partitioned_accounting(client: redis.Redis, ns: str, partitions) -> dict[str
             if name in totals:
                 totals[name] += int(v)
     return totals
+
+
+def partitioned_archive(
+    client: redis.Redis, ns: str, partitions, position: dict[int, int]
+) -> tuple[spec.Outcome, dict[int, int]]:
+    """What the archive holds at a settled ``position``, read as the archiver's rule says
+    (pipelines/speed/changelog.py): every changelog entry whose cause is below the position (an
+    event below its partition's offset, a delivery whose source offset is below its source's), and
+    each view's row the last change of its key in its partition's changelog order. Written here
+    from the changelog's documented format, not with the compaction's code. Returns the facts and
+    ``unread_counts`` (the N rows)."""
+    from contract.functions import pkey
+
+    def text(v):
+        return v.decode() if isinstance(v, bytes) else v
+
+    out = spec.Outcome(n=0)
+    follows: dict[tuple[int, int], bool] = {}
+    unread: dict[int, int] = {}
+    for p in partitions:
+        for entry_id, fields in client.xrange(pkey(ns, p, "changelog")):
+            f = {text(k): text(v) for k, v in fields.items()}
+            if f["d"] == "x":
+                src, offset = (int(x) for x in f["src"].split(":"))
+            else:
+                src, offset = p, int(text(entry_id).split("-")[0]) - 1
+            if offset >= position.get(src, 0) or "c" not in f:
+                continue
+            for ch in json.loads(f["c"]):
+                kind, k = ch[0], ch[1:]
+                if kind == "U":
+                    out.users[int(k[0])] = {"handle": k[1], "display_name": k[2]}
+                elif kind == "U-":
+                    out.users.pop(int(k[0]), None)
+                elif kind == "S":
+                    out.status[int(k[0])] = {"text": k[1], "event_time": int(k[2])}
+                elif kind == "S-":
+                    out.status.pop(int(k[0]), None)
+                elif kind in ("F+", "F-"):
+                    follows[int(k[0]), int(k[1])] = kind == "F+"
+                elif kind == "P":
+                    out.posts[int(k[0]), int(k[1])] = {
+                        "text": k[3],
+                        "event_time": int(k[2]),
+                        "deleted": int(k[4]) == 1,
+                    }
+                elif kind == "P-":
+                    out.posts.pop((int(k[0]), int(k[1])), None)
+                elif kind == "I":
+                    r, m = int(k[0]), int(k[1])
+                    out.inbox.setdefault(r, {})[m] = {
+                        "message_id": m, "sender_id": int(k[2]), "text": k[3], "event_time": int(k[4]),
+                        "read": int(k[5]) == 1,
+                    }  # fmt: skip
+                elif kind == "I-":
+                    out.inbox.get(int(k[0]), {}).pop(int(k[1]), None)
+                elif kind == "N":
+                    unread[int(k[0])] = int(k[1])
+                elif kind == "N-":
+                    unread.pop(int(k[0]), None)
+    for (u, f), on in follows.items():
+        if on:
+            out.follows.setdefault(u, set()).add(f)
+    out.inbox = {r: box for r, box in out.inbox.items() if box}
+    return out, unread
+
+
+def diff_archive(
+    want: spec.Outcome, got: spec.Outcome, got_unread: dict[int, int], label: str = ""
+) -> list[str]:
+    """The archive's facts against the specification's, view by view."""
+    out = []
+    for view in ("users", "status", "follows", "posts", "inbox"):
+        w, g = getattr(want, view), getattr(got, view)
+        for k in sorted(set(w) | set(g), key=repr):
+            if w.get(k) != g.get(k):
+                out.append(f"{label}archive {view}[{k}]: spec {w.get(k)!r} != archive {g.get(k)!r}")
+    unread = {r: n for r in want.inbox if (n := want.unread(r))}
+    got_unread = {u: n for u, n in got_unread.items() if n}
+    if unread != got_unread:
+        out.append(f"{label}archive unread_counts: spec {unread} != archive {got_unread}")
+    return out

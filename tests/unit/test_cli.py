@@ -19,11 +19,12 @@ from social.cli import COMMANDS, app
 
 # command -> a flag (or, for a module without flags, the usage line) its module's --help shows
 OWN_HELP = {
-    "up": "{up,down,status,ensure-redis,ensure-prometheus}",
-    "down": "{up,down,status,ensure-redis,ensure-prometheus}",
-    "status": "{up,down,status,ensure-redis,ensure-prometheus}",
-    "ensure-redis": "{up,down,status,ensure-redis,ensure-prometheus}",
-    "ensure-prometheus": "{up,down,status,ensure-redis,ensure-prometheus}",
+    "up": "{up,down,status,ensure-redis,ensure-prometheus,ensure-chromium}",
+    "down": "{up,down,status,ensure-redis,ensure-prometheus,ensure-chromium}",
+    "status": "{up,down,status,ensure-redis,ensure-prometheus,ensure-chromium}",
+    "ensure-redis": "{up,down,status,ensure-redis,ensure-prometheus,ensure-chromium}",
+    "ensure-prometheus": "{up,down,status,ensure-redis,ensure-prometheus,ensure-chromium}",
+    "ensure-chromium": "{up,down,status,ensure-redis,ensure-prometheus,ensure-chromium}",
     "check-external": "usage: social check-external",
     "ensure-s3server": "usage: social ensure-s3server",
     "jars": "{fetch,verify,lock}",

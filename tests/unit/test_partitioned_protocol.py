@@ -89,9 +89,9 @@ def test_the_protocol_in_redis_is_the_one_in_the_repository(redis_url):
     assert functions.partitioned_version().split("-")[1] in functions.partitioned_source()
 
 
-def _proc(url, ns, partitions=2):
+def _proc(url, ns, partitions=2, record_freshness=False):
     cfg = ProcessorConfig(
-        redis_url=url, namespace=ns, timeline_length=3, fanout_threshold=5, record_freshness=False
+        redis_url=url, namespace=ns, timeline_length=3, fanout_threshold=5, record_freshness=record_freshness
     )
     return PartitionedProcessor(cfg, partitions)
 
@@ -146,3 +146,22 @@ def test_a_delivery_the_library_cannot_apply_is_quarantined_and_counted(redis_ur
     assert proc.r.hget(functions.pkey(ns, 0, "dfence"), "1") == b"8"
     # the fence: the same deliveries again change nothing
     assert proc.r.fcall("p_deliver", 1, fence, *head, 1, 8, 1, 7, "erase", 1, "42") == [0, 1, 0]
+
+
+def test_freshness_counts_each_record_once_when_its_deliveries_are_in(redis_url):
+    """Received -> visible everywhere: a record is in its partition's histogram after the pump
+    that delivered it, once (a batch run again after a crash is skipped by the fence and not
+    counted again); a record the contract rejects is not an event and is not counted."""
+    ns = f"t{uuid.uuid4().hex[:8]}"
+    proc = _proc(redis_url, ns, record_freshness=True)
+    records = [(o, json.dumps(ev("post_created", 1, o, post_id=o + 1, text="p")).encode()) for o in range(4)]
+    records.append((4, b"{not json"))
+    key = functions.pkey(ns, 1, "freshness")
+    proc.process(1, records)
+    assert proc.r.hgetall(key) == {}  # applied, not yet delivered
+    proc.pump([1])
+    proc.process(1, records)  # the same batch again: the fence skips every record
+    proc.pump([1])
+    assert sum(int(n) for n in proc.r.hgetall(key).values()) == 4
+    # the records' receive times are T0 (2026 in the simulated clock): past the cap, last bucket
+    assert list(proc.r.hgetall(key)) == [b"12000"]

@@ -99,3 +99,19 @@ def test_make_up_starts_prometheus_which_loads_the_rules_and_scrapes_the_exporte
         server.stop()
         exporter.stop()
     assert not port_listening(prom) and not port_listening(metrics)
+
+
+def test_composes_prometheus_reads_the_config_the_code_writes():
+    """docker-compose.yml's prometheus (profile monitoring): the same scrapes and rules as make up's."""
+    from infra.prometheus import COMPOSE_CONFIG, COMPOSE_RULES, compose_config
+    from infra.settings import get_settings
+
+    assert COMPOSE_CONFIG.read_text() == compose_config(), (
+        "infra/compose/prometheus.yml is stale: python -c 'from infra.prometheus import *; "
+        "COMPOSE_CONFIG.write_text(compose_config())'"
+    )
+    local = config(get_settings(metrics_port=9464, api_port=8000))
+    swap = {"127.0.0.1:9464": "metrics:9464", "127.0.0.1:8000": "api:8000", str(RULES): COMPOSE_RULES}
+    for a, b in swap.items():
+        local = local.replace(a, b)
+    assert local.splitlines()[1:] == compose_config().splitlines()[1:]  # all but the "written by" line

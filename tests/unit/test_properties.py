@@ -140,12 +140,29 @@ class PartitionedEngine:
     def settle(self):
         self.proc.settle()
 
+    def archive_at_the_newest_cut(
+        self, log: Log, label: str, expect: dict[int, int] | None = None
+    ) -> list[str]:
+        """The archiver's cut (the newest position every partition's state was at) and what the
+        archive holds there: the changelog entries caused below it, folded, against the spec."""
+        from pipelines.speed.changelog import SettledCuts
+
+        client = redis.Redis.from_url(self.url)
+        parts = range(log.partitions)
+        cut = SettledCuts(client, self.ns, log.partitions)().fences
+        if expect is not None and cut != {p: expect.get(p, 0) for p in parts}:
+            return [f"{label}the newest settled cut is {cut}, not the settled fences {expect}"]
+        got, unread = harness.partitioned_archive(client, self.ns, parts, cut)
+        return harness.diff_archive(harness.expected(log, 0, cut), got, unread, f"{label}at the cut {cut}: ")
+
     def compare(self, log: Log, n: int, upto: dict[int, int], label: str) -> list[str]:
+        problems = self.archive_at_the_newest_cut(log, label)
         self.settle()
+        problems += self.archive_at_the_newest_cut(log, label, expect=upto)
         want = harness.expected(log, n, upto)
         client = redis.Redis.from_url(self.url)
         parts = range(log.partitions)
-        problems = harness.diff_views(
+        problems += harness.diff_views(
             harness.spec_views(want, log.users),
             harness.partitioned_views(self.url, self.ns, log.users, n, lambda u: self.part_of.get(u, 0)),
             label,

@@ -35,3 +35,10 @@ def test_index_links_each_report_with_time_and_verdict(tmp_path):
     assert "2026-11-23T10:00:00+00:00" in rows[0] and "FAILED" in rows[0]
     assert "2026-11-23T11:00:00+00:00" in rows[1] and ">ok<" in rows[1]
     assert "2026-01-01T00:00:00+00:00" in rows[2] and ">ok<" in rows[2]  # no generated_at: the file's time
+
+
+def test_index_links_the_live_dashboard(tmp_path):
+    settings = get_settings(var_dir=tmp_path, metrics_port=28464)
+    page = write_index(settings).read_text()
+    assert "href='http://127.0.0.1:28464/dashboard'" in page
+    assert "no reports yet" in page  # the link is beside the table, not a report row

@@ -48,11 +48,21 @@ UP_COMMANDS = {
     "docker compose --profile local up --build": {"profile": "local", "airflow": False},
     "docker compose --profile local --profile airflow up --build": {"profile": "local", "airflow": True},
     "docker compose --profile cluster up --build": {"profile": "cluster", "airflow": False},
+    "docker compose --profile local --profile monitoring up --build": {
+        "profile": "local",
+        "airflow": False,
+        "prometheus": True,
+    },
 }
+# In compose only: Grafana (profile monitoring), which `make up` has no counterpart of (no Debian
+# package of it; the local page is the exporter's own /dashboard, with the same panels).
+COMPOSE_ONLY = {"grafana"}
+PROFILES = ["local", "airflow", "cluster", "monitoring"]
 # Documented as what not to do: every service has a profile, so it starts nothing.
 BARE_UP = "docker compose up"
 # A public image: a Docker Hub repository with a version tag (not `latest`, not a local tag).
-PUBLIC_IMAGE = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)?:\d[\w.-]*$")
+# (`v2.53.0`: Prometheus's tags start with a v)
+PUBLIC_IMAGE = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)?:v?\d[\w.-]*$")
 
 
 # --- compose-go -------------------------------------------------------------------------------------
@@ -150,20 +160,21 @@ def _key(name: str, service: dict) -> str:
     return argv[argv.index("-m") + 1] if "-m" in argv else name
 
 
-def _make_up(profile: str, airflow: bool) -> dict[str, stack.Service]:
-    """What `make up` starts for a profile (SOCIAL_AIRFLOW_STANDALONE=1 with airflow), keyed as _key."""
-    settings = get_settings(profile=profile, airflow_standalone=int(airflow), analytics=1)
+def _make_up(profile: str, airflow: bool, prometheus: bool = False) -> dict[str, stack.Service]:
+    """What `make up` starts for a profile (SOCIAL_AIRFLOW_STANDALONE=1 with airflow, SOCIAL_PROMETHEUS=1
+    with prometheus), keyed as _key."""
+    settings = get_settings(
+        profile=profile, airflow_standalone=int(airflow), analytics=1, prometheus=int(prometheus)
+    )
     started = {}
     for service in stack.Stack(settings).services:
         if isinstance(service, stack.AirflowService) and not settings.airflow_standalone:
             continue
         if isinstance(service, stack.PrometheusServer) and not settings.prometheus:
-            continue  # opt-in (SOCIAL_PROMETHEUS=1), not in compose
-        if isinstance(service, stack.BACKBONE):
-            started[service.name] = service
-        else:
-            argv = service.command()
-            started[argv[argv.index("-m") + 1]] = service
+            continue  # opt-in (SOCIAL_PROMETHEUS=1), in compose's monitoring profile
+        argv = [] if isinstance(service, stack.BACKBONE) else service.command()
+        # a Python module by its name (as _key names its container), another program by the service's
+        started[argv[argv.index("-m") + 1] if "-m" in argv else service.name] = service
     return started
 
 
@@ -207,7 +218,7 @@ def test_the_same_services_as_make_up(up):
     """The containers are the processes `make up` starts for the same profile, with the same commands."""
     command, services = up
     local = _make_up(**UP_COMMANDS[command])
-    containers = {_key(name, s): s for name, s in _long_running(services).items()}
+    containers = {_key(name, s): s for name, s in _long_running(services).items() if name not in COMPOSE_ONLY}
     differences = {
         "only in compose": sorted(containers.keys() - local.keys()),
         "only under make up": sorted(local.keys() - containers.keys()),
@@ -287,14 +298,14 @@ def test_every_documented_command_loads(compose_check):
 
 def test_every_service_has_a_profile(compose_check):
     """A service without one starts under every `--profile` (the local broker beside the cluster's)."""
-    everything = load(compose_check, ["local", "airflow", "cluster"])["services"]
+    everything = load(compose_check, PROFILES)["services"]
     assert [n for n, s in everything.items() if not s.get("profiles")] == []
     assert load(compose_check)["services"] == {}  # BARE_UP starts nothing, as documented
-    assert {p for s in everything.values() for p in s["profiles"]} == {"local", "airflow", "cluster"}
+    assert {p for s in everything.values() for p in s["profiles"]} == set(PROFILES)
 
 
 def test_the_project_image_is_one_build(compose_check):
-    everything = load(compose_check, ["local", "airflow", "cluster"])["services"]
+    everything = load(compose_check, PROFILES)["services"]
     builds = {
         json.dumps(s.get("build"), sort_keys=True) for s in everything.values() if _is_project_service(s)
     }
@@ -324,7 +335,7 @@ MODULE_ATTR = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 @pytest.fixture(scope="module")
 def everything(compose_check) -> dict:
-    return load(compose_check, ["local", "airflow", "cluster"])["services"]
+    return load(compose_check, PROFILES)["services"]
 
 
 def _dockerignored() -> list[str]:
@@ -588,3 +599,34 @@ def test_make_up_refuses_a_redis_below_7(tmp_path):
     with pytest.raises(stack.StackError, match=r"6\.2\.14 is too old: .*7\.0 or later"):
         stack.require_redis_version(str(_fake_redis(tmp_path / "old", "6.2.14")))
     assert stack.require_redis_version(str(_fake_redis(tmp_path / "new", "7.0.15"))) == (7, 0, 15)
+
+
+# --- the monitoring profile: the project's Prometheus and Grafana files ----------------------------------
+
+
+def test_monitoring_mounts_the_projects_prometheus_and_grafana_files(everything):
+    from infra.prometheus import COMPOSE_CONFIG, COMPOSE_RULES, RULES
+    from pipelines.dashboard import GRAFANA_DASHBOARD
+
+    def binds(name: str) -> dict[str, str]:
+        return {v["target"]: v["source"] for v in everything[name]["volumes"] if v["type"] == "bind"}
+
+    prometheus, grafana = binds("prometheus"), binds("grafana")
+    assert prometheus["/etc/prometheus/prometheus.yml"] == str(COMPOSE_CONFIG)
+    assert prometheus[COMPOSE_RULES] == str(RULES)
+    assert "--config.file=/etc/prometheus/prometheus.yml" in everything["prometheus"]["command"]
+    assert grafana["/etc/grafana/provisioning"] == str(REPO_ROOT / "infra" / "grafana" / "provisioning")
+    assert grafana["/var/lib/grafana/dashboards"] == str(GRAFANA_DASHBOARD.parent)
+    home = everything["grafana"]["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert home == f"/var/lib/grafana/dashboards/{GRAFANA_DASHBOARD.name}"
+    # Prometheus scrapes the services by their compose names and container ports
+    text = COMPOSE_CONFIG.read_text()
+    for service, port in (("metrics", 9464), ("api", 8000)):
+        assert f"'{service}:{port}'" in text and any(
+            p["target"] == port for p in everything[service]["ports"]
+        ), service
+    # the exporter's page plots the API of its own profile
+    assert everything["metrics"]["environment"]["SOCIAL_DASHBOARD_API_URL"] == "http://api:8000"
+    assert (
+        everything["metrics-cluster"]["environment"]["SOCIAL_DASHBOARD_API_URL"] == "http://api-cluster:8000"
+    )
