@@ -45,9 +45,10 @@ FILE_SECONDS = {
     "test_verify_young.py": 150,
     # new on 2026-12-06: a SASL/SCRAM and a mutual-TLS broker of its own, a Spark session, a stack, alone: 86 s
     "test_external_kafka.py": 86,
-    # new on 2026-12-06, alone beside other engineers' runs: the demo on external Kafka, Redis and an
-    # S3 lake 428 s, the check, the forced and the real race and the stack on the S3 lake ~190 s
-    "test_external_lake.py": 620,
+    # 2026-12-06, alone (another session's test file beside it): 267 and 245 s, of which the small
+    # demo on external Kafka, Redis and an S3 lake 215 and 189 s (620 s before its size and its
+    # stack test were cut to fit CI's 5 minutes)
+    "test_external_lake.py": 260,
     # new on 2026-12-06: measured alone (121 s on a quiet 2-core machine), most of it real time
     # (40 s under load, then the alert's `for` and scrapes); skipped without Debian's prometheus
     "test_alerts.py": 121,
