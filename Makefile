@@ -8,10 +8,10 @@ UV      := .tools/bin/uv
 STAMP   := .venv/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help setup deps up down status airflow demo test test-fast test-faults test-properties test-integration bench load load-steps load-read-heavy tail history reports dual-write compare erasure-audit lint fmt clean
+.PHONY: help setup deps s3-server up down status airflow demo test test-fast test-faults test-properties test-integration bench load load-steps load-read-heavy tail history reports dual-write compare erasure-audit lint fmt clean
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
 
 # Every process a target starts caches the bytecode it compiles (Python's default), whatever the
 # caller's environment says: with PYTHONDONTWRITEBYTECODE set (as in this machine's environment)
@@ -33,13 +33,21 @@ $(STAMP): pyproject.toml uv.lock .python-version | $(UV)
 	$(UV) sync -q --locked --extra dev
 	@touch $(STAMP)
 
-setup: deps ## install Python deps, fetch + verify JVM jars, dump the Spark class archive, ensure redis-server (and Prometheus with SOCIAL_PROMETHEUS=1; idempotent)
+setup: deps s3-server ## install Python deps, fetch + verify JVM jars, dump the Spark class archive, ensure redis-server, build the S3 test server (and Prometheus with SOCIAL_PROMETHEUS=1; idempotent)
 	@$(PY) -m social spark class-archive
 
-deps: $(STAMP) ## setup without the class archive (make test dumps it beside the first tests)
+# What every tier needs; no Go (the fast tier runs without it: tests/unit/conftest.py).
+deps: $(STAMP) ## setup without the class archive and the S3 test server (make test dumps and builds them before the tiers that use them)
 	@$(PY) -m social jars fetch
 	@$(PY) -m social ensure-redis
 	@$(PY) -m social ensure-prometheus
+
+# versitygw, the S3-compatible server of tests/integration/test_external_lake.py, built with Go from
+# its pinned module (infra/s3server.py): a prerequisite of the integration tier and of setup, not of
+# the fast tier, which needs no Go (on a fresh clone `make test-fast` built it first: 172 s,
+# docs/running.md).
+s3-server: $(STAMP) ## build the S3 lake tests' S3-compatible server (versitygw, pinned, `go install`; skipped with one line without Go)
+	@$(PY) -m social ensure-s3server
 
 up: setup ## start Kafka (KRaft), Redis, the speed layer, the API and the metrics exporter on 127.0.0.1
 	@$(PY) -m social up
@@ -135,7 +143,7 @@ test-fast: deps ## the fast tier: every test that needs no JVM and no Go, the pr
 	@$(PROMETHEUS_FOR_TESTS)
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
-test-integration: deps ## the integration tier: the stack's tests on INTEGRATION_WORKERS xdist workers, tests/integration/local beside them
+test-integration: deps s3-server ## the integration tier: the stack's tests on INTEGRATION_WORKERS xdist workers, tests/integration/local beside them
 	@$(PROMETHEUS_FOR_TESTS)
 	@$(PY) -m social ensure-chromium || echo "chromium: not installed; the dashboard's browser test will fail"
 	@mkdir -p var

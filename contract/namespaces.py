@@ -6,17 +6,17 @@ The pointer lives in ``<lake_dir>/ACTIVE`` (for jobs) and in Redis key ``active_
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
+from infra.lake_store import ObjectPath, write_atomically
 from infra.settings import Settings
 
 DEFAULT = "v1"
 REDIS_KEY = "active_namespace"
 
 
-def _pointer(settings: Settings) -> Path:
-    return Path(settings.lake_dir) / "ACTIVE"
+def _pointer(settings: Settings) -> Path | ObjectPath:
+    return settings.lake_dir / "ACTIVE"
 
 
 def active(settings: Settings) -> str:
@@ -29,11 +29,7 @@ def active(settings: Settings) -> str:
 def switch(settings: Settings, namespace: str, redis_client=None) -> str | None:
     """Make ``namespace`` the live one; returns the previous one."""
     previous = active(settings)
-    p = _pointer(settings)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_suffix(".tmp")
-    tmp.write_text(namespace + "\n")
-    os.replace(tmp, p)  # atomic on POSIX
+    write_atomically(_pointer(settings), namespace + "\n")  # a rename on a disk, one PUT on a store
     if redis_client is not None:
         redis_client.set(REDIS_KEY, namespace)
     return previous

@@ -1,5 +1,6 @@
 """Checks of the components the project uses but did not start: an existing Kafka
-(``SOCIAL_KAFKA_EXTERNAL=1``) and an existing Redis (``SOCIAL_REDIS_EXTERNAL=1``).
+(``SOCIAL_KAFKA_EXTERNAL=1``), an existing Redis (``SOCIAL_REDIS_EXTERNAL=1``) and the object
+store of a lake on S3 (``SOCIAL_LAKE_URI=s3a://...``).
 
 ``make up`` (:meth:`infra.stack.Stack.up`) runs them before it starts any process of its own, and
 starts none when one fails: each problem is one line naming the component (its address, the
@@ -341,11 +342,31 @@ def check_kafka(settings: Settings, timeout_s: float = 15.0) -> str:
     )
 
 
+# The lake ------------------------------------------------------------------------------------------
+
+
+def check_lake(settings: Settings) -> str:
+    """Check the object store of an ``s3a://`` lake (SOCIAL_LAKE_URI): the bucket answers with the
+    credentials, they may list, put, get and delete under the prefix, and the store refuses a
+    second put-if-absent of one key (what keeps two writers' Delta commits apart); returns one
+    line of what it found, or raises :class:`ExternalUnfit`."""
+    from infra.lake_store import check_lake as probe
+
+    problem, found = probe(settings)
+    if problem:
+        raise ExternalUnfit([problem])
+    return found
+
+
 def check_external(settings: Settings) -> list[str]:
     """Check every external component the settings name (none: nothing to do); one line each
     of what was found, or :class:`ExternalUnfit` with every problem, one line each."""
     found, problems = [], []
-    for wanted, check in ((settings.redis_external, check_redis), (settings.kafka_external, check_kafka)):
+    for wanted, check in (
+        (settings.redis_external, check_redis),
+        (settings.kafka_external, check_kafka),
+        (settings.lake_on_s3, check_lake),
+    ):
         if not wanted:
             continue
         try:

@@ -1,10 +1,14 @@
 """JVM jars for the local stack: fetched once from Maven Central, pinned, checksum-verified.
 
-Two manifests in ``infra/jvm/`` describe two classpaths that must never mix:
+Three manifests in ``infra/jvm/`` describe classpaths; the broker's and Spark's must never mix:
 
 - ``kafka``: the broker (KRaft) and its tools, run by ``infra.stack`` as ``java -cp ...``;
 - ``spark``: what the speed layer adds to PySpark (Kafka source, Delta Lake), passed as ``spark.jars``.
   It carries Spark's own kafka-clients 3.9.x, not the broker's 4.x.
+- ``s3``: Hadoop's S3A file system and the AWS SDK v2 modules it calls (not the 686 MB SDK bundle:
+  ``infra/jvm/s3-pom.xml`` says why), added to ``spark.jars`` only when the lake is an ``s3a://``
+  URI (SOCIAL_LAKE_URI), with the project's S3 LogStore (``infra/jvm/logstore/``), compiled here by
+  ``javac`` from its committed source.
 
 ``python -m infra.jars fetch`` copies each manifest's runtime closure into ``<jars_dir>/<name>/``
 with Maven (local repository ``.cache/m2``) and checks every jar against the committed lock file
@@ -28,7 +32,13 @@ from infra.settings import REPO_ROOT, Settings, get_settings
 JVM_DIR = REPO_ROOT / "infra" / "jvm"
 MAVEN_SETTINGS = JVM_DIR / "maven-settings.xml"
 MAVEN_REPO = REPO_ROOT / ".cache" / "m2"
-MANIFESTS = {"kafka": JVM_DIR / "kafka-pom.xml", "spark": JVM_DIR / "spark-pom.xml"}
+MANIFESTS = {
+    "kafka": JVM_DIR / "kafka-pom.xml",
+    "spark": JVM_DIR / "spark-pom.xml",
+    "s3": JVM_DIR / "s3-pom.xml",
+}
+# what Spark drivers add to PySpark's own jars (the s3 set only for a lake on an object store)
+SPARK_EXTRAS = ("spark", "s3")
 
 # name-version.jar -> name; versions start with a digit (kafka_2.13-4.3.1.jar -> kafka_2.13)
 _JAR_NAME = re.compile(r"^(?P<name>.+)-\d[\w.]*(?:-[A-Za-z][\w.-]*)?\.jar$")
@@ -166,7 +176,7 @@ def _download(name: str, directory: Path) -> Path:
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     _maven_copy(name, staging)
-    if name == "spark" and (dupes := shadowed_pyspark_jars(staging)):
+    if name in SPARK_EXTRAS and (dupes := shadowed_pyspark_jars(staging)):
         raise JarsError(
             f"spark extras would duplicate jars PySpark ships: {', '.join(dupes)}; exclude them in the pom"
         )
@@ -189,7 +199,75 @@ def fetch(settings: Settings | None = None, names: tuple[str, ...] = tuple(MANIF
                 raise JarsError(f"{name} jars do not match {lock_path(name).name}: {'; '.join(found[:5])}")
             _install(staging, directory)
         counts[name] = len(read_lock(name))
+    if "s3" in names and shutil.which("javac"):
+        # a JRE alone (the compose image) has no javac: its drivers then refuse an s3a:// lake
+        # with one line (spark_jars), while a local lake needs no LogStore
+        build_logstore(settings)
     return counts
+
+
+# The LogStore an s3a:// lake's commits go through (infra/jvm/logstore/: why it is the project's own),
+# compiled from its committed source against the jars it links (PySpark's Hadoop, hadoop-aws,
+# delta-storage) into a jar named by the source's hash: a changed source builds a new jar.
+LOGSTORE_SOURCES = JVM_DIR / "logstore"
+
+
+def logstore_jar(settings: Settings | None = None) -> Path:
+    h = hashlib.sha256()
+    for source in sorted(LOGSTORE_SOURCES.rglob("*.java")):
+        h.update(source.relative_to(LOGSTORE_SOURCES).as_posix().encode() + b"\0" + source.read_bytes())
+    return jar_dir("logstore", settings) / f"social-delta-logstore-{h.hexdigest()[:12]}.jar"
+
+
+def build_logstore(settings: Settings | None = None) -> Path:
+    """The LogStore's jar, compiled with `javac` if it is not there yet (~2 s)."""
+    import pyspark
+
+    target = logstore_jar(settings)
+    if target.exists():
+        return target
+    javac, jar = shutil.which("javac"), shutil.which("jar")
+    if not javac or not jar:
+        raise JarsError(
+            "`javac` not found on PATH: install a JDK 17 (e.g. `apt-get install -y openjdk-17-jdk-headless`)"
+        )
+    pyspark_jars = Path(pyspark.__file__).parent / "jars"
+    classpath = [
+        *pyspark_jars.glob("hadoop-client-api-*.jar"),
+        *_jars("s3", settings),
+        *_jars("spark", settings),
+    ]
+    staging = target.parent / (target.name + ".staging")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    sources = [str(p) for p in sorted(LOGSTORE_SOURCES.rglob("*.java"))]
+    cmd = [
+        javac,
+        "--release",
+        "17",
+        "-nowarn",
+        "-d",
+        str(staging),
+        "-cp",
+        ":".join(map(str, classpath)),
+        *sources,
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise JarsError(
+            "javac could not build the S3 LogStore: " + " | ".join(done.stderr.strip().splitlines()[:3])
+        )
+    built = target.parent / (target.name + ".part")
+    done = subprocess.run(
+        [jar, "--create", "--file", str(built), "-C", str(staging), "."], capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        raise JarsError(f"jar could not pack the S3 LogStore: {done.stderr.strip()[:200]}")
+    shutil.rmtree(staging)
+    for old in target.parent.glob("social-delta-logstore-*.jar"):
+        old.unlink()
+    built.rename(target)
+    return target
 
 
 def lock(settings: Settings | None = None) -> dict[str, int]:
@@ -224,8 +302,17 @@ def kafka_classpath(settings: Settings | None = None) -> str:
 
 
 def spark_jars(settings: Settings | None = None) -> list[Path]:
-    """Jars to add to PySpark (spark.jars): the Kafka source/sink and Delta Lake."""
-    return _jars("spark", settings)
+    """Jars to add to PySpark (spark.jars): the Kafka source/sink and Delta Lake, and S3A with the
+    AWS SDK when the lake is on an object store."""
+    settings = settings or get_settings()
+    if not settings.lake_on_s3:
+        return _jars("spark", settings)
+    store = logstore_jar(settings)
+    if not store.exists():
+        raise JarsError(
+            f"no S3 LogStore jar {store.name}: run `make setup` with a JDK's `javac` on PATH (python -m infra.jars fetch)"
+        )
+    return [*_jars("spark", settings), *_jars("s3", settings), store]
 
 
 def main(argv: list[str] | None = None) -> int:

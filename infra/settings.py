@@ -212,6 +212,36 @@ class Settings:
         "dual mode: writes whose store update after the log append fails (logged, answered 202)",
     )
     var_dir: Path = _setting("SOCIAL_VAR_DIR", REPO_ROOT / "var", "all runtime state: logs, data, reports")
+    # The Delta lake (docs/running.md: Your own object store): a local folder by default, or a
+    # prefix on an S3-compatible store; infra/lake_store.py turns these into Spark's S3A confs,
+    # delta-rs's storage options and the obstore client of the start check.
+    lake_uri: str = _setting(
+        "SOCIAL_LAKE_URI",
+        "",
+        "where the Delta lake lives: empty = `<SOCIAL_VAR_DIR>/lake`; a local folder; or "
+        "`s3a://<bucket>/<prefix>` on an S3-compatible object store (the SOCIAL_LAKE_S3_* settings; "
+        "`make up` and `social check-external` check it first)",
+    )
+    lake_s3_endpoint: str = _setting(
+        "SOCIAL_LAKE_S3_ENDPOINT",
+        "",
+        "S3 lake: the store's URL (`http://host:port`, `https://...`); empty = AWS S3 in SOCIAL_LAKE_S3_REGION",
+    )
+    lake_s3_region: str = _setting("SOCIAL_LAKE_S3_REGION", "us-east-1", "S3 lake: the region of the bucket")
+    lake_s3_access_key: str = _setting(
+        "SOCIAL_LAKE_S3_ACCESS_KEY",
+        "",
+        "S3 lake: access key id; empty = each client's default AWS credential chain (environment, profile, role)",
+    )
+    lake_s3_secret_key: SecretStr = _setting(
+        "SOCIAL_LAKE_S3_SECRET_KEY", SecretStr(""), "S3 lake: secret access key (a secret: never printed)"
+    )
+    lake_s3_path_style: int = _setting(
+        "SOCIAL_LAKE_S3_PATH_STYLE",
+        1,
+        "S3 lake: 1 = path-style requests (`<endpoint>/<bucket>/<key>`, what most S3-compatible stores "
+        "need); 0 = virtual-hosted style (`<bucket>.<endpoint>`)",
+    )
     jars_dir: Path = _setting(
         "SOCIAL_JARS_DIR", REPO_ROOT / ".cache" / "jars", "fetched, checksum-verified JVM jars"
     )
@@ -509,8 +539,16 @@ class Settings:
     )
 
     def __post_init__(self) -> None:
-        if not isinstance(self.kafka_sasl_password, SecretStr):  # given as a plain keyword argument
-            object.__setattr__(self, "kafka_sasl_password", SecretStr(str(self.kafka_sasl_password)))
+        for secret in ("kafka_sasl_password", "lake_s3_secret_key"):
+            if not isinstance(getattr(self, secret), SecretStr):  # given as a plain keyword argument
+                object.__setattr__(self, secret, SecretStr(str(getattr(self, secret))))
+        if self.lake_uri and "://" in self.lake_uri and not self.lake_on_s3:
+            raise SettingsError(
+                f"SOCIAL_LAKE_URI={self.lake_uri!r}: expected a local folder or s3a://<bucket>/<prefix> "
+                "(s3a: the scheme of Hadoop's S3A, which Spark writes through; delta-rs reads the same)"
+            )
+        if self.lake_on_s3 and not self.lake_uri[len("s3a://") :].split("/", 1)[0]:
+            raise SettingsError(f"SOCIAL_LAKE_URI={self.lake_uri!r}: no bucket (s3a://<bucket>/<prefix>)")
         if self.profile not in PROFILES:
             raise SettingsError(f"SOCIAL_PROFILE={self.profile!r}: expected one of {', '.join(PROFILES)}")
         if self.log_level.upper() not in LOG_LEVELS:
@@ -586,8 +624,20 @@ class Settings:
         return Path(self.var_dir) / "run"
 
     @property
-    def lake_dir(self) -> Path:
-        return Path(self.var_dir) / "lake"
+    def lake_on_s3(self) -> bool:
+        return self.lake_uri.startswith("s3a://")
+
+    @property
+    def lake_dir(self):
+        """The lake's root: a :class:`~pathlib.Path`, or an :class:`infra.lake_store.ObjectPath` for
+        an ``s3a://`` lake (which answers the same few calls: ``/``, ``exists``, ``read_text``, ...)."""
+        if not self.lake_uri:
+            return Path(self.var_dir) / "lake"
+        if self.lake_on_s3:
+            from infra.lake_store import ObjectPath
+
+            return ObjectPath(self.lake_uri.rstrip("/"), self)
+        return Path(self.lake_uri)
 
     @property
     def keys_dir(self) -> Path:

@@ -258,6 +258,10 @@ class Stack:
             rows.insert(0, ("redis", "external", "-", redact_url(s.redis_url), "-"))
         if s.kafka_external:
             rows.insert(0, ("kafka", "external", "-", s.kafka_bootstrap, "-"))
+        if s.lake_on_s3:
+            rows.insert(
+                0, ("lake", "external", "-", f"{s.lake_uri} at {s.lake_s3_endpoint or 'AWS S3'}", "-")
+            )
         return rows
 
 

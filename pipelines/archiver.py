@@ -56,7 +56,7 @@ from contract import functions, namespaces
 from infra import logs
 from infra.cli import command_name, run_main
 from infra.settings import Settings, get_settings
-from pipelines.lake import Archive, Lake, archived, covers, latest_metadata, side_by_side
+from pipelines.lake import Archive, Lake, archived, covers, latest_metadata, location, side_by_side
 from pipelines.parse import parse_records, received_date
 from pipelines.speed import changelog
 from pipelines.speed.stream import commit_positions
@@ -75,7 +75,7 @@ def unfinished(lake_dir: Path, namespace: str, after: Archive | None) -> Archive
     """An archive some data table committed but ``archives`` did not: a crash in the middle."""
     want = 0 if after is None else after.archive_id + 1
     for table in DATA_TABLES:
-        m = latest_metadata(Path(lake_dir) / namespace / table, "archive_id")
+        m = latest_metadata(location(lake_dir) / namespace / table, "archive_id")
         if m and int(m["archive_id"]) == want:
             return Archive.from_metadata(m)
     return None

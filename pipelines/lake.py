@@ -21,7 +21,6 @@ file system only): the same calls read a lake on an object store.
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -31,6 +30,8 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from infra.lake_store import ObjectPath, delta_storage_options, lake_path, remove_tree
+from infra.settings import get_settings
 from pipelines.tables import STORED, TABLES
 
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
@@ -67,14 +68,28 @@ class BatchRecord:
     row: dict
 
 
-def delta_log(table: Path | str):
+def location(place: Path | ObjectPath | str) -> Path | ObjectPath:
+    """A lake location (:func:`infra.lake_store.lake_path`); an ``s3a://`` string gets the
+    environment's lake settings."""
+    if isinstance(place, str) and place.startswith("s3a://"):
+        return lake_path(place, get_settings())
+    return lake_path(place)
+
+
+def delta_log(table: Path | ObjectPath | str):
     """The table's Delta log as delta-rs reads it (its latest snapshot), or None when the table has
-    no commit yet."""
+    no commit yet. A table on an object store (``s3a://...``) is read with the lake's settings
+    (SOCIAL_LAKE_S3_*, :func:`infra.lake_store.delta_storage_options`)."""
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
+    options = None
+    if isinstance(table, ObjectPath):
+        options = delta_storage_options(table.settings)
+    elif str(table).startswith("s3a://"):
+        options = delta_storage_options(get_settings())
     try:
-        return DeltaTable(str(table))
+        return DeltaTable(str(table), storage_options=options)
     except TableNotFoundError:
         return None
 
@@ -145,7 +160,7 @@ def committed_position(lake_dir: Path, namespace: str) -> tuple[int, dict[int, i
     Every ``batches`` commit carries them in its ``userMetadata``; no Spark needed (for waiting
     in tests, the demo and health checks).
     """
-    meta = latest_metadata(Path(lake_dir) / namespace / "batches", "batch_id")
+    meta = latest_metadata(location(lake_dir) / namespace / "batches", "batch_id")
     if meta is None:
         return None
     return int(meta["batch_id"]), {int(p): int(o) for p, o in meta["end_offsets"].items()}
@@ -182,7 +197,7 @@ class Archive:
 
 def archived(lake_dir: Path, namespace: str) -> Archive | None:
     """The last complete archive (its ``archives`` row committed), from the Delta log alone."""
-    m = latest_metadata(Path(lake_dir) / namespace / "archives", "archive_id")
+    m = latest_metadata(location(lake_dir) / namespace / "archives", "archive_id")
     return Archive.from_metadata(m) if m else None
 
 
@@ -199,7 +214,7 @@ class Lake:
 
     def __init__(self, spark: SparkSession, root: Path, namespace: str, writer: str = "speed_layer"):
         self.spark = spark
-        self.root = Path(root) / namespace
+        self.root = location(root) / namespace
         self.namespace = namespace
         self.app_id = f"{writer}:{namespace}"
         self._fence: dict[str, str] = {}  # writer options of the batch being written (none outside one)
@@ -208,7 +223,7 @@ class Lake:
         return str(self.root / table)
 
     def exists(self) -> bool:
-        return has_commits(self.path("batches"))
+        return has_commits(self.root / "batches")
 
     # -- creation ------------------------------------------------------------------------------
     def ensure_tables(self) -> None:
@@ -217,17 +232,17 @@ class Lake:
         Whether a table exists is read from its Delta log with delta-rs: asking Spark's Delta
         (``isDeltaTable``) builds a snapshot of each, a Spark job per table at every start.
         """
-        missing = [TABLES[t] for t in STORED if not has_commits(self.path(t))]
+        missing = [TABLES[t] for t in STORED if not has_commits(self.root / t)]
         side_by_side([lambda t=t: self._create(t) for t in missing])
 
     def _create(self, t) -> None:
         from delta.tables import DeltaTable
 
-        leftover = Path(self.path(t.name))
+        leftover = self.root / t.name
         if leftover.exists():
             # a creation killed half-way (kill -9 of the archiver at start): no commit was ever
             # made, so nothing was ever in it; start the table again
-            shutil.rmtree(leftover)
+            remove_tree(leftover)
         builder = DeltaTable.createIfNotExists(self.spark).location(self.path(t.name))
         for col in t.ddl.split(","):
             name, typ = col.strip().split(" ", 1)
@@ -259,7 +274,7 @@ class Lake:
     def version(self, table: str) -> int:
         """The table's latest committed version, read from its Delta log with delta-rs, not with
         ``DESCRIBE HISTORY`` (a Spark job per table per batch)."""
-        log = delta_log(self.path(table))
+        log = delta_log(self.root / table)
         if log is None:
             raise FileNotFoundError(f"{self.path(table)}/_delta_log: no Delta commits")
         return log.version()

@@ -43,6 +43,7 @@ from pathlib import Path
 from contract import namespaces
 from infra import logs
 from infra.cli import command_name, run_main
+from infra.lake_store import remove_tree
 from infra.settings import Settings, get_settings
 
 log = logging.getLogger("maintenance")
@@ -55,7 +56,7 @@ DAY_S = 24 * 3600
 
 
 def _tables(settings: Settings, namespace: str) -> list[str]:
-    root = Path(settings.lake_dir) / namespace
+    root = settings.lake_dir / namespace
     return sorted(p.name for p in root.iterdir() if (p / "_delta_log").exists()) if root.exists() else []
 
 
@@ -70,7 +71,7 @@ def optimize(spark, settings: Settings, *, all_tables: bool = False, dry_run: bo
         for table in _tables(settings, ns):
             if ns == live and not all_tables and table not in APPEND_ONLY:
                 continue
-            path = str(Path(settings.lake_dir) / ns / table)
+            path = str(settings.lake_dir / ns / table)
             if dry_run:
                 done[f"{ns}/{table}"] = "would optimize"
                 continue
@@ -89,7 +90,7 @@ def purge(spark, settings: Settings, *, dry_run: bool = False) -> dict:
     done = {}
     for ns in existing_namespaces(settings):
         for table in _tables(settings, ns):
-            path = str(Path(settings.lake_dir) / ns / table)
+            path = str(settings.lake_dir / ns / table)
             if dry_run:
                 done[f"{ns}/{table}"] = "would purge"
                 continue
@@ -116,7 +117,7 @@ def vacuum(spark, settings: Settings, *, retention_hours: int | None = None, dry
         spark.conf.set(check, "false")
 
     def one(target: tuple[str, str]) -> str:
-        path = str(Path(settings.lake_dir) / target[0] / target[1])
+        path = str(settings.lake_dir / target[0] / target[1])
         table = DeltaTable.forPath(spark, path)
         _ensure_retention_property(spark, table, path, hours)
         table.vacuum(float(hours))
@@ -164,8 +165,8 @@ def drop_namespace(settings: Settings, namespace: str) -> dict:
 
     if namespace == namespaces.active(settings):
         raise ValueError(f"{namespace!r} is live")
-    shutil.rmtree(Path(settings.lake_dir) / namespace, ignore_errors=True)
-    shutil.rmtree(Path(settings.lake_dir) / (namespace + SUFFIX), ignore_errors=True)
+    remove_tree(settings.lake_dir / namespace)
+    remove_tree(settings.lake_dir / (namespace + SUFFIX))
     shutil.rmtree(Path(settings.var_dir) / "checkpoints" / namespace, ignore_errors=True)
     removed_keys = 0
     try:
@@ -188,7 +189,7 @@ def prune_namespaces(settings: Settings, *, now: float | None = None, dry_run: b
     for ns in existing_namespaces(settings):
         if ns in keep:
             continue
-        since = _retired_at(settings, ns) or (Path(settings.lake_dir) / ns / "batches").stat().st_mtime
+        since = _retired_at(settings, ns) or (settings.lake_dir / ns / "batches").stat().st_mtime
         if now - since <= limit:
             done[ns] = f"kept ({(now - since) / DAY_S:.1f} of {settings.namespace_retention_days} days)"
             continue

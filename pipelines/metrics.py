@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 from infra.cli import command_name, run_main
 from infra.settings import Settings, get_settings
@@ -44,7 +43,7 @@ def _archive(settings: Settings, namespace: str) -> tuple[dict[int, int], float 
 
     found = committed_position(settings.lake_dir, namespace)
     position = found[1] if found else {}
-    committed_ms = last_commit_ms(Path(settings.lake_dir) / namespace / "batches")
+    committed_ms = last_commit_ms(settings.lake_dir / namespace / "batches")
     return position, None if committed_ms is None else committed_ms / 1000
 
 

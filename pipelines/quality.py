@@ -146,7 +146,7 @@ def snapshot(spark, settings: Settings, namespace: str) -> Snapshot:
     from pipelines.lake import Lake, latest_metadata
     from pipelines.tables import TABLES
 
-    if latest_metadata(Path(settings.lake_dir) / namespace / "accounting", "source") is not None:
+    if latest_metadata(settings.lake_dir / namespace / "accounting", "source") is not None:
         return batch_snapshot(spark, settings, namespace)
     lake = Lake(spark, settings.lake_dir, namespace)
     if not lake.exists():
@@ -177,7 +177,7 @@ def batch_snapshot(spark, settings: Settings, namespace: str) -> Snapshot:
 
     from pipelines.lake import Lake, last_commit_ms, latest_metadata
 
-    root = Path(settings.lake_dir) / namespace
+    root = settings.lake_dir / namespace
     meta = latest_metadata(root / "accounting", "source")
     position = {int(p): int(o) for p, o in meta["position"].items()}
     archive = Lake(spark, settings.lake_dir, meta["source"])
@@ -317,7 +317,7 @@ FRAMES: dict[str, Callable] = {
 
 def analytics_table(settings: Settings, namespace: str, frame: str) -> Path:
     """Where the stream analytics keep the table of frame ``analytics_<query>``."""
-    return Path(settings.lake_dir) / namespace / "analytics" / frame.removeprefix(ANALYTICS)
+    return settings.lake_dir / namespace / "analytics" / frame.removeprefix(ANALYTICS)
 
 
 def check_frame(name: str, snap: Snapshot, settings: Settings, log_end: dict[int, int] | None = None):

@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import re
 import sys
 import time
@@ -44,6 +43,7 @@ from pathlib import Path
 from contract import namespaces
 from infra import logs
 from infra.cli import command_name, run_main
+from infra.lake_store import write_atomically
 from infra.settings import Settings, get_settings
 
 log = logging.getLogger("rebuild")
@@ -59,7 +59,7 @@ class RebuildError(RuntimeError):
 
 
 def history_file(settings: Settings) -> Path:
-    return Path(settings.lake_dir) / "namespaces.json"
+    return settings.lake_dir / "namespaces.json"
 
 
 def load_history(settings: Settings) -> list[dict]:
@@ -70,12 +70,8 @@ def load_history(settings: Settings) -> list[dict]:
 
 
 def _record(settings: Settings, entry: dict) -> None:
-    path = history_file(settings)
-    path.parent.mkdir(parents=True, exist_ok=True)
     switches = [*load_history(settings), entry]
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"switches": switches}, indent=2) + "\n")
-    os.replace(tmp, path)
+    write_atomically(history_file(settings), json.dumps({"switches": switches}, indent=2) + "\n")
 
 
 def _now() -> str:
@@ -83,7 +79,7 @@ def _now() -> str:
 
 
 def existing_namespaces(settings: Settings) -> list[str]:
-    root = Path(settings.lake_dir)
+    root = settings.lake_dir
     if not root.exists():
         return []
     return sorted(p.name for p in root.iterdir() if p.is_dir() and (p / "batches" / "_delta_log").exists())

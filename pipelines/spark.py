@@ -165,7 +165,15 @@ def build_spark(
             .config("spark.cores.max", str(settings.spark_app_cores))
             .config("spark.executor.memory", settings.spark_executor_memory)
         )
-    for key, value in {**(extra_conf or {}), **parse_conf(settings.spark_conf)}.items():
+    # a lake on an object store: S3A's endpoint, credentials and conditional create, Delta's LogStore
+    # (infra/lake_store.py; nothing for a local lake)
+    from infra.lake_store import spark_conf as lake_conf
+
+    for key, value in {
+        **lake_conf(settings),
+        **(extra_conf or {}),
+        **parse_conf(settings.spark_conf),
+    }.items():
         builder = builder.config(key, value)
     spark = _get_or_create(builder)
     spark.sparkContext.setLogLevel("WARN")

@@ -53,12 +53,17 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "check-external": (
         "infra.external:main",
         (),
-        "Check your own Kafka and Redis (SOCIAL_KAFKA_EXTERNAL, SOCIAL_REDIS_EXTERNAL) as `up` does.",
+        "Check your own Kafka, Redis and S3 lake (SOCIAL_*_EXTERNAL, SOCIAL_LAKE_URI) as `up` does.",
     ),
     "ensure-prometheus": (
         "infra.stack:main",
         ("ensure-prometheus",),
         "With SOCIAL_PROMETHEUS=1: Prometheus from PATH, else Debian's package unpacked under .tools.",
+    ),
+    "ensure-s3server": (
+        "infra.s3server:main",
+        (),
+        "Build the S3-compatible server the S3 lake's tests start (versitygw, pinned, with go install).",
     ),
     "ensure-chromium": (
         "infra.stack:main",

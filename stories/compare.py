@@ -134,7 +134,7 @@ def run(settings: Settings, events: int) -> dict:
     kappa_ns, archive_ns = f"compare-kappa-{run_id}".lower(), f"compare-{run_id}".lower()
     create_topic(settings, topic, settings.events_partitions)
     client = keyed_connect(settings.redis_url)
-    lake = Path(settings.lake_dir)
+    lake = settings.lake_dir
     spark = build_spark("compare", settings)
     try:
         gen = GeneratorConfig(

@@ -76,7 +76,7 @@ def collect(spark, paths: Paths, injected_users: tuple[int, ...] = (), lateness_
     out: dict = {"tables": {}, "empty_because": {}}
     frames = {}
     for name in TABLES:
-        path = Path(paths.table(name))
+        path = paths.lake / name  # a Path, or an ObjectPath on an s3a:// lake (Path() would make it local)
         if (path / "_delta_log").exists():
             frames[name] = spark.read.format("delta").load(str(path))
             out["tables"][name] = frames[name].count()

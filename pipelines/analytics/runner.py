@@ -69,7 +69,7 @@ class Paths:
     @classmethod
     def for_namespace(cls, settings: Settings, namespace: str) -> Paths:
         return cls(
-            lake=Path(settings.lake_dir) / namespace / "analytics",
+            lake=settings.lake_dir / namespace / "analytics",
             checkpoints=Path(settings.var_dir) / "checkpoints" / namespace / "analytics",
         )
 
@@ -355,7 +355,7 @@ def run(
         AnalyticsConfig.from_settings(settings),
         names=names,
         namespace=namespace,
-        views_root=Path(settings.lake_dir) / namespace,
+        views_root=settings.lake_dir / namespace,
         kafka=(clients.spark_kafka_options(settings), settings.alerts_topic),
         trigger=trigger,
     )

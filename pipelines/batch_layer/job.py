@@ -29,7 +29,7 @@ from contract import namespaces
 from infra.cli import command_name, run_main
 from infra.settings import Settings, get_settings
 from pipelines.batch_layer.definition import BatchConfig, BatchViews, compute
-from pipelines.lake import delta_log, latest_metadata
+from pipelines.lake import delta_log, latest_metadata, location
 from pipelines.tables import TABLES
 
 SUFFIX = "-batch"
@@ -111,7 +111,7 @@ def _last_metadata(table_dir: Path, key: str):
 
 def batch_position(lake_dir: Path, out_namespace: str) -> dict[int, int] | None:
     """The log position the batch views of ``out_namespace`` cover (from ``accounting``'s commit)."""
-    got = _last_metadata(Path(lake_dir) / out_namespace / "accounting", "position")
+    got = _last_metadata(location(lake_dir) / out_namespace / "accounting", "position")
     return None if got is None else {int(p): int(o) for p, o in got.items()}
 
 
@@ -192,7 +192,7 @@ def run(
     cfg: BatchConfig | None = None,
 ) -> dict:
     """Recompute every view from ``namespace``'s archive up to ``upto`` (None: what is archived)."""
-    archive = Archive(spark, Path(settings.lake_dir) / namespace)
+    archive = Archive(spark, settings.lake_dir / namespace)
     if not archive.exists():
         raise SystemExit(f"batch layer: no archive at {archive.root} (events_bronze missing)")
     out_namespace = out_namespace or namespace + SUFFIX
@@ -211,11 +211,11 @@ def run(
         "run_id": run_id,
         "source": namespace,
     }
-    tables = write_views(views, Path(settings.lake_dir) / out_namespace, meta)
+    tables = write_views(views, settings.lake_dir / out_namespace, meta)
     acct = [
         r.asDict()
         for r in spark.read.format("delta")
-        .load(str(Path(settings.lake_dir) / out_namespace / "accounting"))
+        .load(str(settings.lake_dir / out_namespace / "accounting"))
         .collect()
     ]
     spark.catalog.clearCache()

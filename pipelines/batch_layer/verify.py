@@ -17,7 +17,6 @@ import json
 import sys
 import time
 from dataclasses import replace
-from pathlib import Path
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
@@ -51,7 +50,7 @@ def verify_batch_layer(
         # cross_check reads the keyed layout's keys; in this layout the batch layer is compared
         # with the Delta views, and Redis with those and with its replay (pipelines/verify.py)
         return {"ok": None, "skipped": "the partitioned layout: compared through the Delta views"}
-    archive = Archive(spark, Path(settings.lake_dir) / namespace)
+    archive = Archive(spark, settings.lake_dir / namespace)
     if not archive.exists():
         return {"ok": None, "skipped": f"no archive at {archive.root}"}
     position = functions.fences(client, redis_namespace)

@@ -26,6 +26,7 @@ OWN_HELP = {
     "ensure-prometheus": "{up,down,status,ensure-redis,ensure-prometheus,ensure-chromium}",
     "ensure-chromium": "{up,down,status,ensure-redis,ensure-prometheus,ensure-chromium}",
     "check-external": "usage: social check-external",
+    "ensure-s3server": "usage: social ensure-s3server",
     "jars": "{fetch,verify,lock}",
     "airflow": "standalone",
     "tail": "--max-messages",

@@ -33,3 +33,23 @@ def test_the_jdk_spark_would_be_given_is_the_stand_in():
     assert (
         subprocess.run([home / "bin" / "java", "-version"], capture_output=True, timeout=10).returncode == 97
     )
+
+
+def test_make_test_fast_builds_nothing_with_go():
+    # the fast tier's make target (and what it depends on) runs no Go: versitygw, the S3 lake tests'
+    # server, is built by `make setup` and before the integration tier (`s3-server`), never first
+    from infra.settings import REPO_ROOT
+
+    def dry_run(target: str) -> str:
+        done = subprocess.run(
+            ["make", "-n", "--no-print-directory", target],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert "ensure-s3server" not in dry_run("test-fast")
+    assert "ensure-s3server" in dry_run("test-integration") and "ensure-s3server" in dry_run("setup")
