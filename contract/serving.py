@@ -241,12 +241,22 @@ class PartitionedReader:
         return self._as_of(int(partition), [fence, dfence])
 
     async def _cut_and(self, partition: int, *commands: tuple) -> tuple[dict[str, int], list]:
-        pipe = self.r.pipeline(transaction=False)
-        pipe.fcall_ro("p_cut", 1, self.k(partition, "fence"), self.ns, partition)
-        for name, *args in commands:
-            getattr(pipe, name)(*args)
-        cut, *results = await pipe.execute()
-        return self._as_of_cut(cut), results
+        """The partition's cut (``p_cut``) and ``commands`` in one round trip; on a store no speed
+        layer of this version has started on yet, the library is loaded once and read again."""
+        for attempt in (1, 2):
+            pipe = self.r.pipeline(transaction=False)
+            pipe.fcall_ro("p_cut", 1, self.k(partition, "fence"), self.ns, partition)
+            for name, *args in commands:
+                getattr(pipe, name)(*args)
+            try:
+                cut, *results = await pipe.execute()
+            except redis.ResponseError as e:
+                if attempt == 2 or "not found" not in str(e).lower():
+                    raise
+                await self.r.function_load(functions.partitioned_source(), replace=True)
+                continue
+            return self._as_of_cut(cut), results
+        raise AssertionError("unreachable")
 
     async def timeline(self, user_id: int, limit: int = 50) -> tuple[list[dict], dict[str, int]]:
         args = self.timeline_args(user_id, limit)

@@ -104,3 +104,17 @@ def test_the_timelines_fast_path_and_route_agree_in_the_partitioned_layout(api_s
 
 async def _false() -> bool:
     return False
+
+
+def test_a_read_on_a_redis_without_the_library_loads_it(api_settings, monkeypatch):
+    """A store no speed layer of this version has started on (a Redis restarted without its
+    functions, a fresh replica): every read loads the partitioned library once and answers, as the
+    keyed reads do, instead of a 503."""
+    import redis
+
+    s = api_settings
+    r = redis.Redis.from_url(s.redis_url)
+    r.function_delete("partitioned")
+    status, body = _get(s, "/v1/users/2/status", 1, monkeypatch)
+    assert (status, body["status"]) == (200, {"text": "here", "event_time": T0 + 3000})
+    assert r.fcall_ro("p_version", 0)  # loaded again
