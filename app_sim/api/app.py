@@ -60,7 +60,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # thread hops; a Redis that hangs fails the request after 5 s (503), not the process.
         client = clients.redis_client(settings.redis_url, "request", decode_responses=True, asyncio=True)
         log = EventLog(settings, settings.events_topic, settings.api_produce_timeout_ms)
-        partitions = log.partitions(settings.events_partitions)
+        # the partitioned layout finds a user's keys by the topic's partition count (the broker's)
+        partitions = (
+            log.partitions(settings.events_partitions) if settings.serving_layout == "partitioned" else 0
+        )
         # SOCIAL_WRITE_MODE=dual / SOCIAL_FAULT_*: the measured anti-pattern (make dual-write); off by default
         log = dual_write.wrap(log, client, settings, worker_id)
         log = api_metrics.CountedLog(log, metrics)  # appends by outcome, on /metrics

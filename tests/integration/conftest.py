@@ -48,6 +48,8 @@ FILE_SECONDS = {
     # 2026-12-06 14:07 and 14:11, alone (another session's test file beside it): 198 and 199 s, of
     # which the small demo on external Kafka, Redis and an S3 lake 166 and 158 s (620 s before its size, its analytics and
     # its stack test were cut to fit CI's 5 minutes)
+    # ... and it goes out first, whatever its time (FIRST below): its Spark session must be its
+    # worker's first, since S3A's classes are on a driver's classpath only from the JVM's start
     "test_external_lake.py": 200,
     # new on 2026-12-06: measured alone (121 s on a quiet 2-core machine), most of it real time
     # (40 s under load, then the alert's `for` and scrapes); skipped without Debian's prometheus
@@ -75,9 +77,14 @@ def pytest_configure(config: pytest.Config) -> None:
             main.__file__ = "<pytest-xdist worker>"
 
 
+# files whose in-process Spark session needs jars on the driver's classpath from the JVM's start:
+# handed out before any other, so their worker has started no Spark session yet
+FIRST = ("test_external_lake.py",)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # stable: a file's tests keep their order, unlisted files their name order
-    items.sort(key=lambda item: -FILE_SECONDS.get(item.path.name, 0))
+    items.sort(key=lambda item: (item.path.name not in FIRST, -FILE_SECONDS.get(item.path.name, 0)))
 
 
 # The archiver as the tests run it: archives at once when the speed layer is idle at the log's

@@ -88,9 +88,17 @@ def spark(s3, tmp_path_factory):
     """One Spark session of this process with the store's S3A settings (its endpoint and keys: each
     test names its own prefix), for the tests that drive a LogStore or write and read the lake
     themselves: a driver's start costs ~10-20 s of the file's 5 minutes, once here, not per test."""
+    from pyspark import SparkContext
+
     from pipelines.spark import build_spark
     from tests.conftest import isolated_settings
 
+    if SparkContext._active_spark_context is not None:
+        pytest.fail(
+            "this process started a Spark session before this file's, whose driver then lacks S3A "
+            "(its jars load at the JVM's start): run this file first in its process "
+            "(tests/integration/conftest.py, FIRST)"
+        )
     session = build_spark(
         "external-lake",
         on_lake(isolated_settings(tmp_path_factory.mktemp("var-spark")), s3, "spark"),
