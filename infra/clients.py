@@ -215,10 +215,17 @@ def kafka_consumer(kafka: Kafka, group_id: str, overrides: Mapping[str, Any] | N
 
 
 def kafka_admin(kafka: Kafka, overrides: Mapping[str, Any] | None = None):
-    """A ``confluent_kafka.admin.AdminClient`` for the brokers of ``kafka``."""
+    """A ``confluent_kafka.admin.AdminClient`` for the brokers of ``kafka``. librdkafka's own log
+    lines (one per failed connection) go to the ``infra.kafka_admin`` logger, not to stderr: a
+    command that cannot reach Kafka ends with one line of its own (infra/cli.py)."""
+    import logging
+
     from confluent_kafka.admin import AdminClient
 
-    return AdminClient({**kafka_base(kafka), **(overrides or {})})
+    logger = logging.getLogger("infra.kafka_admin")
+    if not logger.handlers:
+        logger.addHandler(logging.NullHandler())  # shown where the process configures logging
+    return AdminClient({**kafka_base(kafka), "logger": logger, **(overrides or {})})
 
 
 def redis_client(

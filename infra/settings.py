@@ -383,12 +383,11 @@ class Settings:
     )
     serving_layout: str = _setting(
         "SOCIAL_SERVING_LAYOUT",
-        "keyed",
-        "the keyed state's layout in Redis: `keyed` (social.lua, one keyspace) or `partitioned` "
-        "(partitioned.lua: every key hash-tagged by its Kafka partition, posts and erasures delivered "
-        "between partitions; docs/architecture.md, The partitioned layout). Every part of the project "
-        "reads and writes both; a namespace keeps the layout it was built in (the other is refused with "
-        "one line naming the rebuild command)",
+        "partitioned",
+        "the keyed state's layout in Redis: `partitioned` (partitioned.lua: every key hash-tagged by its "
+        "Kafka partition, posts and erasures delivered between partitions; docs/architecture.md, The "
+        "partitioned layout) or `keyed` (social.lua, one keyspace, the layout before it). A namespace "
+        "keeps the layout it was built in (the other is refused with one line naming the rebuild command)",
     )
     processor_group_posts: int = _setting(
         "SOCIAL_PROCESSOR_GROUP_POSTS",

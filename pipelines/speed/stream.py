@@ -158,7 +158,14 @@ def _arrow_schema():
 
 
 def topic_partitions(settings: Settings, topic: str, timeout_s: float = 10.0) -> list[int]:
-    meta = clients.kafka_admin(settings).list_topics(topic, timeout=timeout_s)
+    from confluent_kafka import KafkaException
+
+    from infra.cli import Unreachable
+
+    try:
+        meta = clients.kafka_admin(settings).list_topics(topic, timeout=timeout_s)
+    except KafkaException as exc:  # no broker answered within timeout_s: one line, not a traceback
+        raise Unreachable("Kafka", f"{settings.kafka_bootstrap}: {exc.args[0].str()}") from exc
     t = meta.topics.get(topic)
     if t is None or t.error is not None:
         raise RuntimeError(f"topic {topic}: {t.error if t else 'not found'}")

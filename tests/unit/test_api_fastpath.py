@@ -37,6 +37,7 @@ def world(redis_url, tmp_path_factory):
         api_secret="fastpath-test",
         kafka_bootstrap="127.0.0.1:1",  # no broker: a read appends nothing
         fanout_threshold=8,  # some authors merged at read time
+        serving_layout="keyed",  # the store below is written in the keyed layout by hand
     )
     users = _populate_serving_store(settings, NS, users=USERS, seed=3)
     many, empty = _timeline_users(settings, NS, users)

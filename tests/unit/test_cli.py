@@ -189,7 +189,7 @@ UNREACHABLE = {
     "erase": (["--user-id", "1"], "Redis"),
     "replay": ([], "Redis"),
     "restore": ([], "Redis"),
-    "bootstrap": ([], "Redis"),
+    "bootstrap": ([], "Kafka"),  # the partitioned layout asks the topic its partitions first
     "speed-layer": ([], "Redis"),
     "archiver": (["--once"], "Redis"),
     "load": ([], "the API"),
