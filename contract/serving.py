@@ -116,6 +116,11 @@ class PartitionedStore:
     def dump_timelines(self, n: int) -> Iterator[tuple[int, int, int]]:
         """(user, author, post) of the first ``n`` of every home timeline that has a post: of each
         user with a fanned-out timeline or a followee."""
+        for u, post in self.timeline_posts(n):
+            yield u, post["author_id"], post["post_id"]
+
+    def timeline_posts(self, n: int) -> Iterator[tuple[int, dict]]:
+        """(user, post body) of the first ``n`` of every home timeline, as :meth:`dump_timelines`."""
         for p in range(self.partitions):
             users: set[int] = set()
             for name in ("tl", "following"):
@@ -129,8 +134,7 @@ class PartitionedStore:
                 for u, (_cut, bodies) in zip(order[i : i + 500], pipe.execute(), strict=True):
                     for b in bodies:
                         if b:
-                            post = orjson.loads(b)
-                            yield u, post["author_id"], post["post_id"]
+                            yield u, orjson.loads(b)
 
     def dump_hash(self, name: str) -> dict[str, str]:
         out: dict[str, str] = {}

@@ -238,28 +238,36 @@ def compare_serving(
 def verify_keyed(spark, settings: Settings, namespace: str, topic: str) -> dict:
     """The live keyed state in Redis == the same processor replayed over the log up to its position.
 
-    P is the live fences; the replay runs :func:`pipelines.replay.replay_keyed` over the log up to
-    P into a scratch namespace, then every key is compared by content. The live state must still
-    be at P when the comparison ends (fences read again); a stream that moved on meanwhile makes
-    the comparison ``skipped``, never a false mismatch.
+    The state is compared in a frozen copy of the live Redis (:func:`infra.redis_copy.frozen_copy`:
+    a replica detached once in sync), so a running stream never moves it during the comparison. P
+    is the copy's fences; in the partitioned layout the copy first applies the deliveries its
+    outboxes still hold (the stream's own recovery after a crash), which makes it whole at its
+    fences. The replay runs :func:`pipelines.replay.replay_keyed` over the log up to P into a
+    scratch namespace of the copy, then every key is compared by content. Where the live Redis
+    cannot be copied (it refuses replication), the comparison runs in place and a stream that
+    moves meanwhile makes it ``skipped``, never a false mismatch.
     """
+    from infra.redis_copy import CopyError, frozen_copy
 
+    try:
+        with frozen_copy(settings.redis_url, Path(settings.var_dir) / "verify-copy" / namespace) as url:
+            out = _verify_keyed(spark, dataclasses.replace(settings, redis_url=url), namespace, topic, True)
+            return {**out, "compared_in": "a frozen copy of the live Redis (a detached replica)"}
+    except CopyError as exc:
+        out = _verify_keyed(spark, settings, namespace, topic, False)
+        return {**out, "compared_in": f"the live Redis ({exc})"}
+
+
+def _verify_keyed(spark, settings: Settings, namespace: str, topic: str, frozen: bool) -> dict:
     from contract import functions
     from contract.functions import drop_namespace
     from pipelines.replay import replay_keyed
     from pipelines.speed.compare import compare_namespaces
-    from pipelines.speed.stream import topic_partitions
+    from pipelines.speed.stream import processor_config, topic_partitions
 
     client = keyed_connect(settings.redis_url)
     partitions = topic_partitions(settings, topic)
     layout = settings.serving_layout
-
-    def state():
-        if layout == "partitioned":  # its own fences, and whether every delivery below is applied
-            return functions.partitioned_state(client, namespace, len(partitions))
-        return functions.fences(client, namespace), True
-
-    position, complete = state()
     # the library Redis runs, before the replay loads this repository's: a stale one is a mismatch
     name, want = (
         ("partitioned", functions.partitioned_version())
@@ -268,6 +276,18 @@ def verify_keyed(spark, settings: Settings, namespace: str, topic: str) -> dict:
     )
     running = functions.loaded_versions(client)[name]
     library = {"name": name, "running": running, "repository": want, "ok": running in (want, None)}
+    if frozen and layout == "partitioned":  # whole at its fences: what the outboxes hold, delivered
+        from pipelines.speed.partitioned import PartitionedProcessor
+
+        cfg = processor_config(settings, namespace, record_freshness=False, partitions=len(partitions))
+        PartitionedProcessor(cfg, len(partitions), client=client).settle()
+
+    def state():
+        if layout == "partitioned":  # its own fences, and whether every delivery below is applied
+            return functions.partitioned_state(client, namespace, len(partitions))
+        return functions.fences(client, namespace), True
+
+    position, complete = state()
     ends = {p: position.get(p, 0) for p in partitions}
     scratch = f"{namespace}__replay"
     drop_namespace(client, scratch)
@@ -466,7 +486,14 @@ def verify(
         if serving
         else disabled,
         "batch_layer": timed(
-            phases, "batch_layer", verify_batch_layer, spark, settings, namespace, computed=(position, batch)
+            phases,
+            "batch_layer",
+            verify_batch_layer,
+            spark,
+            settings,
+            namespace,
+            computed=(position, batch),
+            topic=topic,
         )
         if serving
         else disabled,

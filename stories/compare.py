@@ -160,11 +160,19 @@ def run(settings: Settings, events: int) -> dict:
         )
         partitions = sorted(ends)
         live_disp = spark.createDataFrame(
-            changelog_dispositions(client, kappa_ns, partitions),
+            changelog_dispositions(client, kappa_ns, partitions, settings.serving_layout),
             "partition INT, offset BIGINT, disposition STRING, reason STRING",
         )
         check = cross_check(
-            spark, client, kappa_ns, views, ends, settings.timeline_length, live_dispositions=live_disp
+            spark,
+            client,
+            kappa_ns,
+            views,
+            ends,
+            settings.timeline_length,
+            live_dispositions=live_disp,
+            layout=settings.serving_layout,
+            fanout_threshold=settings.fanout_threshold,
         )
         fresh = speed_layer_freshness(settings)
         kappa_loc, lambda_loc = loc(KAPPA_FILES), loc(LAMBDA_FILES)

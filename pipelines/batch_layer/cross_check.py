@@ -2,8 +2,8 @@
 
 Two independent implementations of docs/views.md meet here: the speed layer's Redis functions
 (event by event, in offset order) and the batch layer's set functions
-(:mod:`pipelines.batch_layer.definition`). Each view is read from Redis (key layout:
-:mod:`contract.functions`) into rows ``key columns + value columns`` and joined with the
+(:mod:`pipelines.batch_layer.definition`). Each view is read from Redis (either layout: key names
+in :mod:`contract.functions`) into rows ``key columns + value columns`` and joined with the
 batch view on its key; a disagreement names the view, the key and both values.
 
 Redis is only compared when its fences equal P before and after it is read (a running stream
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -25,7 +25,7 @@ from pyspark.sql import functions as F
 
 from contract import functions
 from contract.serving import timeline_member
-from pipelines.batch_layer.definition import BatchViews
+from pipelines.batch_layer.definition import BatchConfig, BatchViews, home_timeline_view
 
 EXAMPLES = 5
 LETTER = {"a": "applied", "d": "duplicate", "r": "rejected", "q": "quarantined"}
@@ -158,14 +158,92 @@ def redis_rows(r: redis.Redis, ns: str, n: int, partitions: list[int]) -> dict[s
     return rows
 
 
-def changelog_dispositions(r: redis.Redis, ns: str, partitions: list[int]) -> list[tuple]:
-    """(partition, offset, disposition, reason) of every record, from the changelog streams."""
+def partitioned_rows(
+    r: redis.Redis, ns: str, n: int, partitions: list[int], fanout_threshold: int
+) -> dict[str, list[tuple]]:
+    """:func:`redis_rows` in the partitioned layout (docs/architecture.md, The partitioned layout).
+
+    Each fact is read from the partition that owns it. Home timelines are read as users read them
+    (``p_timeline``: the fanned-out entries merged with the celebrities' posts, whose threshold is
+    per partition), so they are compared with the batch timeline that holds no author back; an
+    author's follower count is the sum of its followers in every partition (``lfol``)."""
+    from contract.serving import PartitionedStore
+
+    rows: dict[str, list[tuple]] = {v.name: [] for v in VIEWS}
+    store = PartitionedStore(r, ns, len(partitions))
+    rows["home_timeline"] = [
+        (u, post["author_id"], post["post_id"], post["event_time"]) for u, post in store.timeline_posts(n)
+    ]
+    followers: dict[int, int] = {}
+    for p in partitions:
+        k = lambda *parts: functions.pkey(ns, p, *parts)  # noqa: E731, B023 (used in this iteration)
+        f_keys = _scan(r, k("following", "*"))
+        fs = _batched(r, f_keys, lambda pipe, key: pipe.smembers(key))
+        rows["follows"] += [(_suffix(key), int(a)) for key, s in zip(f_keys, fs, strict=True) for a in s]
+        pid_keys = _scan(r, k("pids", "*"))
+        pids = _batched(r, pid_keys, lambda pipe, key: pipe.hgetall(key))
+        posts = [
+            (_suffix(key), int(pid), live == b"0")
+            for key, h in zip(pid_keys, pids, strict=True)
+            for pid, live in h.items()
+        ]
+        live = [(a, pid) for a, pid, deleted in posts if not deleted]
+        body_keys = [k("b", f"{pid:019d}{a:019d}") for a, pid in live]
+        bodies = dict(zip(live, _batched(r, body_keys, lambda pipe, key: pipe.get(key)), strict=True))
+        for a, pid, deleted in posts:
+            body = json.loads(bodies[a, pid]) if not deleted and bodies.get((a, pid)) else {}
+            rows["posts"].append((a, pid, deleted, body.get("event_time"), body.get("text")))
+        m_keys = _scan(r, k("msgs", "*"))
+        for key, h in zip(m_keys, _batched(r, m_keys, lambda pipe, key: pipe.hgetall(key)), strict=True):
+            fields = {f.decode(): v for f, v in h.items()}
+            for mid, v in fields.items():
+                if not mid.endswith(":r"):  # a message's read state is the field <message>:r
+                    m = json.loads(v)
+                    read = f"{mid}:r" in fields
+                    rows["inbox"].append(
+                        (_suffix(key), int(mid), m["sender_id"], m["text"], m["event_time"], read)
+                    )
+        rows["unread_counts"] += [(int(u), int(c)) for u, c in r.hgetall(k("unread")).items() if int(c) != 0]
+        rows["user_status"] += [
+            (int(u), s["text"], s["event_time"])
+            for u, s in ((u, json.loads(v)) for u, v in r.hgetall(k("status")).items())
+        ]
+        rows["users"] += [
+            (int(u), s["handle"], s["display_name"])
+            for u, s in ((u, json.loads(v)) for u, v in r.hgetall(k("users")).items())
+        ]
+        l_keys = _scan(r, k("lfol", "*"))
+        for key, count in zip(l_keys, _batched(r, l_keys, lambda pipe, key: pipe.scard(key)), strict=True):
+            followers[_suffix(key)] = followers.get(_suffix(key), 0) + int(count)
+        h = {kk.decode(): int(v) for kk, v in r.hgetall(k("stats")).items()}
+        rows["accounting"].append(
+            (p, h.get("applied", 0), h.get("duplicates", 0), h.get("rejected", 0), h.get("quarantined", 0))
+        )
+    rows["celebrities"] = sorted((a, c) for a, c in followers.items() if c > fanout_threshold)
+    return rows
+
+
+def changelog_dispositions(
+    r: redis.Redis, ns: str, partitions: list[int], layout: str = "keyed"
+) -> list[tuple]:
+    """(partition, offset, disposition, reason) of every record, from the changelog streams (in the
+    partitioned layout, an event's entry is ``<offset + 1>-0``; a delivery's, ``x``, is no record)."""
     out = []
     for p in partitions:
-        for entry_id, fields in r.xrange(functions.key(ns, "changelog", p)):
+        stream = (
+            functions.pkey(ns, p, "changelog")
+            if layout == "partitioned"
+            else functions.key(ns, "changelog", p)
+        )
+        for entry_id, fields in r.xrange(stream):
             offset = int(entry_id.split(b"-")[0])
+            letter = fields[b"d"].decode()
+            if layout == "partitioned":
+                if letter == "x":
+                    continue
+                offset -= 1
             reason = fields.get(b"r")
-            out.append((p, offset, LETTER[fields[b"d"].decode()], reason.decode() if reason else None))
+            out.append((p, offset, LETTER[letter], reason.decode() if reason else None))
     return out
 
 
@@ -250,15 +328,36 @@ def cross_check(
     timeline_length: int,
     *,
     live_dispositions: DataFrame | None = None,
+    layout: str = "keyed",
+    fanout_threshold: int = 0,
 ) -> dict:
-    """Every view of the keyed state in ``redis_namespace`` against the batch views at ``position``."""
+    """Every view of the keyed state in ``redis_namespace`` (``layout``) against the batch views at
+    ``position``, computed with ``timeline_length`` and ``fanout_threshold``.
+
+    In the partitioned layout the fan-out threshold is per partition (a representation), so Redis's
+    timelines are read as users read them and compared with the batch timeline that holds no
+    author back (:func:`pipelines.batch_layer.definition.home_timeline_view` with no celebrities)."""
+    if layout == "partitioned":
+        cfg = BatchConfig(timeline_length=timeline_length, fanout_threshold=fanout_threshold)
+        as_read = home_timeline_view(views.follows, views.posts, views.celebrities.limit(0), cfg)
+        views = replace(views, home_timeline=as_read)
     wanted = {p: o for p, o in position.items() if o > 0}
-    fences = {p: o for p, o in functions.fences(client, redis_namespace).items() if o > 0}
+    partitions = sorted(position)
+
+    def covered() -> dict[int, int]:
+        if layout == "partitioned":  # its own fences, when every delivery below them is applied
+            own, complete = functions.partitioned_state(client, redis_namespace, len(partitions))
+            return {p: o for p, o in own.items() if o > 0} if complete else {}
+        return {p: o for p, o in functions.fences(client, redis_namespace).items() if o > 0}
+
+    fences = covered()
     if fences != wanted:
         return {"ok": None, "skipped": f"Redis covers {fences}, the batch views {wanted}"}
-    partitions = sorted(position)
-    rows = redis_rows(client, redis_namespace, timeline_length, partitions)
-    moved = {p: o for p, o in functions.fences(client, redis_namespace).items() if o > 0} != wanted
+    if layout == "partitioned":
+        rows = partitioned_rows(client, redis_namespace, timeline_length, partitions, fanout_threshold)
+    else:
+        rows = redis_rows(client, redis_namespace, timeline_length, partitions)
+    moved = covered() != wanted
     out: dict = {"position": {str(p): o for p, o in sorted(position.items())}, "views": {}}
     with tempfile.TemporaryDirectory(prefix="cross-check-") as tmp:
         for view in VIEWS:

@@ -37,23 +37,33 @@ def verify_batch_layer(
     redis_namespace: str | None = None,
     *,
     computed: tuple[dict[int, int], BatchViews] | None = None,
+    topic: str | None = None,
 ) -> dict:
     """Compare the keyed state of ``redis_namespace`` (default ``namespace``) with the batch layer
     over ``namespace``'s archive, both at the keyed state's position.
 
     ``computed``: batch views the caller already has, and the position they are at; used when
     that is the keyed state's position (``verify`` computes them at the Delta views' position,
-    which is the same once the stream has caught up)."""
+    which is the same once the stream has caught up). ``topic``: the log the state was built from
+    (default ``SOCIAL_EVENTS_TOPIC``), whose partition count the partitioned layout's keys follow."""
     client = keyed_connect(settings.redis_url)
     redis_namespace = redis_namespace or namespace
-    if settings.serving_layout == "partitioned":
-        # cross_check reads the keyed layout's keys; in this layout the batch layer is compared
-        # with the Delta views, and Redis with those and with its replay (pipelines/verify.py)
-        return {"ok": None, "skipped": "the partitioned layout: compared through the Delta views"}
+    layout = settings.serving_layout
     archive = Archive(spark, settings.lake_dir / namespace)
     if not archive.exists():
         return {"ok": None, "skipped": f"no archive at {archive.root}"}
-    position = functions.fences(client, redis_namespace)
+    if layout == "partitioned":
+        from pipelines.speed.stream import topic_partitions
+
+        partitions = len(topic_partitions(settings, topic or settings.events_topic))
+        position, complete = functions.partitioned_state(client, redis_namespace, partitions)
+        if not complete:
+            return {
+                "ok": None,
+                "skipped": "the live state is between a micro-batch's calls and its deliveries",
+            }
+    else:
+        position = functions.fences(client, redis_namespace)
     if not position:
         return {"ok": None, "skipped": f"Redis namespace {redis_namespace!r} has applied nothing"}
     archived = archive.position()
@@ -77,7 +87,15 @@ def verify_batch_layer(
     else:
         views = replace(views, dispositions=views.dispositions.where(F.col("disposition") != QUARANTINED))
     result = cross_check(
-        spark, client, redis_namespace, views, position, settings.timeline_length, live_dispositions=verdicts
+        spark,
+        client,
+        redis_namespace,
+        views,
+        position,
+        settings.timeline_length,
+        live_dispositions=verdicts,
+        layout=layout,
+        fanout_threshold=settings.fanout_threshold,
     )
     spark.catalog.clearCache()
     result["seconds"] = round(time.time() - started, 1)

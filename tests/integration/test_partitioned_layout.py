@@ -10,20 +10,23 @@ the specification (:mod:`tests.spec.views`) evaluated over the same records read
 
 The archiver runs beside it, archiving every few seconds while the stream reads on (each archive at
 the newest position every partition marked, :class:`pipelines.speed.changelog.SettledCuts`), and
-compacts at the end: the Delta views must equal the specification's facts too, and ``verify`` must pass.
+compacts at the end: the Delta views must equal the specification's facts too, and ``verify`` must pass,
+its replay comparison also while the stream is applying (in a frozen copy of the live Redis).
 """
 
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import redis
 
 from app_sim.generator import GeneratorConfig, produce
+from contract import functions
 from contract.serving import partition_of
 from infra import clients
-from tests.integration.verifying import assert_verified, run_verify
+from tests.integration.verifying import assert_verified, run_verify, verify_keyed
 from tests.spec import harness
 from tests.spec import views as spec
 
@@ -70,7 +73,22 @@ def test_stream_in_the_partitioned_layout_equals_the_specification(
     _wait_line(sl.archiver_log, b"archiver running")
     cfg = GeneratorConfig(users=300, seed=5, mean_followers=20, invalid_share=0.01, duplicate_share=0.01)
     # paced, so the archiver cuts several archives while the stream reads on
-    summary = produce(12_000, cfg, topic=topic, bootstrap=kafka_stack.bootstrap, rate=1_500, progress=False)
+    with ThreadPoolExecutor(1) as pool:
+        producing = pool.submit(
+            produce, 12_000, cfg, topic=topic, bootstrap=kafka_stack.bootstrap, rate=1_500, progress=False
+        )
+        # verify's replay comparison while the stream applies and delivers: made in a frozen copy
+        # of the live Redis (completed by its outboxes' deliveries), never "skipped" for a moving state
+        client = redis.Redis.from_url(settings.redis_url)
+        while sum(functions.layout_fences(client, ns, "partitioned", 8, whole=False).values()) < 2_000:
+            assert not producing.done(), "the stream applied under 2,000 records while 12,000 were produced"
+            time.sleep(0.2)
+        live = verify_keyed(sl.settings, topic, ns)
+        summary = producing.result()
+    assert live["ok"] is True, {n: f for n, f in live.get("families", {}).items() if not f["ok"]} or live
+    assert live["compared_in"].startswith("a frozen copy"), live["compared_in"]
+    assert 2_000 <= sum(live["position"].values()) < 12_000, live["position"]  # taken mid-stream
+    assert live["families"]["tl"]["keys"] > 100
     assert summary.delivery_failures == 0
     sl.wait_caught_up(timeout=600)
     sl.stop()
@@ -115,12 +133,20 @@ def test_stream_in_the_partitioned_layout_equals_the_specification(
     # and verify, as `python -m pipelines.verify` runs it in this layout: the Delta views against
     # the batch layer, Redis against the Delta views, and Redis against the log replayed into a
     # scratch namespace by the same processor and deliveries, key by key
-    assert_verified(run_verify(sl.settings, topic, ns), summary)
+    report = run_verify(sl.settings, topic, ns)
+    assert_verified(report, summary)
+    # ... and Redis against the batch layer directly, every view (timelines as users read them)
+    batch = report["batch_layer"]
+    assert batch["ok"] is True, {
+        v: r["examples"] for v, r in batch.get("views", {}).items() if not r["ok"]
+    } or batch
+    assert (
+        batch["views"]["home_timeline"]["batch_rows"] > 1_000 and batch["views"]["celebrities"]["batch_rows"]
+    )
 
     # restore after FLUSHALL (`python -m pipelines.restore`, here in this worker's Spark session):
     # the namespace's keys copied aside, dropped, written again from its Delta views at P (the log's
     # end here), then equal to the copy key by key as verify compares (timelines: their first N)
-    from contract import functions
     from pipelines.restore import restore
     from pipelines.speed.compare import compare_namespaces
     from tests.integration.verifying import worker_spark

@@ -294,14 +294,23 @@ def test_archive_gap_is_reported_missing(spark):
 # ---------------------------------------------------------------------------------------------
 # Both implementations on generated logs: batch layer == keyed speed layer, every view.
 # ---------------------------------------------------------------------------------------------
-def keyed(url, ns, recs, **cfg):
-    proc = Processor(ProcessorConfig(redis_url=url, namespace=ns, record_freshness=False, **cfg))
+def keyed(url, ns, recs, layout="keyed", **cfg):
+    config = ProcessorConfig(redis_url=url, namespace=ns, record_freshness=False, layout=layout, **cfg)
+    if layout == "partitioned":  # every source's deliveries applied: the state at the log's end
+        from pipelines.speed.partitioned import PartitionedProcessor
+
+        proc = PartitionedProcessor(config, PARTITIONS)
+    else:
+        proc = Processor(config)
     for p in range(PARTITIONS):
         proc.process(p, [(o, v) for q, o, v in recs if q == p])
+    if layout == "partitioned":
+        proc.settle()
     return redis.Redis.from_url(url)
 
 
-def test_generated_log_batch_layer_equals_speed_layer(spark, redis_url):  # noqa: F811
+@pytest.mark.parametrize("layout", ["keyed", "partitioned"])
+def test_generated_log_batch_layer_equals_speed_layer(spark, redis_url, layout):  # noqa: F811
     seed, n, threshold = 11, 20, 8
     from app_sim.generator import GeneratorConfig, generate
     from pipelines.batch_layer.cross_check import changelog_dispositions, cross_check
@@ -313,15 +322,17 @@ def test_generated_log_batch_layer_equals_speed_layer(spark, redis_url):  # noqa
     )
     evs = [(k, v) for k, v, _inj in generate(3000, cfg)]
     bronze, quarantine, position, recs = archive(spark, evs)
-    ns = f"bl{seed}"
-    r = keyed(redis_url, ns, recs, timeline_length=n, fanout_threshold=threshold)
+    ns = f"bl{seed}{layout}"
+    functions.drop_namespace(redis.Redis.from_url(redis_url), ns)
+    r = keyed(redis_url, ns, recs, layout, timeline_length=n, fanout_threshold=threshold)
     batch_cfg = BatchConfig(timeline_length=n, fanout_threshold=threshold)
     views = compute(bronze, quarantine, position, batch_cfg, keep=computed_once)
     live_disp = spark.createDataFrame(
-        changelog_dispositions(r, ns, list(range(PARTITIONS))),
+        changelog_dispositions(r, ns, list(range(PARTITIONS)), layout),
         "partition INT, offset BIGINT, disposition STRING, reason STRING",
     )
-    got = cross_check(spark, r, ns, views, position, n, live_dispositions=live_disp)
+    check = dict(layout=layout, fanout_threshold=threshold)
+    got = cross_check(spark, r, ns, views, position, n, live_dispositions=live_disp, **check)
     failed = {k: v["examples"] for k, v in got["views"].items() if not v["ok"]}
     assert got["ok"], failed
     # the log exercises what it should: duplicates, rejections, quarantine, full timelines
@@ -332,16 +343,22 @@ def test_generated_log_batch_layer_equals_speed_layer(spark, redis_url):  # noqa
     # ... erasures, and events after them (the reasons are in the dispositions compared above)
     assert sum(1 for _k, v in evs if isinstance(v, dict) and v["type"] == "user_erased") >= 3
     assert (
-        sum(1 for d in changelog_dispositions(r, ns, list(range(PARTITIONS))) if d[3] == "user_erased") > 10
+        sum(
+            1 for d in changelog_dispositions(r, ns, list(range(PARTITIONS)), layout) if d[3] == "user_erased"
+        )
+        > 10
     )
     assert got["views"]["home_timeline"]["batch_rows"] > 100
+    assert got["views"]["celebrities"]["batch_rows"] > 0
     assert got["views"]["dispositions"]["batch_rows"] == 3000
 
     # ... and the check can fail: one follow lost in Redis is named with its key and both values
-    u = int(r.scan_iter(match=f"{ns}:following:*").__next__().decode().rsplit(":", 1)[1])
-    followee = int(next(iter(r.smembers(functions.key(ns, "following", u)))))
-    r.srem(functions.key(ns, "following", u), followee)
-    got = cross_check(spark, r, ns, views, position, n)
+    following = f"{ns}:following:*" if layout == "keyed" else f"{ns}:{{*}}:following:*"
+    key = next(r.scan_iter(match=following)).decode()
+    u = int(key.rsplit(":", 1)[1])
+    followee = int(next(iter(r.smembers(key))))
+    r.srem(key, followee)
+    got = cross_check(spark, r, ns, views, position, n, **check)
     bad = got["views"]["follows"]
     assert got["ok"] is False and bad["mismatches"] == 1
     assert bad["examples"] == [
