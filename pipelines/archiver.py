@@ -240,7 +240,7 @@ def archive_once(
         else:
             published = position(client, lake.namespace)
             upto = {p: min(o, published.get(p, 0)) for p, o in upto.items()}
-    changelog.trim(client, lake.namespace, upto)
+    changelog.trim(client, lake.namespace, upto, partitioned)
     log.info(
         "archive %d: %d records (%s) up to %s in %.2fs",
         a.archive_id,

@@ -1,13 +1,14 @@
 """``make bench`` section ``catchup``: the generator's default log caught up by the running speed layer.
 
-The work a Kafka Streams peer is compared on (docs/architecture.md, "The keyed speed layer"): the
+The work a Kafka Streams peer is compared on (docs/architecture.md, the serving path): the
 generator's default 200,000-event log of 1,000 users (``--catchup-events``), produced into a fresh
 topic while the speed layer and the archiver run as ``make up`` runs them, timed from the first
 record produced until every partition's fence in Redis has reached the log's end. Two or three times, side by
 side on one broker and one Redis:
 
 - ``full_fanout``: ``SOCIAL_FANOUT_THRESHOLD`` above every author's follower count, so every post
-  is fanned out on write to every follower (the peer's work);
+  is fanned out on write to every follower (the peer's work), in ``SOCIAL_SERVING_LAYOUT``, and
+  the same in the other layout (``full_fanout_keyed`` by default);
 - ``threshold_10``: authors with more than 10 followers merged at read time (the write-heavy
   choice: nearly every author of this graph), and ``default`` at the configured threshold if it
   is neither (docs/performance.md, "The fan-out threshold").
@@ -44,7 +45,7 @@ def library_commands(r: redis.Redis) -> dict[str, int]:
     return {k: n for k, n in stats.items() if k not in _CLIENT_COMMANDS}
 
 
-def catch_up(ctx: BenchContext, label: str, threshold: int, events: int, layout: str = "keyed") -> dict:
+def catch_up(ctx: BenchContext, label: str, threshold: int, events: int, layout: str) -> dict:
     """One catch-up of the default log at ``threshold`` in ``layout``; the speed layer is started
     first and waits for records, as a running stack does."""
     from app_sim.generator import GeneratorConfig, produce
@@ -94,19 +95,25 @@ def catch_up(ctx: BenchContext, label: str, threshold: int, events: int, layout:
 
 @section("catchup")
 def catchup_section(ctx: BenchContext) -> dict:
-    """The log caught up fully fanned out (the peer's work) and with authors over 10 followers merged
-    at read time (the write-heavy choice); also at the configured threshold if it is neither."""
+    """The log caught up fully fanned out (the peer's work) in the default layout and in the other
+    one, and with authors over 10 followers merged at read time (the write-heavy choice); also at
+    the configured threshold if it is neither."""
     events = ctx.catchup_events
-    out: dict = {"events": events}
-    full = catch_up(ctx, "full_fanout", FULL_FANOUT, events)  # above any follower count
+    layout = ctx.settings.serving_layout
+    other = "keyed" if layout == "partitioned" else "partitioned"
+    out: dict = {"events": events, "layout": layout}
+    full = catch_up(ctx, "full_fanout", FULL_FANOUT, events, layout)  # above any follower count
     out["full_fanout"] = full
-    # the same work in the layout that shards (docs/architecture.md, "The partitioned layout")
-    part = catch_up(ctx, "full_fanout_partitioned", FULL_FANOUT, events, layout="partitioned")
-    out["full_fanout_partitioned"] = part
-    out["partitioned_vs_keyed"] = round(part["events_per_s"] / full["events_per_s"], 2)
-    out["threshold_10"] = catch_up(ctx, "threshold_10", WRITE_HEAVY_THRESHOLD, events)
+    out[f"full_fanout_{other}"] = catch_up(ctx, f"full_fanout_{other}", FULL_FANOUT, events, other)
+    part, keyed = (
+        (full, out["full_fanout_keyed"])
+        if layout == "partitioned"
+        else (out["full_fanout_partitioned"], full)
+    )
+    out["partitioned_vs_keyed"] = round(part["events_per_s"] / keyed["events_per_s"], 2)
+    out["threshold_10"] = catch_up(ctx, "threshold_10", WRITE_HEAVY_THRESHOLD, events, layout)
     if ctx.settings.fanout_threshold not in (FULL_FANOUT, WRITE_HEAVY_THRESHOLD):
-        out["default"] = catch_up(ctx, "default", ctx.settings.fanout_threshold, events)
+        out["default"] = catch_up(ctx, "default", ctx.settings.fanout_threshold, events, layout)
     out["full_fanout_vs_target"] = round(full["events_per_s"] / TARGET_EVENTS_PER_S, 2)
     out["redis_us_per_event_vs_target"] = round(full["redis_us_per_event"] / TARGET_REDIS_US_PER_EVENT, 2)
     return out

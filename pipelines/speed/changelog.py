@@ -203,9 +203,15 @@ def read(client: redis.Redis, namespace: str, partition: int, start: int, end: i
     return out
 
 
-def trim(client: redis.Redis, namespace: str, upto: dict[int, int]) -> None:
-    """Drop the entries below ``upto`` (archived in Delta): Redis keeps only the changelog tail."""
+def trim(client: redis.Redis, namespace: str, upto: dict[int, int], partitioned: bool = False) -> None:
+    """Drop the entries below ``upto`` (archived in Delta): Redis keeps only the changelog tail.
+
+    In the partitioned layout ``upto`` is a settled cut P, and partition p's entries with ids below
+    ``<P[p]>-0`` go: each was written while p's fence was below P[p], so before p marked P, and
+    everything p wrote before that mark is caused below P (archived). Those at ``<P[p]>-<n>`` stay
+    (some may be caused at or after P)."""
     pipe = client.pipeline(transaction=False)
     for p, end in upto.items():
-        pipe.xtrim(key(namespace, "changelog", p), minid=f"{end}-0", approximate=False)
+        stream = pkey(namespace, p, "changelog") if partitioned else key(namespace, "changelog", p)
+        pipe.xtrim(stream, minid=f"{end}-0", approximate=False)
     pipe.execute()

@@ -129,6 +129,9 @@ def test_stream_in_the_partitioned_layout_equals_the_specification(
     assert len(archives) >= 2, f"the archiver cut {len(archives)} archive(s); want several mid-stream"
     assert sum(a["records"] for a in archives) == sum(len(r) for r in per_p.values())
     assert _delta_facts(settings, ns) == _spec_facts(want)
+    # ... and what is archived leaves Redis: each partition keeps only its changelog's tail
+    tail = sum(client.xlen(f"{ns}:{{{p}}}:changelog") for p in range(8))
+    assert tail < sum(len(r) for r in per_p.values()) / 2, f"{tail} changelog entries left in Redis"
 
     # and verify, as `python -m pipelines.verify` runs it in this layout: the Delta views against
     # the batch layer, Redis against the Delta views, and Redis against the log replayed into a
