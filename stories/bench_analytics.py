@@ -60,7 +60,7 @@ from infra.settings import Settings
 from pipelines.report import png_bytes
 from pipelines.speed.processor import FRESHNESS_CAP_MS
 from pipelines.speed_layer_process import SpeedLayerProcess
-from stories.bench_common import BenchContext, _pct, _wait_fences, redis_cpu_s, section
+from stories.bench_common import BenchContext, _pct, _wait_fences, redis_cpu_s, reset_freshness, section
 
 ANALYTICS_LATENESS_S = 10  # so windows close within the run (the default, 120 s, would not)
 BOOT_USERS, BOOT_FOLLOWERS, GRAPH_SEED = 2_000, 20, 13
@@ -289,7 +289,6 @@ def speed_layer_phase(
     events as fast as the generator sends them: the rate it drains a backlog at (its throughput).
     Also the ``cluster_scaling`` section's (``stories/bench_cluster.py``) measurement."""
     from app_sim.generator import produce
-    from contract import functions
     from infra.stack import end_offsets
     from pipelines.verify import keyed_freshness
 
@@ -300,12 +299,12 @@ def speed_layer_phase(
             beside.start()
         boot = _generator(GRAPH_SEED, bootstrap=True)
         produce(boot.bootstrap_events(), boot, topic=topic, bootstrap=settings, progress=False)
-        if not _wait_fences(r, ns, end_offsets(settings, topic), 600):
+        if not _wait_fences(r, ns, end_offsets(settings, topic), 600, settings.serving_layout):
             raise RuntimeError(f"the speed layer did not apply the bootstrap; see {log_path}")
         warm = None
         if beside is not None:
             warm = beside.wait_read(end_offsets(settings, topic), WARM_UP_S)
-        r.delete(functions.key(ns, "freshness"))
+        reset_freshness(r, ns, settings.serving_layout, end_offsets(settings, topic))
         if beside is not None:
             beside.measure()
         t0 = time.perf_counter()
@@ -320,9 +319,9 @@ def speed_layer_phase(
         )
         sent_s = time.perf_counter() - t0
         ends = end_offsets(settings, topic)
-        caught_up = _wait_fences(r, ns, ends, CATCH_UP_S)
+        caught_up = _wait_fences(r, ns, ends, CATCH_UP_S, settings.serving_layout)
         behind_s = time.perf_counter() - t0 - sent_s
-        fresh = keyed_freshness(r, ns)
+        fresh = keyed_freshness(r, ns, settings.serving_layout, ends)
         if beside is not None:  # the analytics' own lag: until every query has read the load
             beside.caught_up = beside.wait_read(ends, CATCH_UP_S)
             beside.caught_up_after_s = round(time.perf_counter() - t0 - sent_s, 1)
@@ -364,7 +363,7 @@ def _burst(settings: Settings, r: redis.Redis, n: int) -> dict:
         progress=False,
     )
     sent_s = time.perf_counter() - t0
-    done = _wait_fences(r, ns, end_offsets(settings, topic), CATCH_UP_S)
+    done = _wait_fences(r, ns, end_offsets(settings, topic), CATCH_UP_S, settings.serving_layout)
     total_s = time.perf_counter() - t0
     cpu = redis_cpu_s(r) - cpu0
     return {

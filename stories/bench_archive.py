@@ -61,7 +61,7 @@ def archive_section(ctx: BenchContext) -> dict:
         t0 = time.monotonic()
         produce(ctx.catchup_events, history, topic=topic, bootstrap=settings, progress=False)
         ends = end_offsets(settings, topic)
-        if wait_fences(r, namespace, ends, 1800) is None:
+        if wait_fences(r, namespace, ends, 1800, settings.serving_layout) is None:
             raise RuntimeError(f"the speed layer did not catch up in 30 minutes; see {sl.log_path}")
         serving_s = time.monotonic() - t0
         out["serving_history_events_per_s"] = round(sum(ends.values()) / serving_s)
@@ -88,7 +88,7 @@ def archive_section(ctx: BenchContext) -> dict:
         more = GeneratorConfig(seed=history.seed + 1, graph_seed=history.seed, emit_bootstrap=False)
         produce(ctx.archive_events, more, topic=topic, bootstrap=settings, progress=False)
         after = end_offsets(settings, topic)
-        if wait_fences(r, namespace, after, 600) is None:
+        if wait_fences(r, namespace, after, 600, settings.serving_layout) is None:
             raise RuntimeError(
                 f"the speed layer did not apply {ctx.archive_events} events; see {sl.log_path}"
             )

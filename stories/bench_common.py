@@ -161,5 +161,17 @@ def wait_fences(
     return None
 
 
-def _wait_fences(r: redis.Redis, namespace: str, ends: dict[int, int], timeout_s: float) -> bool:
-    return wait_fences(r, namespace, ends, timeout_s) is not None
+def _wait_fences(
+    r: redis.Redis, namespace: str, ends: dict[int, int], timeout_s: float, layout: str = "keyed"
+) -> bool:
+    return wait_fences(r, namespace, ends, timeout_s, layout) is not None
+
+
+def reset_freshness(r: redis.Redis, namespace: str, layout: str, partitions) -> None:
+    """Empty the speed layer's freshness histogram (one per partition in the partitioned layout)."""
+    from contract import functions
+
+    if layout == "partitioned":
+        r.delete(*[functions.pkey(namespace, p, "freshness") for p in partitions])
+    else:
+        r.delete(functions.key(namespace, "freshness"))

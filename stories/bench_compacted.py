@@ -87,11 +87,11 @@ def _redis_bytes(r: redis.Redis, namespace: str, pattern: str = "following:*", h
 def _freshness_with(ctx: BenchContext, publish: bool) -> dict:
     """The real speed layer (a subprocess, as ``make up`` runs it) under a fixed-rate load."""
     from app_sim.generator import GeneratorConfig, produce
-    from contract.functions import drop_namespace, key
+    from contract.functions import drop_namespace
     from infra.stack import end_offsets
     from pipelines.speed_layer_process import SpeedLayerProcess
     from pipelines.verify import keyed_freshness
-    from stories.bench_common import _wait_fences
+    from stories.bench_common import _wait_fences, reset_freshness
 
     tag = "on" if publish else "off"
     namespace = f"bench_compacted_ab_{tag}_{ctx.run_id}".lower()
@@ -110,9 +110,9 @@ def _freshness_with(ctx: BenchContext, publish: bool) -> dict:
     try:
         boot = GeneratorConfig(users=1000, seed=5, graph_seed=5, mean_followers=15, realtime=True)
         produce(20_000, boot, topic=topic, bootstrap=settings, progress=False)
-        if not _wait_fences(r, namespace, end_offsets(settings, topic), 600):
+        if not _wait_fences(r, namespace, end_offsets(settings, topic), 600, settings.serving_layout):
             raise RuntimeError(f"the speed layer did not catch up; see {sl.log_path}")
-        r.delete(key(namespace, "freshness"))
+        reset_freshness(r, namespace, settings.serving_layout, end_offsets(settings, topic))
         gen = GeneratorConfig(
             users=1000, seed=9, graph_seed=5, mean_followers=15, realtime=True, emit_bootstrap=False
         )
@@ -125,8 +125,8 @@ def _freshness_with(ctx: BenchContext, publish: bool) -> dict:
             rate=ctx.compacted_ab_rate,
             progress=False,
         )
-        _wait_fences(r, namespace, end_offsets(settings, topic), 300)
-        fresh = keyed_freshness(r, namespace)
+        _wait_fences(r, namespace, end_offsets(settings, topic), 300, settings.serving_layout)
+        fresh = keyed_freshness(r, namespace, settings.serving_layout, end_offsets(settings, topic))
         return {
             f"freshness_publisher_{tag}_p50_ms": fresh["p50_ms"],
             f"freshness_publisher_{tag}_p99_ms": fresh["p99_ms"],

@@ -1,6 +1,6 @@
 """``make bench`` section ``keyed``: the keyed speed layer (Kafka -> processor -> Redis functions).
 
-One run, side by side on one broker and one Redis (docs/architecture.md, "The keyed speed layer"):
+One run, side by side on one broker and one Redis (docs/architecture.md, "The speed layer (serving path)"):
 
 - read-your-write: an API write, then the same user's timeline read until its ``as_of`` covers
   the write; p50/p99 over ``ryw_writes`` writes, idle and with ``ryw_load_rate`` events/s flowing.
@@ -37,6 +37,7 @@ from stories.bench_common import (
     _pct,
     _wait_fences,
     redis_cpu_s,
+    reset_freshness,
     section,
     stream_settings,
 )
@@ -172,7 +173,6 @@ def _memory(r: redis.Redis, namespace: str) -> dict:
 @section("keyed")
 def keyed_section(ctx: BenchContext) -> dict:
     from app_sim.generator import GeneratorConfig, produce
-    from contract import functions
     from infra.stack import ApiServer
 
     namespace = f"bench_keyed_{ctx.run_id}".lower()
@@ -192,7 +192,7 @@ def keyed_section(ctx: BenchContext) -> dict:
         produce(90_000, boot, topic=topic, bootstrap=settings, progress=False)
         from infra.stack import end_offsets
 
-        if not _wait_fences(r, namespace, end_offsets(settings, topic), 600):
+        if not _wait_fences(r, namespace, end_offsets(settings, topic), 600, settings.serving_layout):
             raise RuntimeError(f"the speed layer did not catch up; see {sl.log_path}")
         base = f"http://127.0.0.1:{settings.api_port}"
         import httpx
@@ -208,7 +208,7 @@ def keyed_section(ctx: BenchContext) -> dict:
 
         best = 0
         for rate in ctx.keyed_rates:
-            r.delete(functions.key(namespace, "freshness"))
+            reset_freshness(r, namespace, settings.serving_layout, end_offsets(settings, topic))
             stats0, cpu0 = _commandstats(r), redis_cpu_s(r)
             n = int(rate * ctx.keyed_seconds)
             gen = GeneratorConfig(
@@ -237,10 +237,10 @@ def keyed_section(ctx: BenchContext) -> dict:
                 out.update({f"ryw_at_{rate}_{k}": v for k, v in ryw.items()})
             load.join()
             sent_s = time.perf_counter() - t0
-            caught = _wait_fences(r, namespace, end_offsets(settings, topic), 300)
+            caught = _wait_fences(r, namespace, end_offsets(settings, topic), 300, settings.serving_layout)
             from pipelines.verify import keyed_freshness
 
-            fresh = keyed_freshness(r, namespace)
+            fresh = keyed_freshness(r, namespace, settings.serving_layout, end_offsets(settings, topic))
             stats1, cpu1 = _commandstats(r), redis_cpu_s(r)
             calls = _library_commands(stats0, stats1)
             inner = sum(calls.values())

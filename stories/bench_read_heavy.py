@@ -181,12 +181,13 @@ def _row(
     stats0, redis0 = _calls_usec(r), redis_cpu_s(r)
     cpu0 = {name: _cpu_s(pid, name != "bench") for name, pid in pids.items()}
     busy0, since = _busy_cores(), time.time()
-    fence0, t0 = sum(functions.fences(r, namespace).values()), time.monotonic()
+    layout, parts = settings.serving_layout, len(end_offsets(settings, topic))
+    fence0, t0 = sum(functions.layout_fences(r, namespace, layout, parts).values()), time.monotonic()
     hey = run_hey(url, seconds=seconds, connections=ctx.read_heavy_hey_connections, headers=headers)
     wall = time.monotonic() - t0
     busy = (_busy_cores() - busy0) / wall
     slow, longest = _slow_calls(r, since)
-    applied = sum(functions.fences(r, namespace).values()) - fence0
+    applied = sum(functions.layout_fences(r, namespace, layout, parts).values()) - fence0
     stats1, redis1 = _calls_usec(r), redis_cpu_s(r)
     cpu = {name: round((_cpu_s(pid, name != "bench") - cpu0[name]) / wall, 2) for name, pid in pids.items()}
     lag = 0.0
@@ -198,7 +199,9 @@ def _row(
         s = summary[0]
         produced_per_s = s.events / s.seconds
         posts_per_s = s.per_type.get("post_created", 0) / s.seconds
-        waited = wait_fences(r, namespace, end_offsets(settings, topic), ctx.read_heavy_catchup_s)
+        waited = wait_fences(
+            r, namespace, end_offsets(settings, topic), ctx.read_heavy_catchup_s, settings.serving_layout
+        )
         lag = None if waited is None else round(waited, 1)
 
     def delta(cmd: str) -> tuple[int, int]:
@@ -275,7 +278,7 @@ def read_heavy_section(ctx: BenchContext) -> dict:
             bootstrap=settings,
             progress=False,
         )
-        if wait_fences(r, namespace, end_offsets(settings, topic), 600) is None:
+        if wait_fences(r, namespace, end_offsets(settings, topic), 600, settings.serving_layout) is None:
             raise RuntimeError(f"the speed layer did not apply the world in 10 minutes; see {sl.log_path}")
         out["world_events"] = summary.events
         out["world_users"] = world.users

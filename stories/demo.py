@@ -238,11 +238,14 @@ def has_speed_layer_service() -> bool:
 
 
 def freshness_histogram(settings: Settings, namespace: str) -> dict[int, int]:
-    """The speed layer's freshness histogram (10 ms bucket -> events, received -> applied in Redis)."""
+    """The speed layer's freshness histogram (10 ms bucket -> events, received -> visible in Redis:
+    in the partitioned layout, delivered to every partition)."""
     from contract import functions
+    from pipelines.speed.stream import topic_partitions
 
-    raw = keyed_connect(settings.redis_url).hgetall(functions.key(namespace, "freshness"))
-    return {int(b): int(n) for b, n in raw.items()}
+    layout = settings.serving_layout
+    partitions = topic_partitions(settings, settings.events_topic) if layout == "partitioned" else ()
+    return functions.freshness_histogram(keyed_connect(settings.redis_url), namespace, layout, partitions)
 
 
 def histogram_since(now: dict[int, int], before: dict[int, int]) -> dict[int, int]:
