@@ -141,11 +141,14 @@ def _fanout_ceiling(r: redis.Redis, namespace: str, seconds: float = 5.0, follow
     }
 
 
-def _memory(r: redis.Redis, namespace: str) -> dict:
-    """Bytes per follow edge, timeline entry and remembered event id (MEMORY USAGE of every key)."""
+def _memory(r: redis.Redis, namespace: str, layout: str = "keyed") -> dict:
+    """Bytes per follow edge, timeline entry and remembered event id (MEMORY USAGE of every key;
+    in the partitioned layout every partition's, ``<ns>:{<p>}:...``, followers being ``lfol``)."""
+    part = layout == "partitioned"
 
     def family(pattern: str) -> tuple[int, int]:
-        keys = list(r.scan_iter(match=f"{namespace}:{pattern}", count=2000))
+        match = f"{namespace}:{{*}}:{pattern}" if part else f"{namespace}:{pattern}"
+        keys = list(r.scan_iter(match=match, count=2000))
         pipe = r.pipeline(transaction=False)
         for k in keys:
             pipe.memory_usage(k, samples=0)
@@ -157,9 +160,9 @@ def _memory(r: redis.Redis, namespace: str) -> dict:
         return sum(s or 0 for s in sizes), sum(pipe.execute())
 
     f_bytes, f_items = family("following:*")
-    g_bytes, g_items = family("followers:*")
+    g_bytes, g_items = family("lfol:*" if part else "followers:*")
     t_bytes, t_items = family("tl:*")
-    q_bytes, q_items = family("seenq:*")
+    q_bytes, q_items = family("seenq" if part else "seenq:*")
     per_id = q_bytes / max(q_items, 1)
     return {
         "memory_bytes_per_follow_edge": round((f_bytes + g_bytes) / max(f_items, 1), 1),
@@ -259,7 +262,7 @@ def keyed_section(ctx: BenchContext) -> dict:
                 }
             )
         out["max_rate_p99_within_5s"] = best
-        out.update(_memory(r, namespace))
+        out.update(_memory(r, namespace, settings.serving_layout))
     finally:
         api.stop()
         sl.stop()
