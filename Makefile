@@ -8,7 +8,7 @@ UV      := .tools/bin/uv
 STAMP   := .venv/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help setup deps s3-server up down status airflow demo test test-fast test-faults test-properties test-integration bench load load-steps load-read-heavy tail history reports dual-write compare erasure-audit lint fmt clean
+.PHONY: help setup stack-deps deps s3-server up down status airflow demo test test-fast test-faults test-properties test-integration bench load load-steps load-read-heavy tail history reports dual-write compare erasure-audit lint fmt clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -33,7 +33,11 @@ $(STAMP): pyproject.toml uv.lock .python-version | $(UV)
 	$(UV) sync -q --locked --extra dev
 	@touch $(STAMP)
 
-setup: deps s3-server ## install Python deps, fetch + verify JVM jars, dump the Spark class archive, ensure redis-server, build the S3 test server (and Prometheus with SOCIAL_PROMETHEUS=1; idempotent)
+setup: stack-deps s3-server ## install Python deps, fetch + verify JVM jars, dump the Spark class archive, ensure redis-server, build the S3 test server (and Prometheus with SOCIAL_PROMETHEUS=1; idempotent)
+
+# What the stack itself needs (up, demo, airflow): setup without the S3 test server, which only the
+# S3 lake's tests start (a user's own store is theirs: docs/running.md).
+stack-deps: deps ## setup without the S3 test server: what `make up`, `make demo` and `make airflow` need
 	@$(PY) -m social spark class-archive
 
 # What every tier needs; no Go (the fast tier runs without it: tests/unit/conftest.py).
@@ -49,7 +53,7 @@ deps: $(STAMP) ## setup without the class archive and the S3 test server (make t
 s3-server: $(STAMP) ## build the S3 lake tests' S3-compatible server (versitygw, pinned, `go install`; skipped with one line without Go)
 	@$(PY) -m social ensure-s3server
 
-up: setup ## start Kafka (KRaft), Redis, the speed layer, the API and the metrics exporter on 127.0.0.1
+up: stack-deps ## start Kafka (KRaft), Redis, the speed layer, the API and the metrics exporter on 127.0.0.1
 	@$(PY) -m social up
 
 down: ## stop exactly what `make up` started
@@ -59,13 +63,13 @@ status: ## what is running, and the headline metrics (lag, freshness, accounting
 	@$(PY) -m social status
 	@$(PY) -m social metrics --summary
 
-airflow: setup ## the Airflow UI with the DAGs (scheduler + API server) in the foreground: http://127.0.0.1:8080, no login
+airflow: stack-deps ## the Airflow UI with the DAGs (scheduler + API server) in the foreground: http://127.0.0.1:8080, no login
 	@$(PY) -m social airflow standalone
 
 # The demo's size: DEMO_EVENTS (history, 200000), DEMO_USERS (1000), DEMO_LIVE_SECONDS (30), or
 # DEMO_ARGS="--no-airflow ..." (python -m stories.demo --help); tests/integration/test_demo.py runs
 # it small on a stack of its own.
-demo: setup ## the whole story end to end on a fresh machine (DEMO_EVENTS=N for another size)
+demo: stack-deps ## the whole story end to end on a fresh machine (DEMO_EVENTS=N for another size)
 	@$(PY) -m social demo $(DEMO_ARGS)
 
 # The integration tests start many short Spark jobs, each in its own JVM: without the C2 compiler
