@@ -693,7 +693,11 @@ def main(argv: list[str] | None = None) -> int:
         ("make status", "what runs, pids, ports, logs; both lags, accounting, freshness"),
         ("python -m pipelines.metrics", "Prometheus metrics on 127.0.0.1:9464/metrics (docs/metrics.md)"),
         (f"{redis_cli} get active_namespace", "the live views version"),
-        (f"{redis_cli} hgetall {ns}:fence", "the log position the keyed state covers (its fences)"),
+        (
+            (f"{redis_cli} get '{ns}:{{0}}:fence'", "the next offset partition 0's state applies (its fence)")
+            if settings.serving_layout == "partitioned"
+            else (f"{redis_cli} hgetall {ns}:fence", "the log position the keyed state covers (its fences)")
+        ),
         (f"curl -s '127.0.0.1:{settings.api_port}/v1/health'", "the API"),
         ("python -m pipelines.rebuild run", "blue/green rebuild of every view (undo: ... rollback)"),
         ('eval "$(python -m infra.airflow env)"; airflow dags list', "this project's Airflow"),
