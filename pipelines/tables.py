@@ -123,11 +123,16 @@ TABLES: dict[str, Table] = {
             "archive_id BIGINT",
             ("partition", "offset"),
             "The speed layer's changelog, archived: one row per record with its disposition "
-            "(`a`pplied, `d`uplicate, `r`ejected, `q`uarantined), reason, the global sequence number "
-            "Redis applied it at, and its view changes (format in `pipelines/speed/changelog.py`): "
-            "primary facts (users, follows, posts, messages, reads, statuses, erasures), not the "
-            "fan-out's timeline entries, which `home_timeline` derives. Appended by the archiver; "
-            "the views are compacted from it.",
+            "(`a`pplied, `d`uplicate, `r`ejected, `q`uarantined), reason, `seq`, the order Redis "
+            "applied it in (in the partitioned layout the entry's place in its partition's stream, "
+            "`ms << 20 | n`; in the keyed layout a global sequence number), and its view changes "
+            "(format in `pipelines/speed/changelog.py`): primary facts (users, follows, posts, "
+            "messages, reads, statuses, erasures), not the fan-out's timeline entries, which "
+            "`home_timeline` derives. In the partitioned layout a change a delivery made in another "
+            "partition (an erasure's edges and messages there) is a row of its own, disposition `x`, "
+            "no offset, reason `delivery <source>:<offset>`. Appended by the archiver; the views "
+            "are compacted from it (a key's last change in `seq` order: each key belongs to one "
+            "partition).",
             verified=False,
         ),
         Table(
@@ -137,8 +142,9 @@ TABLES: dict[str, Table] = {
             "min_received BIGINT, max_received BIGINT, received_hist STRING, archived_at BIGINT",
             ("archive_id",),
             "One row per archiver append, written last: the log range it covers (a consistent cut "
-            "of the keyed state: every record below `end_offsets` and no other, changelog sequence "
-            "numbers up to `seq`) and its accounting.",
+            "of the keyed state: every record below `end_offsets` and no other; in the partitioned "
+            "layout a position every partition marked, `seq` 0; in the keyed layout changelog "
+            "sequence numbers up to `seq`) and its accounting.",
             verified=False,
         ),
         Table(
@@ -216,11 +222,12 @@ u, a `message_sent` by u) has no order relative to the erasure; it is applied, a
 what the definition above gives whatever the interleaving and whatever its event time: no edge
 to u, and the message lands with sender 0 and no text.
 
-Representation. The speed layer keeps E in `erased` (docs/architecture.md) and logs the
-removals as changelog kinds `U-`, `S-`, `P-`, `I-`, `N-` (a row deleted), `F-` (an edge), `I`
-(a message anonymised) and timeline `-` entries (`pipelines/speed/changelog.py`); the
-compaction deletes a key whose last change is a removal, and a restore rebuilds E from the
-applied `user_erased` events of `events_bronze`.
+Representation. The speed layer keeps E in `erased` (docs/architecture.md; in the partitioned
+layout in the user's partition, and every partition keeps the ids it was told of in `gone`) and
+logs the removals as changelog kinds `U-`, `S-`, `P-`, `I-`, `N-` (a row deleted), `F-` (an edge)
+and `I` (a message anonymised), and in the keyed layout timeline `-` entries
+(`pipelines/speed/changelog.py`); the compaction deletes a key whose last change is a removal,
+and a restore rebuilds E from the applied `user_erased` events of `events_bronze`.
 
 What this does not remove: the erased user's events themselves stay in the log
 (`social.events`), in `events_bronze` and `quarantine`, and older versions of the Delta views
