@@ -14,13 +14,14 @@ A Redis that refuses replication (a managed service without ``SYNC``, TLS) raise
 
 from __future__ import annotations
 
+import os
 import shutil
-import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from infra import processes
 from infra.processes import StackError
 
 
@@ -62,8 +63,8 @@ def frozen_copy(source_url: str, work_dir: Path, timeout_s: float = 600.0) -> It
         command += ["--masterauth", source["password"]]
     if source.get("username"):
         command += ["--masteruser", source["username"]]
-    log = (work_dir / "redis.log").open("w")
-    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    log = (work_dir / "redis.log").open("wb")
+    proc = processes.spawn(command, log, os.environ)
     url = f"redis://127.0.0.1:{port}/{source.get('db', 0)}"
     ok = False
     try:
@@ -91,12 +92,9 @@ def frozen_copy(source_url: str, work_dir: Path, timeout_s: float = 600.0) -> It
         ok = True
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        if proc.poll() is None:
+            processes.stop(proc.pid, timeout_s=30)
+        processes.forget(proc.pid)
         log.close()
         if ok:
             shutil.rmtree(work_dir, ignore_errors=True)

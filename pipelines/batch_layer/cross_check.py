@@ -98,6 +98,29 @@ def _batched(r: redis.Redis, keys: list[str], read) -> list:
     return out
 
 
+def _follows_and_posts(r: redis.Redis, k, body_key) -> tuple[list[tuple], list[tuple]]:
+    """The ``follows`` and ``posts`` rows of the keys ``k(...)`` names (one namespace, or one
+    partition of it); ``body_key(author, post)``: the key of a live post's body."""
+    f_keys = _scan(r, k("following", "*"))
+    fs = _batched(r, f_keys, lambda p, key: p.smembers(key))
+    follows = [(_suffix(key), int(a)) for key, s in zip(f_keys, fs, strict=True) for a in s]
+    pid_keys = _scan(r, k("pids", "*"))
+    pids = _batched(r, pid_keys, lambda p, key: p.hgetall(key))
+    posts = [
+        (_suffix(key), int(pid), live == b"0")
+        for key, h in zip(pid_keys, pids, strict=True)
+        for pid, live in h.items()
+    ]
+    live = [(a, pid) for a, pid, deleted in posts if not deleted]
+    body_keys = [body_key(a, pid) for a, pid in live]
+    bodies = dict(zip(live, _batched(r, body_keys, lambda p, key: p.get(key)), strict=True))
+    rows = []
+    for a, pid, deleted in posts:
+        body = json.loads(bodies[a, pid]) if not deleted and bodies.get((a, pid)) else {}
+        rows.append((a, pid, deleted, body.get("event_time"), body.get("text")))
+    return follows, rows
+
+
 def redis_rows(r: redis.Redis, ns: str, n: int, partitions: list[int]) -> dict[str, list[tuple]]:
     """Every view of namespace ``ns`` as rows (keys + values), in the layout of :data:`VIEWS`.
 
@@ -112,24 +135,7 @@ def redis_rows(r: redis.Redis, ns: str, n: int, partitions: list[int]) -> dict[s
         for key, tl in zip(tl_keys, tls, strict=True)
         for (post, author), s in ((timeline_member(m), s) for m, s in tl)
     ]
-    f_keys = _scan(r, k("following", "*"))
-    fs = _batched(r, f_keys, lambda p, key: p.smembers(key))
-    rows["follows"] = [(_suffix(key), int(a)) for key, s in zip(f_keys, fs, strict=True) for a in s]
-    pid_keys = _scan(r, k("pids", "*"))
-    pids = _batched(r, pid_keys, lambda p, key: p.hgetall(key))
-    posts = [
-        (_suffix(key), int(pid), live == b"0")
-        for key, h in zip(pid_keys, pids, strict=True)
-        for pid, live in h.items()
-    ]
-    live = [(a, pid) for a, pid, deleted in posts if not deleted]
-    bodies = dict(
-        zip(live, _batched(r, [k("p", a, pid) for a, pid in live], lambda p, key: p.get(key)), strict=True)
-    )
-    rows["posts"] = []
-    for a, pid, deleted in posts:
-        body = json.loads(bodies[a, pid]) if not deleted and bodies.get((a, pid)) else {}
-        rows["posts"].append((a, pid, deleted, body.get("event_time"), body.get("text")))
+    rows["follows"], rows["posts"] = _follows_and_posts(r, k, lambda a, pid: k("p", a, pid))
     m_keys = _scan(r, k("msgs", "*"))
     msgs = _batched(r, m_keys, lambda p, key: p.hgetall(key))
     rows["inbox"] = [
@@ -177,22 +183,10 @@ def partitioned_rows(
     followers: dict[int, int] = {}
     for p in partitions:
         k = lambda *parts: functions.pkey(ns, p, *parts)  # noqa: E731, B023 (used in this iteration)
-        f_keys = _scan(r, k("following", "*"))
-        fs = _batched(r, f_keys, lambda pipe, key: pipe.smembers(key))
-        rows["follows"] += [(_suffix(key), int(a)) for key, s in zip(f_keys, fs, strict=True) for a in s]
-        pid_keys = _scan(r, k("pids", "*"))
-        pids = _batched(r, pid_keys, lambda pipe, key: pipe.hgetall(key))
-        posts = [
-            (_suffix(key), int(pid), live == b"0")
-            for key, h in zip(pid_keys, pids, strict=True)
-            for pid, live in h.items()
-        ]
-        live = [(a, pid) for a, pid, deleted in posts if not deleted]
-        body_keys = [k("b", f"{pid:019d}{a:019d}") for a, pid in live]
-        bodies = dict(zip(live, _batched(r, body_keys, lambda pipe, key: pipe.get(key)), strict=True))
-        for a, pid, deleted in posts:
-            body = json.loads(bodies[a, pid]) if not deleted and bodies.get((a, pid)) else {}
-            rows["posts"].append((a, pid, deleted, body.get("event_time"), body.get("text")))
+        # a post's body is keyed by its timeline member: post then author, both padded
+        follows, posts = _follows_and_posts(r, k, lambda a, pid, k=k: k("b", f"{pid:019d}{a:019d}"))
+        rows["follows"] += follows
+        rows["posts"] += posts
         m_keys = _scan(r, k("msgs", "*"))
         for key, h in zip(m_keys, _batched(r, m_keys, lambda pipe, key: pipe.hgetall(key)), strict=True):
             fields = {f.decode(): v for f, v in h.items()}
