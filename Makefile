@@ -202,10 +202,11 @@ compare: setup ## Lambda (batch layer) vs Kappa (replay) on one generated log ->
 erasure-audit: setup ## erase a canary user on a scratch stack, then search every store for it -> var/reports/erasure_audit/
 	@$(PY) -m social erasure-audit $(AUDIT_ARGS)
 
-lint: $(STAMP) ## ruff (check, format), the floors (lint-imports: [tool.importlinter] in pyproject.toml), one client factory
+lint: $(STAMP) ## ruff (check, format), the floors (lint-imports: [tool.importlinter] in pyproject.toml), types (mypy: [tool.mypy]), one client factory
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	.venv/bin/lint-imports
+	$(PY) -m mypy
 	$(PY) -m pytest -q --no-header --durations=0 --durations-min=1 tests/unit/test_clients.py
 
 fmt: setup

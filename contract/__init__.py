@@ -56,9 +56,12 @@ import re
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
+
+if TYPE_CHECKING:  # the contract works without Spark installed (spark_schema imports it)
+    from pyspark.sql.types import StructType
 
 SCHEMA_PATH = Path(__file__).with_name("events.v1.schema.json")
 SCHEMA_VERSION = 1
@@ -151,6 +154,8 @@ def _field_spec(name: str, node: dict, required: bool, root: dict) -> FieldSpec:
     json_type = node.get("type")
     if json_type is None and "const" in node:
         json_type = "integer" if isinstance(node["const"], int) else "string"
+    if json_type is None:
+        raise ValueError(f"{name}: a field needs a type or a const")
     return FieldSpec(
         name=name,
         json_type=json_type,
@@ -191,7 +196,9 @@ def _event_type_specs() -> dict[str, EventTypeSpec]:
     return out
 
 
-MAX_TEXT_LENGTH: int = _field_spec("text", schema()["$defs"]["text"], True, schema()).max_length
+_text_max_length = _field_spec("text", schema()["$defs"]["text"], True, schema()).max_length
+assert _text_max_length is not None, "$defs/text of the schema has no maxLength"
+MAX_TEXT_LENGTH: int = _text_max_length
 # A sealed personal value (``$defs/sealed``; ``contract.keys`` seals and opens them).
 SEALED_PREFIX = "sealed:v1:"
 SEALED_PATTERN: str = schema()["$defs"]["sealed"]["pattern"]
@@ -287,9 +294,9 @@ class _Compiled:
 
 @cache
 def _compiled() -> dict[str, _Compiled]:
-    out = {}
+    out: dict[str, _Compiled] = {}
     for name, spec in _event_type_specs().items():
-        checks = []
+        checks: list[tuple] = []
         for f in spec.fields:
             if f.name == "type":
                 continue  # already decided by the dispatch on type
@@ -421,7 +428,7 @@ def reason_codes() -> list[str]:
 # --- Spark ----------------------------------------------------------------------------------------
 
 
-def spark_schema():
+def spark_schema() -> StructType:
     """pyspark ``StructType`` of every field of every type (integer -> long, string -> string).
 
     Fields are nullable: one struct covers all types; per-type presence is ``required_fields``.

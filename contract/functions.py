@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import cast
 
 import redis
 
@@ -59,6 +60,19 @@ def connect(url: str) -> redis.Redis:
 
 def key(namespace: str, *parts) -> str:
     return ":".join([namespace, *map(str, parts)])
+
+
+# A stream's entries as XRANGE gives them, oldest first: (id, fields), bytes or str as the client
+# decodes replies.
+StreamEntries = list[tuple[bytes | str, dict[bytes | str, bytes | str]]]
+
+
+def stream_range(
+    client: redis.Redis, name: str, min: str = "-", max: str = "+", count: int | None = None
+) -> StreamEntries:
+    """``XRANGE`` typed as it answers: redis-py types every stream read's reply Optional and an
+    entry's fields too (XCLAIM's entry of a deleted message has none); XRANGE's always has both."""
+    return cast(StreamEntries, client.xrange(name, min=min, max=max, count=count))
 
 
 def source() -> str:

@@ -193,7 +193,14 @@ _PATTERNS = {
 # what the seal checks per field before it seals: (name, associated data, max len, min len, pattern)
 _PLANS: dict[str, tuple[tuple, ...]] = {
     t: tuple(
-        (s.name, s.name.encode("ascii"), s.max_length, s.min_length, _PATTERNS.get(s.pattern)) for s in specs
+        (
+            s.name,
+            s.name.encode("ascii"),
+            s.max_length,
+            s.min_length,
+            _PATTERNS[s.pattern] if s.pattern else None,
+        )
+        for s in specs
     )
     for t, specs in _PERSONAL.items()
     if specs
@@ -282,20 +289,22 @@ PERSONAL_FIELDS: tuple[str, ...] = tuple(
 
 def still_opens(store: KeyStore, value: str) -> bool:
     """Whether a sealed ``value`` of any personal field still opens with the store's keys."""
-    key = store.get(key_id(value))
+    uid = key_id(value)
+    if uid is None:  # plaintext: no key opens it
+        return False
+    key = store.get(uid)
     return any(open_value(key, f, value) is not None for f in PERSONAL_FIELDS)
 
 
 def open_fields(store: KeyStore, items: list[dict], field: str) -> list[dict]:
     """``items`` with ``item[field]`` opened where sealed (None where its key is gone); one store
     read for all their keys."""
-    owners = {key_id(it.get(field)) for it in items if type(it.get(field)) is str}
-    owners.discard(None)
+    values = [it.get(field) for it in items]
+    owners = {uid for v in values if type(v) is str and (uid := key_id(v)) is not None}
     keys = store.get_many(owners) if owners else {}
     for it in items:
         value = it.get(field)
-        uid = key_id(value) if type(value) is str else None
-        if uid is not None:
+        if type(value) is str and (uid := key_id(value)) is not None:
             it[field] = open_value(keys.get(uid), field, value)
     return items
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Iterator
+from typing import cast
 
 import orjson
 import redis
@@ -89,11 +90,14 @@ class ServingStore:
         prefix = self.k("tl", "")
         for tl_key in self.r.scan_iter(match=prefix + "*", count=1000):
             u = int(tl_key[len(prefix) :])
-            for m in self.r.zrevrange(tl_key, 0, n - 1):
+            # without scores: the members alone (redis-py types a reply with or without them)
+            members = cast(list[bytes | str], self.r.zrevrange(tl_key, 0, n - 1))
+            for m in members:
                 post, author = timeline_member(m)
                 yield u, author, post
 
-    def dump_hash(self, name: str) -> dict[str, str]:
+    def dump_hash(self, name: str) -> dict[bytes | str, bytes | str]:
+        """A hash of the state: str with a client of :func:`connect`, bytes with a bytes one."""
         return self.r.hgetall(self.k(name))
 
 
@@ -136,8 +140,8 @@ class PartitionedStore:
                         if b:
                             yield u, orjson.loads(b)
 
-    def dump_hash(self, name: str) -> dict[str, str]:
-        out: dict[str, str] = {}
+    def dump_hash(self, name: str) -> dict[bytes | str, bytes | str]:
+        out: dict[bytes | str, bytes | str] = {}
         for p in range(self.partitions):
             out.update(self.r.hgetall(functions.pkey(self.ns, p, name)))
         return out

@@ -202,7 +202,7 @@ class _Registry:
         self.consumer.close()
 
 
-def _one_line(text: str) -> str:
+def _one_line(text: object) -> str:
     return " ".join(str(text).split())
 
 
@@ -288,12 +288,14 @@ def read_claims(settings: Settings, events_topic: str | None = None, timeout_s: 
         registry.close()
     out = []
     for offset, key, value in registry.records:
+        if value is None:  # a tombstone
+            continue
         try:
             claim = orjson.loads(value)
         except (orjson.JSONDecodeError, TypeError):
             continue
         if isinstance(claim, dict):
-            won = registry.owned.get(claim.get("worker_id")) == offset
+            won = "worker_id" in claim and registry.owned.get(claim["worker_id"]) == offset
             out.append({"offset": offset, "key": (key or b"").decode(errors="replace"), **claim, "won": won})
     return out
 

@@ -127,11 +127,12 @@ class JobOperator(BaseOperator):
         return result.exit_code
 
     def on_kill(self) -> None:
-        proc = self.hook.sub_process if self.hook else None
-        if proc is None or proc.poll() is not None:
+        hook = self.hook
+        proc = hook.sub_process if hook else None
+        if hook is None or proc is None or proc.poll() is not None:
             return
         pgid = os.getpgid(proc.pid)
-        self.hook.send_sigterm()  # the whole group: the Python driver and its Spark JVM
+        hook.send_sigterm()  # the whole group: the Python driver and its Spark JVM
         deadline = time.monotonic() + self.kill_grace_s
         while time.monotonic() < deadline and _group_alive(pgid):
             if proc.poll() is None:

@@ -225,7 +225,10 @@ def kafka_admin(kafka: Kafka, overrides: Mapping[str, Any] | None = None):
     logger = logging.getLogger("infra.kafka_admin")
     if not logger.handlers:
         logger.addHandler(logging.NullHandler())  # shown where the process configures logging
-    return AdminClient({**kafka_base(kafka), "logger": logger, **(overrides or {})})
+    # Any: confluent-kafka types a config's values as scalars, but "logger" (and an override's
+    # "error_cb") are objects librdkafka's Python binding takes too
+    conf: dict[str, Any] = {**kafka_base(kafka), "logger": logger, **(overrides or {})}
+    return AdminClient(conf)
 
 
 def redis_client(

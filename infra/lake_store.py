@@ -34,7 +34,11 @@ import uuid
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # obstore's typed dicts exist only in its stubs
+    from obstore import ObjectMeta
+    from obstore.store import ClientConfig, RetryConfig, S3Config
 
 # infra.settings makes an ObjectPath of an s3a lake (Settings.lake_dir), so this module does not
 # import it back: a settings object here is anything with the SOCIAL_LAKE_* fields
@@ -111,17 +115,17 @@ class ObjectPath:
     def _prefix(self) -> str:
         return f"{self.key}/" if self.key else ""
 
-    def _objects(self, limit: int | None = None) -> list[dict]:
+    def _objects(self, limit: int | None = None) -> list[ObjectMeta]:
         import obstore
 
-        found = []
+        found: list[ObjectMeta] = []
         for chunk in obstore.list(self._store(), self._prefix() or None, chunk_size=1000):
             found += chunk
             if limit is not None and len(found) >= limit:
                 break
         return found
 
-    def _head(self) -> dict | None:
+    def _head(self) -> ObjectMeta | None:
         import obstore
         from obstore.exceptions import NotFoundError
 
@@ -232,15 +236,22 @@ def _store(
 
     from obstore.store import S3Store
 
-    options = {"region": region, "virtual_hosted_style_request": not path_style}
+    options: S3Config = {"region": region, "virtual_hosted_style_request": not path_style}
     if endpoint:
         options["endpoint"] = endpoint
     if access_key:
         options["access_key_id"] = access_key
         options["secret_access_key"] = secret
-    client = {"allow_http": endpoint.startswith("http://"), "timeout": "30s", "connect_timeout": "5s"}
-    retry = {"max_retries": retries, "retry_timeout": timedelta(seconds=10 if retries < 3 else 180)}
-    return S3Store(bucket, client_options=client, retry_config=retry, **options)
+    client: ClientConfig = {
+        "allow_http": endpoint.startswith("http://"),
+        "timeout": "30s",
+        "connect_timeout": "5s",
+    }
+    retry: RetryConfig = {
+        "max_retries": retries,
+        "retry_timeout": timedelta(seconds=10 if retries < 3 else 180),
+    }
+    return S3Store(bucket, config=options, client_options=client, retry_config=retry)
 
 
 def object_store(settings: Settings, bucket: str, retries: int = 10):

@@ -11,15 +11,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from infra.cli import command_name, run_main
 from infra.html import render
 from infra.settings import Settings, get_settings
 
 # name, machine-readable file, page a person opens (relative to the reports dir), verdict of the JSON
-REPORTS: tuple[tuple[str, str, str, object], ...] = (
+REPORTS: tuple[tuple[str, str, str, Callable[[dict], Any]], ...] = (
     ("verify", "verify/latest.json", "verify/latest.html", lambda r: r.get("ok")),
     ("data quality", "quality/latest.json", "quality/index.html", lambda r: r.get("ok")),
     ("load test", "load/summary.json", "load/report.html", lambda r: (r.get("target") or {}).get("met")),

@@ -712,8 +712,12 @@ class HttpService(Service):
     server): ready when ``health_url`` answers 200, and stopped with its whole session, which only
     our processes are in (a child outliving its parent is still in the process group it led)."""
 
-    health_url: str = ""
     poll_s: float = 0.2
+
+    @property
+    def health_url(self) -> str:
+        """What answers 200 once the service is ready (each service's own)."""
+        raise NotImplementedError
 
     def wait_ready(self, deadline: float) -> None:
         import urllib.error

@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field, fields
 from functools import cache
 from pathlib import Path
-from typing import get_type_hints
+from typing import Any, get_type_hints
 
 from pydantic import Field, SecretStr, ValidationError, create_model
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -699,11 +699,10 @@ class _Environment(BaseSettings):
 def _environment_model() -> type[_Environment]:
     """A pydantic-settings model of the settings: one field per setting, read from its variable."""
     hints = get_type_hints(Settings)
-    return create_model(
-        "SettingsEnvironment",
-        __base__=_Environment,
-        **{f.name: (hints[f.name], Field(f.default, alias=f.metadata["env"])) for f in fields(Settings)},
-    )
+    definitions: dict[str, Any] = {
+        f.name: (hints[f.name], Field(f.default, alias=f.metadata["env"])) for f in fields(Settings)
+    }
+    return create_model("SettingsEnvironment", __base__=_Environment, **definitions)
 
 
 def _from_environment(skip=()) -> dict:
@@ -720,7 +719,7 @@ def _from_environment(skip=()) -> dict:
         problems = []
         for error in exc.errors():
             env = str(error["loc"][0])
-            kind = getattr(hints.get(by_env.get(env)), "__name__", "a valid value")
+            kind = getattr(hints.get(by_env.get(env, "")), "__name__", "a valid value")
             problems.append(f"{env}={error['input']!r}: expected {kind}")
         raise SettingsError("; ".join(problems)) from None
     return {name: getattr(read, name) for name in read.model_fields_set if name not in skip}

@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -271,7 +272,7 @@ def _stop_all(services) -> dict[str, str]:
     from concurrent.futures import ThreadPoolExecutor
     from itertools import groupby
 
-    outcome = {}
+    outcome: dict[str, str] = {}
     for _kind, group in groupby(services, key=type):
         peers = list(group)
         with ThreadPoolExecutor(max_workers=len(peers)) as pool:
@@ -279,7 +280,7 @@ def _stop_all(services) -> dict[str, str]:
     return outcome
 
 
-def format_table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
+def format_table(rows: Sequence[tuple[str, ...]], header: tuple[str, ...]) -> str:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     lines = [
         "  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()

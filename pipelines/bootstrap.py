@@ -105,7 +105,7 @@ def from_topics(settings: Settings, events_topic: str, namespace: str) -> tuple[
     t = compacted.topic_names(events_topic, namespace)
     prof, fol = read_topic(settings, t.profiles), read_topic(settings, t.follows)
     profiles = {int(k): _profile(json.loads(v)) for k, v in prof.values.items()}
-    follows = {tuple(map(int, k.decode().split(":"))) for k in fol.values}
+    follows = {_follow(k) for k in fol.values}
     read = {
         "profiles_records": prof.records,
         "profiles_tombstones": prof.tombstones,
@@ -113,6 +113,12 @@ def from_topics(settings: Settings, events_topic: str, namespace: str) -> tuple[
         "follows_tombstones": fol.tombstones,
     }
     return State(profiles, follows), read
+
+
+def _follow(key: bytes) -> tuple[int, int]:
+    """(follower, followee) of a follows record's key ``<follower>:<followee>``."""
+    follower, followee = key.decode().split(":")
+    return int(follower), int(followee)
 
 
 def _profile(v: dict) -> dict:
@@ -127,7 +133,8 @@ def from_redis(client: redis.Redis, namespace: str, partitions: int | None = Non
         if partitions is None
         else [functions.pkey(namespace, p) for p in range(partitions)]
     )
-    users, status = {}, {}
+    users: dict[int, dict] = {}
+    status: dict[int, dict] = {}
     follows: set[tuple[int, int]] = set()
     for pre in prefixes:
         users |= {int(u): json.loads(v) for u, v in client.hgetall(f"{pre}:users").items()}

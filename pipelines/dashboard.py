@@ -35,6 +35,7 @@ import urllib.request
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from infra.settings import REPO_ROOT
 
@@ -193,7 +194,8 @@ def api_counters(text: str) -> dict:
     ``le``), summed over routes and methods, the scrapes of ``/metrics`` itself left out."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    requests, buckets = 0.0, {}
+    requests = 0.0
+    buckets: dict[float, float] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             if s.labels.get("route") == "/metrics":
@@ -274,7 +276,8 @@ class History:
 
     def __init__(self, sample_s: float, history_s: float):
         self.sample_s = sample_s
-        self.points: deque[dict] = deque(maxlen=max(2, int(history_s / sample_s)))
+        self.capacity = max(2, int(history_s / sample_s))  # points kept
+        self.points: deque[dict] = deque(maxlen=self.capacity)
         self._raw: deque[dict] = deque(maxlen=max(2, int(WINDOW_S / sample_s) + 1))
         self._lock = threading.Lock()
 
@@ -293,10 +296,11 @@ class History:
             points = list(self.points)
         partitions = sorted({k for p in points for k in p.get("lag", {})}, key=int)
 
-        def col(get: Callable[[dict], float | None]) -> list:
+        # get(point), or get(point, k) with a default k bound per series
+        def col(get: Callable[..., float | None]) -> list:
             return [get(p) for p in points]
 
-        out = {
+        out: dict[str, Any] = {
             "t": col(lambda p: p["t"]),
             "lag": {f"p{k}": col(lambda p, k=k: p.get("lag", {}).get(k)) for k in partitions},
             "freshness": {
@@ -369,7 +373,7 @@ def page(history: History, refresh_s: float) -> str:
         "dashboard.html.j2",
         panels=[{"id": i, "title": t, "left": left, "right": right} for i, t, left, right in PANELS],
         refresh_ms=int(refresh_s * 1000),
-        history_min=round(history.points.maxlen * history.sample_s / 60, 1),
+        history_min=round(history.capacity * history.sample_s / 60, 1),
     )
 
 
@@ -452,9 +456,16 @@ def vendor(tarball: Path, integrity: str, directory: Path = UPLOT) -> dict:
         raise ValueError(f"{tarball.name}: integrity {got}, the registry says {integrity}")
     manifest = json.loads((directory / "vendor.json").read_text())
     with tarfile.open(tarball) as tar:
-        version = json.load(tar.extractfile("package/package.json"))["version"]
+
+        def extract(member: str) -> bytes:
+            f = tar.extractfile(member)
+            if f is None:  # a directory or a link
+                raise ValueError(f"{tarball.name}: {member} is not a file")
+            return f.read()
+
+        version = json.loads(extract("package/package.json"))["version"]
         for member, entry in manifest["files"].items():
-            content = tar.extractfile(member).read()
+            content = extract(member)
             (directory / entry["as"]).write_bytes(content)
             entry["sha256"] = hashlib.sha256(content).hexdigest()
     manifest |= {"version": version, "tarball": tarball.name, "integrity": integrity}

@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from infra.lake_store import ObjectPath, delta_storage_options, lake_path, remove_tree
@@ -94,18 +94,18 @@ def delta_log(table: Path | ObjectPath | str):
         return None
 
 
-def has_commits(table: Path | str) -> bool:
+def has_commits(table: Path | ObjectPath | str) -> bool:
     """Whether the table has a committed version (a creation killed half-way left none)."""
     return delta_log(table) is not None
 
 
-def latest_version(table: Path | str) -> int | None:
+def latest_version(table: Path | ObjectPath | str) -> int | None:
     """The table's latest committed version, None when it has no commit yet."""
     log = delta_log(table)
     return None if log is None else log.version()
 
 
-def commit_metadata_since(table: Path | str, version: int) -> list[str | None]:
+def commit_metadata_since(table: Path | ObjectPath | str, version: int) -> list[str | None]:
     """The ``userMetadata`` of every commit after ``version``, oldest first (None: a commit without)."""
     log = delta_log(table)
     latest = -1 if log is None else log.version()
@@ -115,7 +115,7 @@ def commit_metadata_since(table: Path | str, version: int) -> list[str | None]:
     return [c.get("userMetadata") for c in commits if c["version"] > version]
 
 
-def last_commit_ms(table: Path | str, *, newest_of_all: bool = False) -> int | None:
+def last_commit_ms(table: Path | ObjectPath | str, *, newest_of_all: bool = False) -> int | None:
     """The timestamp (epoch ms) of the table's latest commit (``newest_of_all``: the largest of
     every commit's), None when it has none."""
     log = delta_log(table)
@@ -126,7 +126,7 @@ def last_commit_ms(table: Path | str, *, newest_of_all: bool = False) -> int | N
     return max(stamps) if stamps else None
 
 
-def latest_metadata(table_dir: Path | str, field: str) -> dict | None:
+def latest_metadata(table_dir: Path | ObjectPath | str, field: str) -> dict | None:
     """The ``userMetadata`` of the table's latest commit that has ``field``, from the Delta log alone."""
     log = delta_log(table_dir)
     if log is None:
@@ -371,7 +371,7 @@ class Lake:
                     dels = dels.withColumn(col, F.lit(None).cast(rows.schema[col].dataType))
             source = source.unionByName(dels.select(*t.columns).withColumn("_delete", F.lit(True)))
         on = " AND ".join(f"t.{k} = s.{k}" for k in t.keys)
-        values = {c: f"s.{c}" for c in t.columns}
+        values: dict[str, str | Column] = {c: f"s.{c}" for c in t.columns}
         (
             DeltaTable.forPath(self.spark, self.path(table))
             .alias("t")

@@ -66,7 +66,7 @@ def optimize(spark, settings: Settings, *, all_tables: bool = False, dry_run: bo
     from pipelines.rebuild import existing_namespaces
 
     live = namespaces.active(settings)
-    done = {}
+    done: dict[str, str | dict] = {}  # per table or namespace: what was (or would be) done
     for ns in existing_namespaces(settings):
         for table in _tables(settings, ns):
             if ns == live and not all_tables and table not in APPEND_ONLY:
@@ -87,7 +87,7 @@ def purge(spark, settings: Settings, *, dry_run: bool = False) -> dict:
     """Rows deleted through deletion vectors leave the data files (rewritten without them)."""
     from pipelines.rebuild import existing_namespaces
 
-    done = {}
+    done: dict[str, str | dict] = {}  # per table or namespace: what was (or would be) done
     for ns in existing_namespaces(settings):
         for table in _tables(settings, ns):
             path = str(settings.lake_dir / ns / table)
@@ -185,7 +185,7 @@ def prune_namespaces(settings: Settings, *, now: float | None = None, dry_run: b
     now = now or time.time()
     keep = {namespaces.active(settings), previous_namespace(settings)}
     limit = settings.namespace_retention_days * DAY_S
-    done = {}
+    done: dict[str, str | dict] = {}  # per table or namespace: what was (or would be) done
     for ns in existing_namespaces(settings):
         if ns in keep:
             continue

@@ -247,8 +247,8 @@ def parse_records(records: DataFrame, *, checkpoint: bool = True) -> tuple[DataF
     )
     parsed = base.withColumn("_v", F.when(F.col("_utf8"), F.expr("try_parse_json(raw)")))
     # Computed once and cut from its lineage: events and quarantine both come from it.
-    fields, reason = _checks(id(SparkContext._gateway))
-    checked = parsed.select("*", *fields).withColumn("reason", reason).drop("_v", "_utf8")
+    checks, reason = _checks(id(SparkContext._gateway))
+    checked = parsed.select("*", *checks).withColumn("reason", reason).drop("_v", "_utf8")
     if checkpoint:
         checked = checked.localCheckpoint(eager=True, storageLevel=StorageLevel.DISK_ONLY)
 
@@ -268,7 +268,7 @@ def parse_records(records: DataFrame, *, checkpoint: bool = True) -> tuple[DataF
         .select(*quarantine_cols)
     )
 
-    fields = contract.spark_schema()
+    schema = contract.spark_schema()
     event_cols = [
         c for c in TABLES["events_bronze"].columns if c not in ("disposition", "reason", "received_date")
     ]
@@ -279,7 +279,7 @@ def parse_records(records: DataFrame, *, checkpoint: bool = True) -> tuple[DataF
         "key",
         "raw",
         "kafka_timestamp",
-        *[F.col(f"_x_{f.name}").alias(f.name) for f in fields],
+        *[F.col(f"_x_{f.name}").alias(f.name) for f in schema],
     ).withColumn(
         "event_time",
         F.try_add(F.col("device_time"), F.try_subtract(F.col("received_time"), F.col("sent_time"))),

@@ -179,6 +179,8 @@ def batch_snapshot(spark, settings: Settings, namespace: str) -> Snapshot:
 
     root = settings.lake_dir / namespace
     meta = latest_metadata(root / "accounting", "source")
+    if meta is None:  # snapshot() checked; a direct call may name another namespace
+        raise FileNotFoundError(f"no batch layer's views namespace {namespace!r} under {settings.lake_dir}")
     position = {int(p): int(o) for p, o in meta["position"].items()}
     archive = Lake(spark, settings.lake_dir, meta["source"])
     ends = spark.createDataFrame(sorted(position.items()), "partition INT, _end BIGINT")

@@ -74,8 +74,8 @@ def _count(part: Any) -> int | None:
         return None
     if isinstance(part.get("mismatches"), int):
         return part["mismatches"]
-    counts = [v.get("mismatches") for v in part.values() if isinstance(v, dict)]
-    counts = [c for c in counts if isinstance(c, int)]
+    found = [v.get("mismatches") for v in part.values() if isinstance(v, dict)]
+    counts = [c for c in found if isinstance(c, int)]
     return sum(counts) if counts else None
 
 

@@ -36,6 +36,7 @@ import time
 from collections.abc import Iterable
 
 import redis
+from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
 
 from contract import functions, namespaces
@@ -58,9 +59,17 @@ class RestoreError(RuntimeError):
     pass
 
 
+def _one_row(aggregate: DataFrame) -> Row:
+    """The row of an aggregate without a grouping (always one; ``first`` is typed Optional)."""
+    row = aggregate.first()
+    assert row is not None
+    return row
+
+
 def _write(client: redis.Redis, namespace: str, kind: str, rows: Iterable[tuple]) -> int:
     """Rows of one kind through ``social_restore``, ROWS_PER_CALL per call, pipelined."""
-    n, chunk, width = 0, [], None
+    n, width = 0, None
+    chunk: list[tuple[str, ...]] = []
     pipe = client.pipeline(transaction=False)
 
     def flush():
@@ -253,9 +262,9 @@ def restore(spark, settings: Settings, namespace: str, *, force: bool = False) -
                                                   "q": "quarantined"}.items() for x in kv])  # fmt: skip
     stats = cl.groupBy("partition", names[F.col("disposition")].alias("field")).count()
     load("X", stats, "partition", "field", "count")
-    seq = cl.agg(F.max("seq")).first()[0] or 0
+    seq = _one_row(cl.agg(F.max("seq")))[0] or 0
     # every sequence number archived so far stays below the next one Redis hands out
-    archived = lake.read("archives").agg(F.max("seq")).first()[0] or 0
+    archived = _one_row(lake.read("archives").agg(F.max("seq")))[0] or 0
     counts["Q"] = _write(client, namespace, "Q", [(max(seq, archived),)])
     counts["Z"] = _write(client, namespace, "Z", sorted(ends.items()))  # last: the position
     report = {

@@ -63,7 +63,7 @@ def build_spark(
     from pyspark.sql import SparkSession
 
     settings = settings or get_settings()
-    os.environ.setdefault("PYSPARK_PYTHON", os.sys.executable)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     jar_paths = _jar_paths(settings)
     jar_list = ",".join(str(p) for p in jar_paths)
     java_options = settings.spark_driver_java_options
@@ -212,8 +212,9 @@ def java_home(settings: Settings) -> Path | None:
     home = spark_java_home(settings)
     if home:
         return home
-    java = os.environ.get("JAVA_HOME") and Path(os.environ["JAVA_HOME"]) / "bin" / "java"
-    java = java if java and java.exists() else shutil.which("java")
+    env_home = os.environ.get("JAVA_HOME")
+    in_env = Path(env_home) / "bin" / "java" if env_home else None
+    java = in_env if in_env and in_env.exists() else shutil.which("java")
     return Path(java).resolve().parent.parent if java else None
 
 

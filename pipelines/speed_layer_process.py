@@ -160,6 +160,7 @@ class SpeedLayerProcess:
 
     def wait_running(self, timeout: float = 180.0) -> None:
         """Block until the current process has its streaming query running (JVM up, query started)."""
+        assert self.proc is not None, "wait_running() waits for a process start() started"
         deadline = time.monotonic() + timeout
         while self.log_path.read_bytes().count(b"speed layer running") < self.restarts + 1:
             if self.proc.poll() is not None or time.monotonic() > deadline:

@@ -28,6 +28,7 @@ import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -74,6 +75,7 @@ def compare(live: DataFrame, recomputed: DataFrame, columns: list[str]) -> dict:
         F.sum(excess_live).alias("only_live"),
         F.sum(excess_rec).alias("only_recomputed"),
     ).first()
+    assert totals is not None  # an aggregate without a grouping has one row
     n_live, n_rec = int(totals["only_live"] or 0), int(totals["only_recomputed"] or 0)
     examples: list[dict] = []
     for side, n, more in (("only_live", n_live, lv), ("only_recomputed", n_rec, rc)):
@@ -172,6 +174,7 @@ def changelog_once(changelog: DataFrame, position: dict[int, int]) -> dict:
         .agg(F.count(F.lit(1)).alias("records"), F.sum("count").alias("rows"))
         .first()
     )
+    assert row is not None  # an aggregate without a grouping has one row
     records, rows = int(row["records"] or 0), int(row["rows"] or 0)
     return {"rows": rows, "records": records, "duplicates": rows - records, "ok": rows == records}
 
@@ -197,6 +200,7 @@ def compare_serving(
     from pipelines.speed.stream import topic_partitions
 
     client = connect(settings.redis_url)
+    store: PartitionedStore | ServingStore
     if settings.serving_layout == "partitioned":
         store = PartitionedStore(
             client, lake.namespace, len(topic_partitions(settings, topic or settings.events_topic))
@@ -207,7 +211,7 @@ def compare_serving(
     wanted = {int(p): int(o) for p, o in end_offsets.items() if int(o) > 0}
     if {p: o for p, o in covered.items() if o > 0} != wanted:
         return {"ok": None, "skipped": f"Redis covers {covered}, the Delta views {wanted}"}
-    out = {}
+    out: dict[str, Any] = {}
     tl = list(store.dump_timelines(settings.timeline_length))
     redis_tl = spark.createDataFrame(tl, "user_id BIGINT, author_id BIGINT, post_id BIGINT")
     if settings.serving_layout == "partitioned":

@@ -149,7 +149,9 @@ class AlertSink:
         is bounded to their ``window_start`` range, which Delta's file statistics turn into a scan
         of the few files appended while those windows were open, not of every alert ever raised.
         """
-        lo, hi = batch.agg(F.min("window_start"), F.max("window_start")).first()
+        bounds = batch.agg(F.min("window_start"), F.max("window_start")).first()
+        assert bounds is not None  # an aggregate without a grouping has one row
+        lo, hi = bounds
         if lo is None:
             return None
         return (
@@ -273,7 +275,7 @@ def start(
     names: tuple[str, ...] = QUERIES,
     namespace: str = "v1",
     views_root: Path | None = None,
-    kafka: tuple[str, str] | None = None,
+    kafka: tuple[dict[str, str], str] | None = None,
     trigger: str | None,
 ) -> list[StreamingQuery]:
     """Start the named queries over ``events()``: contract-valid events with ``event_ts``
@@ -287,6 +289,7 @@ def start(
     if any(n in rules.RULES for n in names):
         spark.createDataFrame([], ALERTS_DDL).write.format("delta").mode("ignore").save(paths.table("alerts"))
     started = []
+    sink: LateEventsSink | PostsEnrichedSink | AlertSink
     for name in names:
         events_df = events()
         if name in WINDOW_QUERIES:
@@ -346,8 +349,8 @@ def run(
     )
     if available_now:  # the outputs read what the parse wrote: all of it, before they start
         parse.awaitTermination()
-        if parse.exception() is not None:
-            raise parse.exception()
+        if (error := parse.exception()) is not None:
+            raise error
     queries = [parse] + start(
         spark,
         lambda: parsed_events(spark, paths),
@@ -364,8 +367,8 @@ def run(
         with stop_requested() as stopping:
             while any(q.isActive for q in queries) and not stopping.is_set():
                 for q in queries:
-                    if not q.isActive and q.exception() is not None:
-                        raise q.exception()
+                    if not q.isActive and (error := q.exception()) is not None:
+                        raise error
                 time.sleep(0.5)
     finally:
         # A batch interrupted here is re-run from the checkpoint at the next start (every sink is
@@ -376,7 +379,7 @@ def run(
             except Exception as exc:  # noqa: BLE001 - stopping the others matters more
                 log.warning("stopping %s: %s", q.name, exc)
     if not stopping.is_set():
-        failed = [q.exception() for q in queries if q.exception() is not None]
+        failed = [error for q in queries if (error := q.exception()) is not None]
         if failed:
             raise failed[0]
     log.info("analytics stopped")

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import cast
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -78,6 +80,16 @@ VIEWS = [
     ),
 ]
 BY_NAME = {v.name: v for v in VIEWS}
+
+
+# ``r`` returns bytes (no ``decode_responses``): its replies as this module reads them (redis-py
+# types a reply for either mode of a client, bytes | str)
+def _hash(r: redis.Redis, key: str) -> dict[bytes, bytes]:
+    return cast(dict[bytes, bytes], r.hgetall(key))
+
+
+def _stream(r: redis.Redis, key: str) -> list[tuple[bytes, dict[bytes, bytes]]]:
+    return cast(list[tuple[bytes, dict[bytes, bytes]]], functions.stream_range(r, key))
 
 
 def _scan(r: redis.Redis, pattern: str):
@@ -157,7 +169,7 @@ def redis_rows(r: redis.Redis, ns: str, n: int, partitions: list[int]) -> dict[s
     rows["celebrities"] = list(zip(celebs, counts, strict=True))
     rows["accounting"] = []
     for p in partitions:
-        h = {kk.decode(): int(v) for kk, v in r.hgetall(k("stats", p)).items()}
+        h = {kk.decode(): int(v) for kk, v in _hash(r, k("stats", p)).items()}
         rows["accounting"].append(
             (p, h.get("applied", 0), h.get("duplicates", 0), h.get("rejected", 0), h.get("quarantined", 0))
         )
@@ -209,7 +221,7 @@ def partitioned_rows(
         l_keys = _scan(r, k("lfol", "*"))
         for key, count in zip(l_keys, _batched(r, l_keys, lambda pipe, key: pipe.scard(key)), strict=True):
             followers[_suffix(key)] = followers.get(_suffix(key), 0) + int(count)
-        h = {kk.decode(): int(v) for kk, v in r.hgetall(k("stats")).items()}
+        h = {kk.decode(): int(v) for kk, v in _hash(r, k("stats")).items()}
         rows["accounting"].append(
             (p, h.get("applied", 0), h.get("duplicates", 0), h.get("rejected", 0), h.get("quarantined", 0))
         )
@@ -229,7 +241,7 @@ def changelog_dispositions(
             if layout == "partitioned"
             else functions.key(ns, "changelog", p)
         )
-        for entry_id, fields in r.xrange(stream):
+        for entry_id, fields in _stream(r, stream):
             offset = int(entry_id.split(b"-")[0])
             letter = fields[b"d"].decode()
             if layout == "partitioned":
@@ -251,7 +263,7 @@ def to_frame(spark: SparkSession, rows: list[tuple], schema: str, tmp: Path) -> 
         "StringType": pa.string(),
         "BooleanType": pa.bool_(),
     }
-    cols = list(zip(*rows, strict=True)) if rows else [[] for _ in names]
+    cols: list[Sequence] = list(zip(*rows, strict=True)) if rows else [[] for _ in names]
     table = pa.table(
         {
             n: pa.array(list(c), type=arrow_types[type(f.dataType).__name__])
@@ -292,6 +304,7 @@ def compare_view(live: DataFrame, batch: DataFrame, view: View) -> dict:
         F.count("_batch").alias("batch_rows"),
         F.sum(F.when(differs, 1).otherwise(0)).alias("mismatches"),
     ).first()
+    assert totals is not None  # an aggregate without a grouping has one row
     n = int(totals["mismatches"] or 0)
     examples = []
     if n:

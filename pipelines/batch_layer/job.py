@@ -27,6 +27,7 @@ from pyspark.sql import functions as F
 
 from contract import namespaces
 from infra.cli import command_name, run_main
+from infra.lake_store import ObjectPath
 from infra.settings import Settings, get_settings
 from pipelines.batch_layer.definition import BatchConfig, BatchViews, compute
 from pipelines.lake import delta_log, latest_metadata, location
@@ -78,7 +79,7 @@ class Archive:
     """The Delta archive of one namespace: what the batch layer reads."""
 
     spark: SparkSession
-    root: Path
+    root: Path | ObjectPath
 
     def read(self, table: str) -> DataFrame:
         return self.spark.read.format("delta").load(str(self.root / table))
@@ -103,7 +104,7 @@ class Archive:
         return {int(r["partition"]): int(r["last"]) + 1 for r in rows}
 
 
-def _last_metadata(table_dir: Path, key: str):
+def _last_metadata(table_dir: Path | ObjectPath, key: str):
     """``key`` of the newest commit's ``userMetadata`` that has it (read from the Delta log alone)."""
     meta = latest_metadata(table_dir, key)
     return None if meta is None else meta[key]

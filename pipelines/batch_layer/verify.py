@@ -18,7 +18,7 @@ import sys
 import time
 from dataclasses import replace
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from contract import functions, namespaces
@@ -82,9 +82,9 @@ def verify_batch_layer(
         .where(F.col("disposition").isNotNull())
         .select("partition", "offset", "disposition", "reason")
     )
-    if verdicts.isEmpty():
-        verdicts = None  # an archive written without the speed layer's verdicts
-    else:
+    live_dispositions: DataFrame | None = None  # an archive written without the speed layer's verdicts
+    if not verdicts.isEmpty():
+        live_dispositions = verdicts
         views = replace(views, dispositions=views.dispositions.where(F.col("disposition") != QUARANTINED))
     result = cross_check(
         spark,
@@ -93,7 +93,7 @@ def verify_batch_layer(
         views,
         position,
         settings.timeline_length,
-        live_dispositions=verdicts,
+        live_dispositions=live_dispositions,
         layout=layout,
         fanout_threshold=settings.fanout_threshold,
     )

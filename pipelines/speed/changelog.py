@@ -51,7 +51,7 @@ from dataclasses import dataclass
 
 import redis
 
-from contract.functions import key, pkey
+from contract.functions import key, pkey, stream_range
 
 DISPOSITIONS = {"a": "applied", "d": "duplicate", "r": "rejected", "q": "quarantined"}
 
@@ -138,10 +138,11 @@ def read_partitioned(
     stream = pkey(namespace, partition, "changelog")
     lo, hi = f"{start[partition]}-0", f"{end[partition]}-{(1 << 64) - 1}"
     while True:
-        got = client.xrange(stream, min=lo, max=hi, count=page)
+        got = stream_range(client, stream, min=lo, max=hi, count=page)
         for entry_id, fields in got:
             eid = _text(entry_id)
             f = {_text(k): _text(v) for k, v in fields.items()}
+            reason: str | None
             if f["d"] == "x":
                 src, offset = (int(x) for x in f["src"].split(":"))
                 if not start.get(src, 0) <= offset < end.get(src, 0):
@@ -169,7 +170,7 @@ def read_partitioned(
 
 def first_offset(client: redis.Redis, namespace: str, partition: int) -> int | None:
     """The offset of the oldest entry still in Redis for a partition (None: the stream is empty)."""
-    got = client.xrange(key(namespace, "changelog", partition), count=1)
+    got = stream_range(client, key(namespace, "changelog", partition), count=1)
     return int(_text(got[0][0]).split("-")[0]) if got else None
 
 
@@ -184,7 +185,7 @@ def read(client: redis.Redis, namespace: str, partition: int, start: int, end: i
     stream = key(namespace, "changelog", partition)
     lo = f"{start}-0"
     while start < end:
-        got = client.xrange(stream, min=lo, max=f"{end - 1}-1", count=page)
+        got = stream_range(client, stream, min=lo, max=f"{end - 1}-1", count=page)
         for entry_id, fields in got:
             f = {_text(k): _text(v) for k, v in fields.items()}
             out.append(

@@ -45,6 +45,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 
 import redis
 
@@ -137,7 +138,7 @@ def profile_value(user: int, user_json: bytes | str | None, status_json: bytes |
 
 def follow_records(entries: Iterable[dict]) -> list[tuple[bytes, bytes | None]]:
     """``(key, value)`` of the follows topic for every ``F+``/``F-`` change, in entry order."""
-    out = []
+    out: list[tuple[bytes, bytes | None]] = []
     for e in entries:
         for ch in _changes(e):
             if ch[0] == "F+":
@@ -261,12 +262,13 @@ class Publisher:
         for p in cut:
             got = changelog.read_partitioned(self.r, self.namespace, p, start, cut)
             entries += got
-            profiles += profile_records(got, lambda users, p=p: self._read_profiles(users, p))
+            profiles += profile_records(got, partial(self._read_profiles, partition=p))
         return entries, profiles, cut
 
     def publish_once(self) -> Published:
         """Publish every change from the published position up to a consistent cut; flush; advance."""
         t0 = time.perf_counter()
+        upto: dict[int, int]  # the position published up to, per partition
         if self.cuts is not None:
             run = self._partitioned_run()
             if run is None:
@@ -283,7 +285,7 @@ class Publisher:
         cut = changelog.cut(self.r, self.namespace)
         done = position(self.r, self.namespace)
         per_p: dict[int, list[dict]] = {}
-        upto: dict[int, int] = {}
+        upto = {}
         truncated: set[int] = set()
         for p, end in cut.fences.items():
             start = done.get(p)
@@ -304,7 +306,8 @@ class Publisher:
         if not upto:
             return out
         self._produce(out, entries, profile_records(entries, self._read_profiles))
-        self.r.hset(key(self.namespace, POSITION), mapping=upto)
+        # a copy typed as redis-py's mapping (its key type is a union: a dict[int, int] is no such Mapping)
+        self.r.hset(key(self.namespace, POSITION), mapping={p: o for p, o in upto.items()})
         out.ms = (time.perf_counter() - t0) * 1000
         return out
 

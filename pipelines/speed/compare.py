@@ -14,6 +14,7 @@ application, history-dependent by design) are left out.
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any
 
 import redis
 
@@ -83,9 +84,10 @@ def _canonical(v, kind: str):
 def compare_namespaces(r: redis.Redis, live: str, replayed: str, timeline_length: int) -> dict:
     """Per key family (``tl``, ``inbox``, ``fence``, ...): keys, mismatching keys, examples."""
     a, b = _suffixes(r, live), _suffixes(r, replayed)
-    empty = {"zset": [], "hash": {}, "set": [], "string": None, "stream": []}
+    # what a key missing on one side reads as, per kind (a list, a dict or None)
+    empty: dict[str, Any] = {"zset": [], "hash": {}, "set": [], "string": None, "stream": []}
     names = sorted(set(a) | set(b))
-    kinds = {s: a.get(s) or b.get(s) for s in names}
+    kinds = {s: a.get(s) or b[s] for s in names}  # every name is in a or b
     present_a = [s for s in names if s in a]
     present_b = [s for s in names if s in b]
     va = dict(zip(present_a, _contents(r, live, present_a, kinds, timeline_length), strict=True))

@@ -50,9 +50,10 @@ def encode(offset: int, value: bytes | None) -> list:
             event, reason = contract.parse_and_validate(value)
         except Exception as exc:  # a bug in the contract code must not stop the stream either
             event, reason = None, f"processing_error:{type(exc).__name__}"
-    if reason is None and event["type"] not in PROTOCOL["events"]:
-        reason = "unknown_type"
-    if reason is not None:
+    # parse_and_validate gives an event or a reason, never both
+    if event is not None and event["type"] not in PROTOCOL["events"]:
+        event, reason = None, "unknown_type"
+    if event is None:
         return [{"offset": offset, "type": "!", "reason": reason}[n] for n in PROTOCOL["quarantined"]]
     e = dict(event)
     e["offset"] = offset
@@ -164,7 +165,7 @@ class PartitionedProcessor:
     @staticmethod
     def _segment(source: int, upto: int, entries: list[tuple[int, str, list[str]]]) -> list:
         seg = {"source": source, "upto": upto, "count": len(entries)}
-        args = [seg[n] for n in PROTOCOL["segment"]]
+        args: list[int | str] = [seg[n] for n in PROTOCOL["segment"]]
         for offset, kind, values in entries:
             args += [offset, kind, len(values), *values]
         return args
@@ -174,7 +175,8 @@ class PartitionedProcessor:
         if end <= start:
             return []
         out = []
-        for entry_id, fields in self.r.xrange(self.k(source, "out"), min=f"{start}-0", max=f"{end - 1}-1"):
+        entries = functions.stream_range(self.r, self.k(source, "out"), min=f"{start}-0", max=f"{end - 1}-1")
+        for entry_id, fields in entries:
             f = {_text(k): _text(v) for k, v in fields.items()}
             kind = f.pop("kind")
             names = PROTOCOL["deliveries"].get(kind)

@@ -58,7 +58,7 @@ def encode(offset: int, value: bytes | None) -> list:
         event, reason = contract.parse_and_validate(value)
     except Exception as exc:  # a bug in the contract code must not stop the stream either
         event, reason = None, f"processing_error:{type(exc).__name__}"
-    if reason is not None:
+    if event is None:  # parse_and_validate gives an event or a reason, never both
         return [offset, "!", "", "", "", "", "", "", reason, ""]
     e = event
     t = e["type"]

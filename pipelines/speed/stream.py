@@ -37,6 +37,7 @@ import shutil
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pyspark.sql.streaming import StreamingQueryListener
 
@@ -46,6 +47,9 @@ from infra.settings import Settings
 from pipelines.speed.processor import Applied, Processor, ProcessorConfig
 from pipelines.stream_progress import ProgressFile, progress_dir
 
+if TYPE_CHECKING:  # imported where the partitioned layout is used
+    from pipelines.speed.partitioned import PartitionedProcessor
+
 log = logging.getLogger("speed_layer.keyed")
 
 SUMMARY_SCHEMA = (
@@ -53,10 +57,10 @@ SUMMARY_SCHEMA = (
     "skipped LONG, fcalls LONG, first_offset LONG, last_offset LONG"
 )
 
-_PROCESSORS: dict[ProcessorConfig, Processor] = {}  # one per Python worker, reused across tasks
+_PROCESSORS: dict[ProcessorConfig, Processor | PartitionedProcessor] = {}  # one per Python worker, reused
 
 
-def processor_for(cfg: ProcessorConfig) -> Processor:
+def processor_for(cfg: ProcessorConfig) -> Processor | PartitionedProcessor:
     """This Python worker's :class:`Processor` for ``cfg`` (its Redis connection and the check
     that the function library is loaded, paid once per worker, not once per task).
 
@@ -72,6 +76,14 @@ def processor_for(cfg: ProcessorConfig) -> Processor:
             proc = _PROCESSORS[cfg] = PartitionedProcessor(cfg, cfg.partitions)
         else:
             proc = _PROCESSORS[cfg] = Processor(cfg)
+    return proc
+
+
+def _partitioned(proc: Processor | PartitionedProcessor) -> PartitionedProcessor:
+    """The processor :func:`processor_for` made for a partitioned layout's config."""
+    from pipelines.speed.partitioned import PartitionedProcessor
+
+    assert isinstance(proc, PartitionedProcessor), "a config of the partitioned layout"
     return proc
 
 
@@ -128,7 +140,7 @@ def apply_partitions(cfg: ProcessorConfig):
                 )
                 start = end
             if cfg.layout == "partitioned":  # the posts, deletes and erasures, to every partition
-                proc.pump({r["partition"] for r in rows})
+                _partitioned(proc).pump({r["partition"] for r in rows})
             if rows:
                 yield pa.RecordBatch.from_pylist(rows, schema=_arrow_schema())
 
@@ -258,7 +270,7 @@ def start(
     functions.ensure_loaded(functions.connect(settings.redis_url))
     if cfg.layout == "partitioned":
         # deliveries a crash left in the outboxes: applied before any new record
-        processor_for(cfg).settle()
+        _partitioned(processor_for(cfg)).settle()
     # one task per core, each applying its Kafka partitions one after the other: with a task per
     # partition, a batch of 8 partitions on 2 cores pays 4 waves of task start-up
     tasks = settings.speed_tasks or spark.sparkContext.defaultParallelism
