@@ -46,7 +46,7 @@ from pathlib import Path
 from contract.functions import connect as keyed_connect
 from infra.cli import command_name, run_main
 from infra.settings import Settings, get_settings
-from stories.bench_common import SECTIONS, BenchContext, section
+from stories.bench_common import SECTIONS, BenchContext, backbone_unless_running, section, stream_settings
 
 # --- ingest -------------------------------------------------------------------------------------------
 
@@ -165,7 +165,7 @@ def ingest(ctx: BenchContext) -> dict:
 # --- serving ------------------------------------------------------------------------------------------
 
 
-def _populate_serving_store(settings: Settings, namespace: str, users: int, seed: int) -> list[int]:
+def populate_serving_store(settings: Settings, namespace: str, users: int, seed: int) -> list[int]:
     """A serving store as the speed layer leaves it, written directly (key layout of ServingStore).
 
     Users follow others by the generator's heavy-tailed graph (``app_sim.graph``); each home
@@ -227,7 +227,7 @@ HEY_TARGET_READS_PER_S = 3_000
 HEY_TARGET_P99_MS = 50.0
 
 
-def _timeline_users(settings: Settings, namespace: str, users: list[int]) -> tuple[dict, dict]:
+def timeline_users(settings: Settings, namespace: str, users: list[int]) -> tuple[dict, dict]:
     """The two users hey reads the timeline of: one with many followees, one with an empty timeline.
 
     The first is the user at the 90th percentile of follow counts in the store (ties by id):
@@ -291,33 +291,23 @@ def _vs_target(name: str, result: dict) -> dict:
 def serving(ctx: BenchContext) -> dict:
     """Reads/s and p99 of the API under Locust (2 workers + Locust on this machine), writes too;
     then one user's home timeline under hey (Go), a 50-post one and an empty one."""
-    import dataclasses
-
     import orjson
 
     from app_sim.auth import TokenSigner, load_secret
     from app_sim.load import run_locust
-    from infra.hey import HeyError
     from infra.stack import ApiServer, free_port_block
 
     port = free_port_block(1)  # below the ephemeral range: no outgoing connection takes it first
     namespace = f"bench-serving-{ctx.run_id}".lower()
-    settings = dataclasses.replace(
-        ctx.settings,
-        events_topic=ctx.topic("serving"),
-        api_port=port,
-        views_namespace=namespace,
-        var_dir=Path(ctx.settings.var_dir) / "bench" / "serving",
-    )
-    users = _populate_serving_store(settings, namespace, users=2000, seed=11)
-    many, empty = _timeline_users(settings, namespace, users)
+    settings = stream_settings(ctx, "serving", ctx.topic("serving"), namespace, api_port=port)
+    users = populate_serving_store(settings, namespace, users=2000, seed=11)
+    many, empty = timeline_users(settings, namespace, users)
     signer = TokenSigner(load_secret(settings))
     out_dir = Path(ctx.settings.reports_dir) / "bench" / "serving"
     out_dir.mkdir(parents=True, exist_ok=True)
     users_file = out_dir / "users.json"
     users_file.write_text(orjson.dumps([[u, signer.issue(u)] for u in users]).decode())
     url = f"http://127.0.0.1:{port}"
-    hey: dict = {}
     api = ApiServer(settings)
     api.start()
     try:
@@ -331,21 +321,7 @@ def serving(ctx: BenchContext) -> dict:
         )
         # hey after Locust, on the same API: Locust's writes go to the log (no speed layer runs
         # here), so both users' timelines are as loaded
-        try:
-            for name, who in (("hey_timeline_50", many), ("hey_timeline_empty", empty)):
-                token = signer.issue(who["user_id"])
-                result = _hey_timeline(
-                    f"{url}/v1/timeline?limit=50",
-                    token,
-                    who,
-                    ctx.serving_hey_seconds,
-                    ctx.serving_hey_connections,
-                )
-                hey[name] = result
-                hey.update(_vs_target(name, result))
-        except HeyError as exc:  # the Locust figures stand without it
-            print(f"serving: hey: {exc}", file=sys.stderr)
-            hey["hey_error"] = str(exc)
+        hey = _hey_timelines(ctx, url, signer, (("hey_timeline_50", many), ("hey_timeline_empty", empty)))
     finally:
         api.stop()
         _drop_namespace(settings, namespace)
@@ -370,6 +346,30 @@ def serving(ctx: BenchContext) -> dict:
         f"(hey, {ctx.serving_hey_connections} connections, {ctx.serving_hey_seconds} s per user)",
         **hey,
     }
+
+
+def _hey_timelines(ctx: BenchContext, url: str, signer, who: tuple[tuple[str, dict], ...]) -> dict:
+    """Each named user's home timeline under hey, with its verdict against the target; without
+    hey (it could not be built or run), the error instead: the Locust figures stand without it."""
+    from infra.hey import HeyError
+
+    hey: dict = {}
+    try:
+        for name, user in who:
+            token = signer.issue(user["user_id"])
+            result = _hey_timeline(
+                f"{url}/v1/timeline?limit=50",
+                token,
+                user,
+                ctx.serving_hey_seconds,
+                ctx.serving_hey_connections,
+            )
+            hey[name] = result
+            hey.update(_vs_target(name, result))
+    except HeyError as exc:
+        print(f"serving: hey: {exc}", file=sys.stderr)
+        hey["hey_error"] = str(exc)
+    return hey
 
 
 def _drop_namespace(settings: Settings, namespace: str) -> None:
@@ -413,36 +413,26 @@ def write_report(results: dict[str, dict], settings: Settings, run_id: str) -> P
 
 
 def run(only: list[str] | None, events: int, settings: Settings | None = None, **context) -> dict[str, dict]:
-    from infra.stack import Stack, port_listening
-
     settings = settings or get_settings()
     names = only or list(SECTIONS)
     unknown = [n for n in names if n not in SECTIONS]
     if unknown:
         raise SystemExit(f"unknown section(s) {unknown}; known: {list(SECTIONS)}")
-    stack = None
-    if not port_listening(settings.kafka_port):
-        print("no broker running: starting Kafka and Redis for the benchmark", file=sys.stderr)
-        from infra.stack import BACKBONE
-
-        stack = Stack(settings, service_types=BACKBONE)
-        stack.up()
-    ctx = BenchContext(settings=settings, events=events, **context)
     results: dict[str, dict] = {}
-    try:
-        for name in names:
-            print(f"bench {name} ...", file=sys.stderr)
-            t = time.perf_counter()
-            try:
-                results[name] = SECTIONS[name](ctx)
-            except Exception as exc:  # one failing section must not lose the others
-                traceback.print_exc()  # where it failed, on stderr; the report keeps the message
-                results[name] = {"error": f"{type(exc).__name__}: {exc}"}
-            results[name]["seconds"] = round(time.perf_counter() - t, 1)
-    finally:
-        ctx.cleanup()
-        if stack is not None:
-            stack.down()
+    with backbone_unless_running(settings, "benchmark"):
+        ctx = BenchContext(settings=settings, events=events, **context)
+        try:
+            for name in names:
+                print(f"bench {name} ...", file=sys.stderr)
+                t = time.perf_counter()
+                try:
+                    results[name] = SECTIONS[name](ctx)
+                except Exception as exc:  # one failing section must not lose the others
+                    traceback.print_exc()  # where it failed, on stderr; the report keeps the message
+                    results[name] = {"error": f"{type(exc).__name__}: {exc}"}
+                results[name]["seconds"] = round(time.perf_counter() - t, 1)
+        finally:
+            ctx.cleanup()
     path = write_report(results, settings, ctx.run_id)
     rows = [r for name, res in results.items() for r in _headline(name, res)]
     width = [max(len(r[i]) for r in rows + [("section", "metric", "value")]) for i in range(3)]

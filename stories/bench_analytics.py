@@ -60,7 +60,15 @@ from infra.settings import Settings
 from pipelines.report import png_bytes
 from pipelines.speed.processor import FRESHNESS_CAP_MS
 from pipelines.speed_layer_process import SpeedLayerProcess
-from stories.bench_common import BenchContext, _pct, _wait_fences, redis_cpu_s, reset_freshness, section
+from stories.bench_common import (
+    BenchContext,
+    pct,
+    redis_cpu_s,
+    reset_freshness,
+    section,
+    wait_applied,
+    wait_fences,
+)
 
 ANALYTICS_LATENESS_S = 10  # so windows close within the run (the default, 120 s, would not)
 BOOT_USERS, BOOT_FOLLOWERS, GRAPH_SEED = 2_000, 20, 13
@@ -299,8 +307,7 @@ def speed_layer_phase(
             beside.start()
         boot = _generator(GRAPH_SEED, bootstrap=True)
         produce(boot.bootstrap_events(), boot, topic=topic, bootstrap=settings, progress=False)
-        if not _wait_fences(r, ns, end_offsets(settings, topic), 600, settings.serving_layout):
-            raise RuntimeError(f"the speed layer did not apply the bootstrap; see {log_path}")
+        wait_applied(r, settings, end_offsets(settings, topic), 600, log_path, "apply the bootstrap")
         warm = None
         if beside is not None:
             warm = beside.wait_read(end_offsets(settings, topic), WARM_UP_S)
@@ -319,7 +326,7 @@ def speed_layer_phase(
         )
         sent_s = time.perf_counter() - t0
         ends = end_offsets(settings, topic)
-        caught_up = _wait_fences(r, ns, ends, CATCH_UP_S, settings.serving_layout)
+        caught_up = wait_fences(r, ns, ends, CATCH_UP_S, settings.serving_layout) is not None
         behind_s = time.perf_counter() - t0 - sent_s
         fresh = keyed_freshness(r, ns, settings.serving_layout, ends)
         if beside is not None:  # the analytics' own lag: until every query has read the load
@@ -363,7 +370,7 @@ def _burst(settings: Settings, r: redis.Redis, n: int) -> dict:
         progress=False,
     )
     sent_s = time.perf_counter() - t0
-    done = _wait_fences(r, ns, end_offsets(settings, topic), CATCH_UP_S, settings.serving_layout)
+    done = wait_fences(r, ns, end_offsets(settings, topic), CATCH_UP_S, settings.serving_layout) is not None
     total_s = time.perf_counter() - t0
     cpu = redis_cpu_s(r) - cpu0
     return {
@@ -414,7 +421,7 @@ def plot_curves(samples: list[dict], batches: list[dict], seconds: int) -> bytes
 
 def _thirds(values: list[float]) -> tuple[float | None, float | None]:
     k = max(len(values) // 3, 1)
-    return _pct(values[:k], 0.5), _pct(values[-k:], 0.5)
+    return pct(values[:k], 0.5), pct(values[-k:], 0.5)
 
 
 def _reset_redis(r: redis.Redis, ns: str, timeout_s: float = 600) -> None:
@@ -449,93 +456,116 @@ def analytics_section(ctx: BenchContext) -> dict:
         "lateness_s": ANALYTICS_LATENESS_S,
         "trigger": base.analytics_trigger_interval,
     }
-    namespaces = []
+    namespaces: list[str] = []
     spark = build_spark("bench-analytics", base)
     try:
-        phases = {}
-        analytics = None
-        for label in ("alone", "with_analytics"):
-            ns = f"bench_an_{label}_{ctx.run_id}".lower()
-            namespaces.append(ns)
-            settings = dataclasses.replace(
-                base,
-                events_topic=ctx.topic(f"analytics_{label}"),
-                views_namespace=ns,
-                alerts_topic=ctx.topic(f"alerts_{label}", partitions=1),
-            )
-            beside = _AnalyticsBeside(spark, settings, ns) if label != "alone" else None
-            print(f"bench analytics: {label}", flush=True)
-            forks0 = r.info("stats")["total_forks"]
-            phases[label] = speed_layer_phase(
-                settings,
-                r,
-                var / f"speed_layer_{label}.log",
-                beside,
-                rate=ctx.analytics_rate,
-                seconds=ctx.analytics_seconds if beside is not None else ctx.analytics_first_phase_s,
-            )
-            # the speed layer's own Redis cost over the phase: its AOF rewrites (each a fork whose
-            # copy-on-write grows with the dataset), and the memory it ended with
-            phases[label]["redis_forks"] = r.info("stats")["total_forks"] - forks0
-            phases[label]["redis_used_memory_mb"] = round(r.info("memory")["used_memory"] / 2**20)
-            if beside is None:
-                _reset_redis(r, ns)
-            analytics = beside or analytics
+        phases, analytics = _phases(ctx, base, r, spark, namespaces)
         out.update({f"{label}_{k}": v for label, p in phases.items() for k, v in p.items()})
-        p0, p1 = phases["alone"]["freshness_p99_ms"], phases["with_analytics"]["freshness_p99_ms"]
-        out["freshness_p99_ratio_with_over_without"] = round(p1 / p0, 2) if p0 and p1 else None
-        if out["seconds_alone"] != ctx.analytics_seconds:
-            # not side by side: over a longer load the speed layer's own Redis grows (event ids
-            # kept a day, the changelog untrimmed without an archiver) and its AOF rewrites with it
-            out["freshness_p99_ratio_with_over_without"] = None
-            out["freshness_ratio_withheld"] = "the phases ran for different times"
-        capped = any(p["freshness_p99_at_cap"] for p in phases.values())
-        if out["freshness_p99_ratio_with_over_without"] is not None and not capped:
-            out["freshness_within_1_5x"] = out["freshness_p99_ratio_with_over_without"] <= 1.5
-        # a p99 at the histogram's cap (the speed layer fell behind the rate) says nothing about
-        # the ratio: then the lag after the load and the rate applied are the comparison
-        a0, a1 = phases["alone"]["applied_events_per_s"], phases["with_analytics"]["applied_events_per_s"]
-        out["applied_rate_ratio_with_over_without"] = round(a1 / a0, 2) if a0 and a1 else None
-        alerts, windows = analytics.alert_latencies_ms(), analytics.window_latencies_ms()
-        batches = sorted(analytics.batches.values(), key=lambda x: x["t_s"])
-        batches = [x for x in batches if x["t_s"] >= 0]  # the measured run only
-        samples = [s for s in analytics.samples if s["t_s"] > 0]
-        rows0, rows1 = _thirds([s["state_rows"] for s in samples])
-        ms0, ms1 = _thirds([x["ms"] for x in batches if x["ms"] is not None])
-        parts = sorted({k for x in batches for k in x["duration_ms"]})
-        out.update(
-            {
-                "analytics_caught_up": analytics.caught_up,
-                # after the load, until every query had read it: the analytics' own lag
-                "analytics_caught_up_after_s": analytics.caught_up_after_s,
-                # where a micro-batch's time goes (Spark's durationMs), median over every query
-                "batch_ms_median_by_part": {
-                    k: _pct([x["duration_ms"][k] for x in batches if k in x["duration_ms"]], 0.5)
-                    for k in parts
-                },
-                "patterns_injected_events": analytics.injected,
-                "alerts": len(alerts),
-                "alert_latency_p50_ms": _pct(alerts, 0.5),
-                "alert_latency_p99_ms": _pct(alerts, 0.99),
-                "windows_written": len(windows),
-                "window_end_to_visible_p50_ms": _pct(windows, 0.5),
-                "window_end_to_visible_p99_ms": _pct(windows, 0.99),
-                "state_rows_median_first_third": rows0,
-                "state_rows_median_last_third": rows1,
-                "batch_ms_median_first_third": ms0,
-                "batch_ms_median_last_third": ms1,
-                "curves": {"state": samples, "batches": batches},
-            }
-        )
-        if ms0 and ms1:
-            out["batch_ms_last_over_first_third"] = round(ms1 / ms0, 2)
+        out.update(_ratios(ctx, phases, out["seconds_alone"]))
+        out.update(_analytics_figures(analytics))
         out_dir = Path(ctx.settings.reports_dir) / "bench"
         out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "analytics_curves.png").write_bytes(plot_curves(samples, batches, ctx.analytics_seconds))
+        curves = out["curves"]
+        png = plot_curves(curves["state"], curves["batches"], ctx.analytics_seconds)
+        (out_dir / "analytics_curves.png").write_bytes(png)
         out["curves_png"] = str(out_dir / "analytics_curves.png")
     finally:
         spark.stop()
         for ns in namespaces:
             drop_namespace(r, ns)
         shutil.rmtree(var, ignore_errors=True)
+    return out
+
+
+def _phases(
+    ctx: BenchContext, base: Settings, r: redis.Redis, spark, namespaces: list[str]
+) -> tuple[dict[str, dict], _AnalyticsBeside]:
+    """Both phases, alone then with the analytics, each on its own topics and namespace (added to
+    ``namespaces`` for the cleanup); their results, and the analytics that ran beside the second."""
+    phases = {}
+    analytics = None
+    for label in ("alone", "with_analytics"):
+        ns = f"bench_an_{label}_{ctx.run_id}".lower()
+        namespaces.append(ns)
+        settings = dataclasses.replace(
+            base,
+            events_topic=ctx.topic(f"analytics_{label}"),
+            views_namespace=ns,
+            alerts_topic=ctx.topic(f"alerts_{label}", partitions=1),
+        )
+        beside = _AnalyticsBeside(spark, settings, ns) if label != "alone" else None
+        print(f"bench analytics: {label}", flush=True)
+        forks0 = r.info("stats")["total_forks"]
+        phases[label] = speed_layer_phase(
+            settings,
+            r,
+            Path(base.var_dir) / f"speed_layer_{label}.log",
+            beside,
+            rate=ctx.analytics_rate,
+            seconds=ctx.analytics_seconds if beside is not None else ctx.analytics_first_phase_s,
+        )
+        # the speed layer's own Redis cost over the phase: its AOF rewrites (each a fork whose
+        # copy-on-write grows with the dataset), and the memory it ended with
+        phases[label]["redis_forks"] = r.info("stats")["total_forks"] - forks0
+        phases[label]["redis_used_memory_mb"] = round(r.info("memory")["used_memory"] / 2**20)
+        if beside is None:
+            _reset_redis(r, ns)
+        analytics = beside or analytics
+    assert analytics is not None  # the second phase's
+    return phases, analytics
+
+
+def _ratios(ctx: BenchContext, phases: dict[str, dict], seconds_alone: int) -> dict:
+    """The speed layer's freshness p99 and applied rate, with the analytics over without."""
+    out: dict = {}
+    p0, p1 = phases["alone"]["freshness_p99_ms"], phases["with_analytics"]["freshness_p99_ms"]
+    out["freshness_p99_ratio_with_over_without"] = round(p1 / p0, 2) if p0 and p1 else None
+    if seconds_alone != ctx.analytics_seconds:
+        # not side by side: over a longer load the speed layer's own Redis grows (event ids
+        # kept a day, the changelog untrimmed without an archiver) and its AOF rewrites with it
+        out["freshness_p99_ratio_with_over_without"] = None
+        out["freshness_ratio_withheld"] = "the phases ran for different times"
+    capped = any(p["freshness_p99_at_cap"] for p in phases.values())
+    if out["freshness_p99_ratio_with_over_without"] is not None and not capped:
+        out["freshness_within_1_5x"] = out["freshness_p99_ratio_with_over_without"] <= 1.5
+    # a p99 at the histogram's cap (the speed layer fell behind the rate) says nothing about
+    # the ratio: then the lag after the load and the rate applied are the comparison
+    a0, a1 = phases["alone"]["applied_events_per_s"], phases["with_analytics"]["applied_events_per_s"]
+    out["applied_rate_ratio_with_over_without"] = round(a1 / a0, 2) if a0 and a1 else None
+    return out
+
+
+def _analytics_figures(analytics: _AnalyticsBeside) -> dict:
+    """The analytics' own figures over the second phase: their lag, where a micro-batch's time
+    goes, alert and window latencies, and the state and batch duration curves."""
+    alerts, windows = analytics.alert_latencies_ms(), analytics.window_latencies_ms()
+    batches = sorted(analytics.batches.values(), key=lambda x: x["t_s"])
+    batches = [x for x in batches if x["t_s"] >= 0]  # the measured run only
+    samples = [s for s in analytics.samples if s["t_s"] > 0]
+    rows0, rows1 = _thirds([s["state_rows"] for s in samples])
+    ms0, ms1 = _thirds([x["ms"] for x in batches if x["ms"] is not None])
+    parts = sorted({k for x in batches for k in x["duration_ms"]})
+    out = {
+        "analytics_caught_up": analytics.caught_up,
+        # after the load, until every query had read it: the analytics' own lag
+        "analytics_caught_up_after_s": analytics.caught_up_after_s,
+        # where a micro-batch's time goes (Spark's durationMs), median over every query
+        "batch_ms_median_by_part": {
+            k: pct([x["duration_ms"][k] for x in batches if k in x["duration_ms"]], 0.5) for k in parts
+        },
+        "patterns_injected_events": analytics.injected,
+        "alerts": len(alerts),
+        "alert_latency_p50_ms": pct(alerts, 0.5),
+        "alert_latency_p99_ms": pct(alerts, 0.99),
+        "windows_written": len(windows),
+        "window_end_to_visible_p50_ms": pct(windows, 0.5),
+        "window_end_to_visible_p99_ms": pct(windows, 0.99),
+        "state_rows_median_first_third": rows0,
+        "state_rows_median_last_third": rows1,
+        "batch_ms_median_first_third": ms0,
+        "batch_ms_median_last_third": ms1,
+        "curves": {"state": samples, "batches": batches},
+    }
+    if ms0 and ms1:
+        out["batch_ms_last_over_first_third"] = round(ms1 / ms0, 2)
     return out

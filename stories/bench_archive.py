@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from stories.bench_common import BenchContext, section, stream_settings, wait_fences
+from stories.bench_common import BenchContext, section, stream_settings, wait_applied
 
 TARGET_SMALL_S = 10.0
 
@@ -61,8 +61,7 @@ def archive_section(ctx: BenchContext) -> dict:
         t0 = time.monotonic()
         produce(ctx.catchup_events, history, topic=topic, bootstrap=settings, progress=False)
         ends = end_offsets(settings, topic)
-        if wait_fences(r, namespace, ends, 1800, settings.serving_layout) is None:
-            raise RuntimeError(f"the speed layer did not catch up in 30 minutes; see {sl.log_path}")
+        wait_applied(r, settings, ends, 1800, sl.log_path, "catch up in 30 minutes")
         serving_s = time.monotonic() - t0
         out["serving_history_events_per_s"] = round(sum(ends.values()) / serving_s)
 
@@ -88,10 +87,7 @@ def archive_section(ctx: BenchContext) -> dict:
         more = GeneratorConfig(seed=history.seed + 1, graph_seed=history.seed, emit_bootstrap=False)
         produce(ctx.archive_events, more, topic=topic, bootstrap=settings, progress=False)
         after = end_offsets(settings, topic)
-        if wait_fences(r, namespace, after, 600, settings.serving_layout) is None:
-            raise RuntimeError(
-                f"the speed layer did not apply {ctx.archive_events} events; see {sl.log_path}"
-            )
+        wait_applied(r, settings, after, 600, sl.log_path, f"apply {ctx.archive_events} events")
         timed(
             out, "small_archive_s", archive_once, spark, lake, r, settings, topic, changelog.cut(r, namespace)
         )

@@ -25,8 +25,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from infra import clients
-from stories.bench_common import BenchContext, _fill, section
+from stories.bench_common import BenchContext, fill_topic, section
 
 
 def _stages(spark, top: int = 8) -> list[dict]:
@@ -75,10 +74,10 @@ def _output_floor(spark, out_dir: Path, scratch: Path, events: int) -> dict:
 @section("batch_layer")
 def batch_layer_section(ctx: BenchContext) -> dict:
     """Batch layer events/s vs a bare Spark read of the same archive; 1x/3x/10x; files per table."""
+    from infra.stack import end_offsets
     from pipelines.batch_layer.archive import archive_log
     from pipelines.batch_layer.job import run
     from pipelines.spark import build_spark
-    from pipelines.speed.stream import topic_partitions
 
     events_dir = Path(ctx.settings.var_dir) / "spark-events"
     events_dir.mkdir(parents=True, exist_ok=True)
@@ -96,14 +95,8 @@ def batch_layer_section(ctx: BenchContext) -> dict:
     sizes = (("1x", ctx.batch_events // 10), ("3x", 3 * ctx.batch_events // 10), ("10x", ctx.batch_events))
     try:
         for label, n in sizes:
-            topic, _ = _fill(ctx, f"batch{label}", n, users=max(200, n // 100), mean_followers=30)
-            ends = {p: 0 for p in topic_partitions(ctx.settings, topic)}
-            from confluent_kafka import TopicPartition
-
-            c = clients.kafka_consumer(ctx.settings, "bench-batch")
-            for p in ends:
-                ends[p] = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-            c.close()
+            topic, _ = fill_topic(ctx, f"batch{label}", n, users=max(200, n // 100), mean_followers=30)
+            ends = end_offsets(ctx.settings, topic)
             ns = f"bench-batch-{label}-{ctx.run_id}".lower()
             t = time.perf_counter()
             archived = archive_log(spark, ctx.settings, topic, ends, lake / ns)

@@ -29,20 +29,25 @@ import redis
 
 from contract.functions import connect as keyed_connect
 from pipelines.speed_layer_process import SpeedLayerProcess
-from stories.bench_common import BenchContext, redis_cpu_s, section, stream_settings, wait_fences
+from stories.bench_common import (
+    CLIENT_COMMANDS,
+    BenchContext,
+    command_calls,
+    redis_cpu_s,
+    section,
+    stream_settings,
+    wait_applied,
+)
 
 TARGET_EVENTS_PER_S = 12_000
 TARGET_REDIS_US_PER_EVENT = 60
 FULL_FANOUT = 1_000_000
 WRITE_HEAVY_THRESHOLD = 10  # most authors of the default graph (78 followers on average) merged at read time
-# what clients send around the library's work (the calls, the bench's own polls and INFO)
-_CLIENT_COMMANDS = frozenset({"fcall", "fcall_ro", "info", "ping", "hgetall", "hincrby", "config|resetstat"})
 
 
 def library_commands(r: redis.Redis) -> dict[str, int]:
-    """Calls per command since the last reset, the clients' own left out."""
-    stats = {k.removeprefix("cmdstat_"): v["calls"] for k, v in r.info("commandstats").items()}
-    return {k: n for k, n in stats.items() if k not in _CLIENT_COMMANDS}
+    """Calls per command since the last reset, the clients' own (:data:`CLIENT_COMMANDS`) left out."""
+    return {k: n for k, n in command_calls(r).items() if k not in CLIENT_COMMANDS}
 
 
 def catch_up(ctx: BenchContext, label: str, threshold: int, events: int, layout: str) -> dict:
@@ -66,9 +71,9 @@ def catch_up(ctx: BenchContext, label: str, threshold: int, events: int, layout:
         cpu0, started = redis_cpu_s(r), time.monotonic()
         summary = produce(events, GeneratorConfig(), topic=topic, bootstrap=settings, progress=False)
         produced_s = time.monotonic() - started
-        waited = wait_fences(r, namespace, end_offsets(settings, topic), 1800, layout)
-        if waited is None:
-            raise RuntimeError(f"the speed layer did not catch up in 30 minutes; see {sl.log_path}")
+        waited = wait_applied(
+            r, settings, end_offsets(settings, topic), 1800, sl.log_path, "catch up in 30 minutes"
+        )
         seconds = produced_s + waited
         cpu = redis_cpu_s(r) - cpu0
         calls = library_commands(r)

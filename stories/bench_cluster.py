@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 from infra.settings import Settings
-from stories.bench_common import BenchContext, section
+from stories.bench_common import BenchContext, pct, section
 
 BATCH_LINE = re.compile(r"keyed batch \d+: .* in ([\d.]+)s")
 ACK_PROBES = 200
@@ -130,7 +130,6 @@ def cluster_scaling_section(ctx: BenchContext) -> dict:
     from contract.functions import drop_namespace
     from infra.stack import create_topic, events_topic_configs
     from stories.bench_analytics import speed_layer_phase
-    from stories.bench_common import _pct
 
     r = keyed_connect(ctx.settings.redis_url)
     out: dict = {
@@ -175,10 +174,10 @@ def cluster_scaling_section(ctx: BenchContext) -> dict:
             results[config].update(
                 {
                     "batches": len(batches),
-                    "batch_ms_p50": _pct([b * 1000 for b in batches], 0.5),
-                    "batch_ms_p99": _pct([b * 1000 for b in batches], 0.99),
-                    "ack_ms_p50": _pct(acks, 0.5),
-                    "ack_ms_p99": _pct(acks, 0.99),
+                    "batch_ms_p50": pct([b * 1000 for b in batches], 0.5),
+                    "batch_ms_p99": pct([b * 1000 for b in batches], 0.99),
+                    "ack_ms_p50": pct(acks, 0.5),
+                    "ack_ms_p99": pct(acks, 0.99),
                 }
             )
             results[config]["spark_master"] = settings.spark_master

@@ -1,18 +1,30 @@
-"""What ``make bench``'s sections share: the registry, the run's context and a few helpers.
+"""What ``make bench``'s sections share: the registry, the run's context and the helpers.
 
 :mod:`stories.bench` (the runner, with the ``ingest`` and ``serving`` sections) and every section
 module (``stories/bench_*.py``) import from here; this module imports no section, so no import
 runs in a circle. A section is a function ``(BenchContext) -> dict`` registered with
 ``@section(name)``; sections run in registration order.
+
+The helpers are the one copy of what more than one story measures or waits for: percentiles of a
+list (:func:`pct`), redis-server's CPU and per-command counts (:func:`redis_cpu_s`,
+:func:`command_stats`, :func:`command_calls`, :func:`library_calls`), a process's CPU
+(:func:`process_cpu_s`), the speed layer's fences reaching a position (:func:`wait_fences`,
+:func:`wait_applied`), a section's own stream (:func:`stream_settings`, :func:`fill_topic`), a
+log split into per-partition batches and the keyed processor as the settings configure it
+(:func:`partition_batches`, :func:`keyed_processor`), and a broker for a run that finds none
+(:func:`backbone_unless_running`). Other stories (``stories/compare.py``, ``stories/faults.py``)
+import them from here too; what a lower floor owns is imported from there (free ports:
+:func:`infra.stack.free_port_block`; end offsets: :func:`infra.stack.end_offsets`; a histogram's
+percentile: :func:`pipelines.metrics.percentile`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -116,7 +128,9 @@ def stream_settings(ctx: BenchContext, purpose: str, topic: str, namespace: str,
     )
 
 
-def _fill(ctx: BenchContext, purpose: str, events: int, users: int, **gen) -> tuple[str, object]:
+def fill_topic(ctx: BenchContext, purpose: str, events: int, users: int, **gen) -> tuple[str, object]:
+    """A fresh topic (:meth:`BenchContext.topic`) holding ``events`` generator events of ``users``
+    users (seed 3, ``gen``: more of the generator's config); the topic and the generator's summary."""
     from app_sim.generator import GeneratorConfig, produce
 
     topic = ctx.topic(purpose)
@@ -125,17 +139,13 @@ def _fill(ctx: BenchContext, purpose: str, events: int, users: int, **gen) -> tu
     return topic, summary
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _pct(values: list[float], q: float) -> float | None:
+def pct(values: list[float], q: float, digits: int = 1) -> float | None:
+    """The ``q`` quantile of ``values`` (the value at rank ``int(q * n)``, none interpolated),
+    rounded to ``digits``; None for no values."""
     if not values:
         return None
     v = sorted(values)
-    return round(v[min(len(v) - 1, int(q * len(v)))], 1)
+    return round(v[min(len(v) - 1, int(q * len(v)))], digits)
 
 
 def redis_cpu_s(r: redis.Redis) -> float:
@@ -143,6 +153,51 @@ def redis_cpu_s(r: redis.Redis) -> float:
     the Redis time a section reports per event or per read."""
     cpu = r.info("cpu")
     return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+
+
+# What clients send around the library's work: the calls themselves, the bench's INFO and polls
+# of the fences, the API's reads, the processor's freshness counters, a CONFIG RESETSTAT.
+CLIENT_COMMANDS = frozenset({"fcall", "fcall_ro", "info", "ping", "hgetall", "hincrby", "config|resetstat"})
+
+
+def command_stats(r: redis.Redis) -> dict[str, tuple[int, int]]:
+    """``INFO commandstats``: per command, (calls, microseconds) since redis-server started or its
+    last ``CONFIG RESETSTAT``."""
+    return {k.removeprefix("cmdstat_"): (v["calls"], v["usec"]) for k, v in r.info("commandstats").items()}
+
+
+def command_calls(r: redis.Redis) -> dict[str, int]:
+    """Per command, the calls of :func:`command_stats`."""
+    return {k: calls for k, (calls, _usec) in command_stats(r).items()}
+
+
+def library_calls(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    """Per command, the calls between two :func:`command_calls` made inside the library's
+    functions (:data:`CLIENT_COMMANDS` left out)."""
+    calls = {k: n - before.get(k, 0) for k, n in after.items() if k not in CLIENT_COMMANDS}
+    return {k: n for k, n in calls.items() if n > 0}
+
+
+def process_cpu_s(pid: int | None, tree: bool = False) -> float | None:
+    """CPU seconds (user + system) of a process so far, with its live descendants' if ``tree``;
+    None when there is no such process (gone, reaped, or no pid)."""
+    import psutil
+
+    if pid is None:
+        return None
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *(root.children(recursive=True) if tree else ())]
+    except psutil.NoSuchProcess:
+        return None
+    total = 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:  # a descendant that ended meanwhile
+            pass
+    return total
 
 
 def wait_fences(
@@ -161,10 +216,20 @@ def wait_fences(
     return None
 
 
-def _wait_fences(
-    r: redis.Redis, namespace: str, ends: dict[int, int], timeout_s: float, layout: str = "keyed"
-) -> bool:
-    return wait_fences(r, namespace, ends, timeout_s, layout) is not None
+def wait_applied(
+    r: redis.Redis,
+    settings: Settings,
+    ends: dict[int, int],
+    timeout_s: float,
+    log_path,
+    what: str = "catch up",
+) -> float:
+    """:func:`wait_fences` for the speed layer of ``settings`` (its views namespace and layout):
+    the seconds it took, or a RuntimeError, "the speed layer did not <what>; see <log_path>"."""
+    waited = wait_fences(r, settings.views_namespace, ends, timeout_s, settings.serving_layout)
+    if waited is None:
+        raise RuntimeError(f"the speed layer did not {what}; see {log_path}")
+    return waited
 
 
 def reset_freshness(r: redis.Redis, namespace: str, layout: str, partitions) -> None:
@@ -175,3 +240,48 @@ def reset_freshness(r: redis.Redis, namespace: str, layout: str, partitions) -> 
         r.delete(*[functions.pkey(namespace, p, "freshness") for p in partitions])
     else:
         r.delete(functions.key(namespace, "freshness"))
+
+
+def partition_batches(records, parts: int, offsets: dict[int, int] | None = None):
+    """Generator records (``generate``'s) as one batch per partition (key modulo ``parts``) of
+    (offset, bytes), each offset continuing ``offsets`` (partition -> next offset; none: from 0):
+    the batches, and the offsets after them."""
+    import orjson
+
+    per_p: dict[int, list] = {}
+    offsets = dict(offsets or {})
+    for key, value, _ in records:
+        p = int(key) % parts
+        o = offsets.get(p, 0)
+        offsets[p] = o + 1
+        per_p.setdefault(p, []).append((o, value if isinstance(value, bytes) else orjson.dumps(value)))
+    return per_p, offsets
+
+
+def keyed_processor(settings: Settings, namespace: str, **overrides):
+    """The keyed layout's processor (``social.lua``) into ``namespace`` as the stack's settings
+    configure it (:func:`pipelines.speed.stream.processor_config`), without the freshness
+    histogram; ``overrides``: fields of its config (a fan-out threshold)."""
+    from pipelines.speed.processor import Processor
+    from pipelines.speed.stream import processor_config
+
+    cfg = processor_config(settings, namespace, record_freshness=False)
+    return Processor(dataclasses.replace(cfg, layout="keyed", **overrides))
+
+
+@contextmanager
+def backbone_unless_running(settings: Settings, purpose: str) -> Iterator[None]:
+    """The running local stack if Kafka answers on the configured port; else Kafka and Redis
+    (``infra.stack.BACKBONE``) started for ``purpose`` and stopped afterwards."""
+    from infra.stack import BACKBONE, Stack, port_listening
+
+    stack = None
+    if not port_listening(settings.kafka_port):
+        print(f"no broker running: starting Kafka and Redis for the {purpose}", file=sys.stderr)
+        stack = Stack(settings, service_types=BACKBONE)
+        stack.up()
+    try:
+        yield
+    finally:
+        if stack is not None:
+            stack.down()

@@ -26,15 +26,19 @@ import redis
 
 from contract.functions import connect as keyed_connect
 from infra import clients
-from stories.bench_common import BenchContext, _fill, section
+from stories.bench_common import (
+    BenchContext,
+    fill_topic,
+    pct,
+    reset_freshness,
+    section,
+    stream_settings,
+    wait_applied,
+    wait_fences,
+)
 
 SEGMENT_MS = 1000
 CLEAN_WAIT_S = 120
-
-
-def _pct(values: list[float], q: float) -> float | None:
-    v = sorted(values)
-    return round(v[min(len(v) - 1, int(q * len(v)))], 2) if v else None
 
 
 def _read_log(settings, topic: str) -> dict[int, list[tuple[int, bytes | None]]]:
@@ -91,18 +95,11 @@ def _freshness_with(ctx: BenchContext, publish: bool) -> dict:
     from infra.stack import end_offsets
     from pipelines.speed_layer_process import SpeedLayerProcess
     from pipelines.verify import keyed_freshness
-    from stories.bench_common import _wait_fences, reset_freshness
 
     tag = "on" if publish else "off"
     namespace = f"bench_compacted_ab_{tag}_{ctx.run_id}".lower()
     topic = ctx.topic(f"compacted-ab-{tag}")
-    settings = dataclasses.replace(
-        ctx.settings,
-        events_topic=topic,
-        views_namespace=namespace,
-        compacted_topics=int(publish),
-        var_dir=Path(ctx.settings.var_dir) / "bench" / f"compacted-{tag}",
-    )
+    settings = stream_settings(ctx, f"compacted-{tag}", topic, namespace, compacted_topics=int(publish))
     r = keyed_connect(settings.redis_url)
     sl = SpeedLayerProcess(
         settings, topic, namespace, Path(settings.var_dir) / "speed_layer.log", archive=False
@@ -110,8 +107,7 @@ def _freshness_with(ctx: BenchContext, publish: bool) -> dict:
     try:
         boot = GeneratorConfig(users=1000, seed=5, graph_seed=5, mean_followers=15, realtime=True)
         produce(20_000, boot, topic=topic, bootstrap=settings, progress=False)
-        if not _wait_fences(r, namespace, end_offsets(settings, topic), 600, settings.serving_layout):
-            raise RuntimeError(f"the speed layer did not catch up; see {sl.log_path}")
+        wait_applied(r, settings, end_offsets(settings, topic), 600, sl.log_path)
         reset_freshness(r, namespace, settings.serving_layout, end_offsets(settings, topic))
         gen = GeneratorConfig(
             users=1000, seed=9, graph_seed=5, mean_followers=15, realtime=True, emit_bootstrap=False
@@ -125,7 +121,7 @@ def _freshness_with(ctx: BenchContext, publish: bool) -> dict:
             rate=ctx.compacted_ab_rate,
             progress=False,
         )
-        _wait_fences(r, namespace, end_offsets(settings, topic), 300, settings.serving_layout)
+        wait_fences(r, namespace, end_offsets(settings, topic), 300, settings.serving_layout)
         fresh = keyed_freshness(r, namespace, settings.serving_layout, end_offsets(settings, topic))
         return {
             f"freshness_publisher_{tag}_p50_ms": fresh["p50_ms"],
@@ -135,15 +131,9 @@ def _freshness_with(ctx: BenchContext, publish: bool) -> dict:
         sl.stop()
         drop_namespace(r, namespace)
         if publish:
-            from infra.stack import delete_topic
             from pipelines.speed import compacted
 
-            t = compacted.topic_names(topic, namespace)
-            for name in (t.profiles, t.follows):
-                try:
-                    delete_topic(settings, name)
-                except Exception:  # noqa: BLE001 - cleanup must not hide the results
-                    pass
+            _delete_topics(settings, compacted.topic_names(topic, namespace))
 
 
 @section("compacted")
@@ -156,7 +146,6 @@ def compacted_section(ctx: BenchContext) -> dict:
 
 def _size_and_cost(ctx: BenchContext) -> dict:
     from contract.functions import drop_namespace
-    from infra.stack import KafkaBroker, delete_topic
     from pipelines import bootstrap
     from pipelines.speed import compacted
     from pipelines.speed.processor import Processor, ProcessorConfig
@@ -170,7 +159,7 @@ def _size_and_cost(ctx: BenchContext) -> dict:
         compacted_delete_retention_ms=1000,
     )
     namespace = f"bench_compacted_{ctx.run_id}".lower()
-    topic, _summary = _fill(ctx, "compacted", events, users=max(200, events // 100))
+    topic, _summary = fill_topic(ctx, "compacted", events, users=max(200, events // 100))
     log = _read_log(settings, topic)
     r = keyed_connect(settings.redis_url)
     proc = Processor(
@@ -178,64 +167,30 @@ def _size_and_cost(ctx: BenchContext) -> dict:
     )
     publisher = compacted.Publisher(settings, namespace, topic)
     names = publisher.topics
-    batch = ctx.compacted_batch
-    apply_ms: list[float] = []
-    publish_ms: list[float] = []
-    produced = tombstones = 0
     try:
-        start = 0
-        longest = max(len(v) for v in log.values())
-        while start < longest:
-            t0 = time.perf_counter()
-            for p, recs in log.items():
-                if start < len(recs):
-                    proc.process(p, recs[start : start + batch])
-            apply_ms.append((time.perf_counter() - t0) * 1000)
-            got = publisher.publish_once()
-            publish_ms.append(got.ms)
-            produced += got.profiles + got.follows
-            tombstones += got.tombstones
-            start += batch
+        cost = _apply_and_publish(proc, publisher, log, ctx.compacted_batch)
         time.sleep(SEGMENT_MS / 1000 * 1.5)  # every segment older than segment.ms: the next record rolls it
         state, _ = bootstrap.from_topics(settings, topic, namespace)
         live = bootstrap.from_redis(r, namespace)
         entities = len(live.profiles) + len(live.follows)
-        data_dir = KafkaBroker(settings).data_dir
-        before = sum(_segments(data_dir, t)[0] for t in (names.profiles, names.follows))
-        deadline = time.monotonic() + CLEAN_WAIT_S
-        while True:
-            _roll(publisher, names)
-            time.sleep(3)
-            records = sum(bootstrap.read_topic(settings, t).records for t in (names.profiles, names.follows))
-            if records <= entities * 1.1 or time.monotonic() > deadline:
-                break
-        profile_bytes = _segments(data_dir, names.profiles)[0]
-        follow_bytes = _segments(data_dir, names.follows)[0]
-        log_bytes = profile_bytes + follow_bytes
-        disk_bytes = sum(_segments(data_dir, t)[1] for t in (names.profiles, names.follows))
+        size = _size_after_cleaning(settings, publisher, entities)
+        log_bytes, records = size["segment_bytes_after_cleaning"], size["records_after_cleaning"]
         redis_bytes = _redis_bytes(r, namespace)
         followers_bytes = _redis_bytes(r, namespace, "followers:*", hashes=False)
         equal = not bootstrap.differences(bootstrap.from_topics(settings, topic, namespace)[0], live)
         return {
             "events": events,
-            "batches": len(apply_ms),
-            "records_per_partition_batch": batch,
-            "apply_ms_per_batch_p50": _pct(apply_ms, 0.5),
-            "publish_ms_per_batch_p50": _pct(publish_ms, 0.5),
-            "publish_ms_per_batch_p99": _pct(publish_ms, 0.99),
-            "publish_share_of_batch_pct": round(100 * sum(publish_ms) / max(sum(apply_ms), 1e-9), 1),
-            "records_produced": produced,
-            "tombstones_produced": tombstones,
+            **cost,
             "live_entities": entities,
             "records_after_cleaning": records,
             "records_per_live_entity": round(records / max(entities, 1), 2),
-            "segment_bytes_before_cleaning": before,
+            "segment_bytes_before_cleaning": size["segment_bytes_before_cleaning"],
             "segment_bytes_after_cleaning": log_bytes,
-            "profiles_segment_bytes": profile_bytes,
-            "follows_segment_bytes": follow_bytes,
-            "bytes_per_live_profile": round(profile_bytes / max(len(live.profiles), 1), 1),
-            "bytes_per_live_follow_edge": round(follow_bytes / max(len(live.follows), 1), 1),
-            "disk_bytes_incl_index_files": disk_bytes,
+            "profiles_segment_bytes": size["profiles_segment_bytes"],
+            "follows_segment_bytes": size["follows_segment_bytes"],
+            "bytes_per_live_profile": round(size["profiles_segment_bytes"] / max(len(live.profiles), 1), 1),
+            "bytes_per_live_follow_edge": round(size["follows_segment_bytes"] / max(len(live.follows), 1), 1),
+            "disk_bytes_incl_index_files": size["disk_bytes_incl_index_files"],
             "redis_bytes_same_keys": redis_bytes,
             "redis_bytes_incl_followers_index": redis_bytes + followers_bytes,
             "segment_bytes_per_redis_byte": round(log_bytes / max(redis_bytes, 1), 2),
@@ -244,11 +199,79 @@ def _size_and_cost(ctx: BenchContext) -> dict:
         }
     finally:
         drop_namespace(r, namespace)
-        for t in (names.profiles, names.follows):
-            try:
-                delete_topic(settings, t)
-            except Exception:  # noqa: BLE001 - cleanup must not hide the results
-                pass
+        _delete_topics(settings, names)
+
+
+def _apply_and_publish(proc, publisher, log: dict[int, list], batch: int) -> dict:
+    """The log applied in micro-batches of ``batch`` records per partition, the publisher's
+    changes produced after each: their ms per batch and what the publisher produced."""
+    apply_ms: list[float] = []
+    publish_ms: list[float] = []
+    produced = tombstones = 0
+    start = 0
+    longest = max(len(v) for v in log.values())
+    while start < longest:
+        t0 = time.perf_counter()
+        for p, recs in log.items():
+            if start < len(recs):
+                proc.process(p, recs[start : start + batch])
+        apply_ms.append((time.perf_counter() - t0) * 1000)
+        got = publisher.publish_once()
+        publish_ms.append(got.ms)
+        produced += got.profiles + got.follows
+        tombstones += got.tombstones
+        start += batch
+    return {
+        "batches": len(apply_ms),
+        "records_per_partition_batch": batch,
+        "apply_ms_per_batch_p50": pct(apply_ms, 0.5, digits=2),
+        "publish_ms_per_batch_p50": pct(publish_ms, 0.5, digits=2),
+        "publish_ms_per_batch_p99": pct(publish_ms, 0.99, digits=2),
+        "publish_share_of_batch_pct": round(100 * sum(publish_ms) / max(sum(apply_ms), 1e-9), 1),
+        "records_produced": produced,
+        "tombstones_produced": tombstones,
+    }
+
+
+def _size_after_cleaning(settings, publisher, entities: int) -> dict:
+    """The compacted topics' segment bytes before and after Kafka's cleaner ran (rolled until
+    their records are within 10% of the ``entities`` they hold, or ``CLEAN_WAIT_S``)."""
+    from infra.stack import KafkaBroker
+    from pipelines import bootstrap
+
+    names = publisher.topics
+    data_dir = KafkaBroker(settings).data_dir
+    before = sum(_segments(data_dir, t)[0] for t in (names.profiles, names.follows))
+    deadline = time.monotonic() + CLEAN_WAIT_S
+    while True:
+        _roll(publisher, names)
+        time.sleep(3)
+        records = sum(bootstrap.read_topic(settings, t).records for t in (names.profiles, names.follows))
+        if records <= entities * 1.1 or time.monotonic() > deadline:
+            break
+    profile_bytes = _segments(data_dir, names.profiles)[0]
+    follow_bytes = _segments(data_dir, names.follows)[0]
+    return {
+        "records_after_cleaning": records,
+        "segment_bytes_before_cleaning": before,
+        "segment_bytes_after_cleaning": profile_bytes + follow_bytes,
+        "profiles_segment_bytes": profile_bytes,
+        "follows_segment_bytes": follow_bytes,
+        "disk_bytes_incl_index_files": sum(
+            _segments(data_dir, t)[1] for t in (names.profiles, names.follows)
+        ),
+    }
+
+
+def _delete_topics(settings, names) -> None:
+    """Delete the compacted topics (``names``: their profiles and follows), quietly."""
+    from infra.stack import delete_topic
+
+    for t in (names.profiles, names.follows):
+        try:
+            delete_topic(settings, t)
+        except Exception:  # noqa: BLE001 - cleanup must not hide the results
+            pass
 
 
 def _roll(publisher, names) -> None:

@@ -33,29 +33,18 @@ from infra.settings import Settings
 from pipelines.speed_layer_process import SpeedLayerProcess
 from stories.bench_common import (
     BenchContext,
-    _free_port,
-    _pct,
-    _wait_fences,
+    command_calls,
+    keyed_processor,
+    library_calls,
+    partition_batches,
+    pct,
     redis_cpu_s,
     reset_freshness,
     section,
     stream_settings,
+    wait_applied,
+    wait_fences,
 )
-
-
-def _commandstats(r: redis.Redis) -> dict[str, int]:
-    return {k.removeprefix("cmdstat_"): v["calls"] for k, v in r.info("commandstats").items()}
-
-
-# What clients send around the library's work: the calls themselves, the bench's INFO and polls
-# of the fences, the API's reads, the processor's freshness counters.
-_AROUND_THE_LIBRARY = frozenset({"fcall", "fcall_ro", "info", "ping", "hgetall", "hincrby"})
-
-
-def _library_commands(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
-    """Per command, the calls between two :func:`_commandstats` made inside the library's functions."""
-    calls = {k: n - before.get(k, 0) for k, n in after.items() if k not in _AROUND_THE_LIBRARY}
-    return {k: n for k, n in calls.items() if n > 0}
 
 
 def _read_your_write(base: str, token: str, n: int, timeout_s: float = 30.0) -> dict:
@@ -89,11 +78,11 @@ def _read_your_write(base: str, token: str, n: int, timeout_s: float = 30.0) -> 
             time.sleep(0.02)
     return {
         "writes": n,
-        "p50_ms": _pct(lat, 0.5),
-        "p99_ms": _pct(lat, 0.99),
+        "p50_ms": pct(lat, 0.5),
+        "p99_ms": pct(lat, 0.99),
         # of which the write (the API's acks=all append), so the stream's share can be read off
-        "write_p50_ms": _pct(writes, 0.5),
-        "write_p99_ms": _pct(writes, 0.99),
+        "write_p50_ms": pct(writes, 0.5),
+        "write_p99_ms": pct(writes, 0.99),
         "timeouts": misses,
         "reads_unavailable": unavailable,
     }
@@ -118,7 +107,7 @@ def _fanout_ceiling(r: redis.Redis, namespace: str, seconds: float = 5.0, follow
         return orjson.dumps({**base, "device_time": ms, "sent_time": ms, "received_time": ms, **f})
 
     proc.process(1, [(i, event(i, "followed", 1000 + i, followee_id=1)) for i in range(followers)])
-    before, cpu0 = _commandstats(r).get("zadd", 0), redis_cpu_s(r)
+    before, cpu0 = command_calls(r).get("zadd", 0), redis_cpu_s(r)
     offset, posts, t0 = followers, 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         batch = [
@@ -129,7 +118,7 @@ def _fanout_ceiling(r: redis.Redis, namespace: str, seconds: float = 5.0, follow
         offset += len(batch)
         posts += len(batch)
     elapsed = time.perf_counter() - t0
-    zadds = _commandstats(r).get("zadd", 0) - before
+    zadds = command_calls(r).get("zadd", 0) - before
     from contract.functions import drop_namespace
 
     drop_namespace(r, namespace)
@@ -175,12 +164,12 @@ def _memory(r: redis.Redis, namespace: str, layout: str = "keyed") -> dict:
 
 @section("keyed")
 def keyed_section(ctx: BenchContext) -> dict:
-    from app_sim.generator import GeneratorConfig, produce
-    from infra.stack import ApiServer
+    from contract.functions import drop_namespace
+    from infra.stack import ApiServer, free_port_block
 
     namespace = f"bench_keyed_{ctx.run_id}".lower()
     topic = ctx.topic("keyed")
-    settings = stream_settings(ctx, "keyed", topic, namespace, api_port=_free_port())
+    settings = stream_settings(ctx, "keyed", topic, namespace, api_port=free_port_block(1))
     r = keyed_connect(settings.redis_url)
     out: dict = {}
     sl = SpeedLayerProcess(
@@ -190,77 +179,11 @@ def keyed_section(ctx: BenchContext) -> dict:
     api = ApiServer(settings)
     api.start()
     try:
-        # the stack is warm: a bootstrap of users and follows has gone through
-        boot = GeneratorConfig(users=2000, seed=21, graph_seed=21, mean_followers=31, realtime=True)
-        produce(90_000, boot, topic=topic, bootstrap=settings, progress=False)
-        from infra.stack import end_offsets
-
-        if not _wait_fences(r, namespace, end_offsets(settings, topic), 600, settings.serving_layout):
-            raise RuntimeError(f"the speed layer did not catch up; see {sl.log_path}")
-        base = f"http://127.0.0.1:{settings.api_port}"
-        import httpx
-
-        reg = httpx.post(f"{base}/v1/users", json={"handle": f"ryw{ctx.run_id[-6:]}", "display_name": "RYW"})
-        reg.raise_for_status()
-        token = reg.json()["token"]
-        warm = _read_your_write(base, token, ctx.ryw_writes)
-        out.update({f"ryw_after_catchup_{k}": v for k, v in warm.items()})
-        time.sleep(ctx.ryw_settle_s)
-        ryw_idle = _read_your_write(base, token, ctx.ryw_writes)
-        out.update({f"ryw_idle_{k}": v for k, v in ryw_idle.items()})
-
+        base, token = _warm_up(ctx, settings, r, sl.log_path, out)
         best = 0
         for rate in ctx.keyed_rates:
-            reset_freshness(r, namespace, settings.serving_layout, end_offsets(settings, topic))
-            stats0, cpu0 = _commandstats(r), redis_cpu_s(r)
-            n = int(rate * ctx.keyed_seconds)
-            gen = GeneratorConfig(
-                users=2000,
-                seed=100 + rate,
-                graph_seed=21,
-                mean_followers=31,
-                realtime=True,
-                emit_bootstrap=False,
-            )
-            t0 = time.perf_counter()
-            load = threading.Thread(
-                target=produce,
-                args=(n, gen),
-                kwargs={
-                    "topic": topic,
-                    "bootstrap": settings.kafka_bootstrap,
-                    "rate": rate,
-                    "progress": False,
-                },
-            )
-            load.start()
-            if rate == ctx.ryw_load_rate:
-                time.sleep(min(10, ctx.keyed_seconds / 4))
-                ryw = _read_your_write(base, token, ctx.ryw_writes)
-                out.update({f"ryw_at_{rate}_{k}": v for k, v in ryw.items()})
-            load.join()
-            sent_s = time.perf_counter() - t0
-            caught = _wait_fences(r, namespace, end_offsets(settings, topic), 300, settings.serving_layout)
-            from pipelines.verify import keyed_freshness
-
-            fresh = keyed_freshness(r, namespace, settings.serving_layout, end_offsets(settings, topic))
-            stats1, cpu1 = _commandstats(r), redis_cpu_s(r)
-            calls = _library_commands(stats0, stats1)
-            inner = sum(calls.values())
-            events = fresh["events"] or n
-            met = caught and fresh["p99_ms"] is not None and fresh["p99_ms"] <= ctx.freshness_p99_target_ms
+            met = _fixed_rate(ctx, settings, r, rate, base, token, out)
             best = rate if met else best
-            out.update(
-                {
-                    f"freshness_{rate}_achieved_events_per_s": round(n / sent_s),
-                    f"freshness_{rate}_p50_ms": fresh["p50_ms"],
-                    f"freshness_{rate}_p99_ms": fresh["p99_ms"],
-                    f"freshness_{rate}_p99_within_5s": bool(met),
-                    f"redis_commands_per_event_{rate}": round(inner / max(events, 1), 1),
-                    f"redis_cpu_us_per_event_{rate}": round((cpu1 - cpu0) / max(events, 1) * 1e6, 1),
-                    f"timeline_writes_per_s_{rate}": round(calls.get("zadd", 0) / sent_s),
-                }
-            )
         out["max_rate_p99_within_5s"] = best
         out.update(_memory(r, namespace, settings.serving_layout))
     finally:
@@ -273,10 +196,96 @@ def keyed_section(ctx: BenchContext) -> dict:
         out.get(f"timeline_writes_per_s_{top}", 0) / max(ceiling["ceiling_timeline_writes_per_s"], 1), 3
     )
     out.update(_replay_vs_bare_read(ctx, settings, topic, namespace))
-    from contract.functions import drop_namespace
-
     drop_namespace(r, namespace)
     return out
+
+
+def _generator(seed: int, bootstrap: bool = True):
+    """The keyed section's world: 2,000 users, 31 followers on average, in real time."""
+    from app_sim.generator import GeneratorConfig
+
+    return GeneratorConfig(
+        users=2000, seed=seed, graph_seed=21, mean_followers=31, realtime=True, emit_bootstrap=bootstrap
+    )
+
+
+def _warm_up(
+    ctx: BenchContext, settings: Settings, r: redis.Redis, log_path: Path, out: dict
+) -> tuple[str, str]:
+    """A bootstrap of users and follows through the speed layer (the stack is then warm), a user
+    registered through the API, and its read-your-write right after the catch-up and once the
+    stack settled (into ``out``); the API's base URL and the user's token."""
+    import httpx
+
+    from app_sim.generator import produce
+    from infra.stack import end_offsets
+
+    topic = settings.events_topic
+    produce(90_000, _generator(21), topic=topic, bootstrap=settings, progress=False)
+    wait_applied(r, settings, end_offsets(settings, topic), 600, log_path)
+    base = f"http://127.0.0.1:{settings.api_port}"
+    reg = httpx.post(f"{base}/v1/users", json={"handle": f"ryw{ctx.run_id[-6:]}", "display_name": "RYW"})
+    reg.raise_for_status()
+    token = reg.json()["token"]
+    warm = _read_your_write(base, token, ctx.ryw_writes)
+    out.update({f"ryw_after_catchup_{k}": v for k, v in warm.items()})
+    time.sleep(ctx.ryw_settle_s)
+    ryw_idle = _read_your_write(base, token, ctx.ryw_writes)
+    out.update({f"ryw_idle_{k}": v for k, v in ryw_idle.items()})
+    return base, token
+
+
+def _fixed_rate(
+    ctx: BenchContext, settings: Settings, r: redis.Redis, rate: int, base: str, token: str, out: dict
+) -> bool:
+    """``rate`` events/s for ``keyed_seconds`` (with the read-your-write samples under load at
+    ``ryw_load_rate``): its freshness and Redis cost into ``out``; whether p99 stayed within the
+    target."""
+    from app_sim.generator import produce
+    from infra.stack import end_offsets
+    from pipelines.verify import keyed_freshness
+
+    topic, namespace = settings.events_topic, settings.views_namespace
+    reset_freshness(r, namespace, settings.serving_layout, end_offsets(settings, topic))
+    stats0, cpu0 = command_calls(r), redis_cpu_s(r)
+    n = int(rate * ctx.keyed_seconds)
+    t0 = time.perf_counter()
+    load = threading.Thread(
+        target=produce,
+        args=(n, _generator(100 + rate, bootstrap=False)),
+        kwargs={
+            "topic": topic,
+            "bootstrap": settings.kafka_bootstrap,
+            "rate": rate,
+            "progress": False,
+        },
+    )
+    load.start()
+    if rate == ctx.ryw_load_rate:
+        time.sleep(min(10, ctx.keyed_seconds / 4))
+        ryw = _read_your_write(base, token, ctx.ryw_writes)
+        out.update({f"ryw_at_{rate}_{k}": v for k, v in ryw.items()})
+    load.join()
+    sent_s = time.perf_counter() - t0
+    caught = wait_fences(r, namespace, end_offsets(settings, topic), 300, settings.serving_layout) is not None
+    fresh = keyed_freshness(r, namespace, settings.serving_layout, end_offsets(settings, topic))
+    stats1, cpu1 = command_calls(r), redis_cpu_s(r)
+    calls = library_calls(stats0, stats1)
+    inner = sum(calls.values())
+    events = fresh["events"] or n
+    met = caught and fresh["p99_ms"] is not None and fresh["p99_ms"] <= ctx.freshness_p99_target_ms
+    out.update(
+        {
+            f"freshness_{rate}_achieved_events_per_s": round(n / sent_s),
+            f"freshness_{rate}_p50_ms": fresh["p50_ms"],
+            f"freshness_{rate}_p99_ms": fresh["p99_ms"],
+            f"freshness_{rate}_p99_within_5s": bool(met),
+            f"redis_commands_per_event_{rate}": round(inner / max(events, 1), 1),
+            f"redis_cpu_us_per_event_{rate}": round((cpu1 - cpu0) / max(events, 1) * 1e6, 1),
+            f"timeline_writes_per_s_{rate}": round(calls.get("zadd", 0) / sent_s),
+        }
+    )
+    return bool(met)
 
 
 def _replay_vs_bare_read(ctx: BenchContext, settings: Settings, topic: str, namespace: str) -> dict:
@@ -301,14 +310,14 @@ def _replay_vs_bare_read(ctx: BenchContext, settings: Settings, topic: str, name
     replay_keyed(spark, settings, topic, ends, scratch)
     cold = time.perf_counter() - t0
     drop_namespace(r, scratch)
-    calls0, cpu0, forks0 = _commandstats(r), redis_cpu_s(r), r.info("stats")["total_forks"]
+    calls0, cpu0, forks0 = command_calls(r), redis_cpu_s(r), r.info("stats")["total_forks"]
     t0 = time.perf_counter()
     replay_keyed(spark, settings, topic, ends, scratch)
     replay = time.perf_counter() - t0
-    calls1, cpu1, forks1 = _commandstats(r), redis_cpu_s(r), r.info("stats")["total_forks"]
+    calls1, cpu1, forks1 = command_calls(r), redis_cpu_s(r), r.info("stats")["total_forks"]
     drop_namespace(r, scratch)
     spark.stop()
-    calls = _library_commands(calls0, calls1)
+    calls = library_calls(calls0, calls1)
     top = sorted(calls.items(), key=lambda kv: -kv[1])[:6]
     return {
         # what bounds it: Redis's one core (its CPU per event here, and the share of a core it used)
@@ -337,70 +346,13 @@ def scaling_section(ctx: BenchContext) -> dict:
     ``scaling_probe_events`` of the same run, as one micro-batch per partition, are the probe.
     Keyed access only means the probe's cost stays flat (target: within 1.2x).
     """
-    import orjson
-
-    from app_sim.generator import GeneratorConfig, generate
     from contract import functions
-    from pipelines.speed.processor import Processor, ProcessorConfig
 
     r = keyed_connect(ctx.settings.redis_url)
     functions.ensure_loaded(r)
-    parts = ctx.settings.events_partitions
-    base, probe = ctx.scaling_state_events, ctx.scaling_probe_events
-    out: dict = {"probe_events": probe, "partitions": parts}
-
-    def batches(records):
-        per_p: dict[int, list] = {}
-        offsets: dict[int, int] = {}
-        for key, value, _ in records:
-            p = int(key) % parts
-            o = offsets.get(p, 0)
-            offsets[p] = o + 1
-            per_p.setdefault(p, []).append((o, value if isinstance(value, bytes) else orjson.dumps(value)))
-        return per_p, offsets
-
+    out: dict = {"probe_events": ctx.scaling_probe_events, "partitions": ctx.settings.events_partitions}
     for label, k in (("1x", 1), ("10x", 10)):
-        namespace = f"bench_scale_{label}_{ctx.run_id}".lower()
-        cfg = GeneratorConfig(users=max(200, base * k // 40), seed=31, mean_followers=20)
-        records = list(generate(base * k + probe, cfg))
-        proc = Processor(
-            ProcessorConfig(
-                redis_url=ctx.settings.redis_url,
-                namespace=namespace,
-                timeline_length=ctx.settings.timeline_length,
-                fanout_threshold=ctx.settings.fanout_threshold,
-                dedup_window_ms=ctx.settings.dedup_window_ms,
-                dedup_grace_ms=ctx.settings.dedup_grace_ms,
-                group_size=ctx.settings.processor_group_size,
-                record_freshness=False,
-            )
-        )
-        state, ends = batches(records[: base * k])
-        for p, recs in state.items():
-            proc.process(p, recs)
-        # the probe continues each partition's offsets where the state left them
-        per_p: dict[int, list] = {}
-        for key, value, _ in records[base * k :]:
-            p = int(key) % parts
-            o = ends.get(p, 0)
-            ends[p] = o + 1
-            per_p.setdefault(p, []).append((o, value if isinstance(value, bytes) else orjson.dumps(value)))
-        calls0, cpu0 = _commandstats(r), redis_cpu_s(r)
-        t = time.perf_counter()
-        for p, recs in per_p.items():
-            proc.process(p, recs)
-        seconds = time.perf_counter() - t
-        calls1, cpu1 = _commandstats(r), redis_cpu_s(r)
-        commands = sum(_library_commands(calls0, calls1).values())
-        out[f"users_{label}"] = cfg.users
-        out[f"state_events_{label}"] = base * k
-        out[f"timeline_entries_{label}"] = sum(
-            r.zcard(key) for key in r.scan_iter(match=f"{namespace}:tl:*", count=5000)
-        )
-        out[f"probe_seconds_{label}"] = round(seconds, 3)
-        out[f"redis_commands_per_event_{label}"] = round(commands / probe, 1)
-        out[f"redis_cpu_us_per_event_{label}"] = round((cpu1 - cpu0) / probe * 1e6, 1)
-        functions.drop_namespace(r, namespace)
+        out.update({f"{name}_{label}": v for name, v in _probe(ctx, r, label, k).items()})
     out["probe_seconds_ratio_10x_over_1x"] = round(out["probe_seconds_10x"] / out["probe_seconds_1x"], 2)
     out["commands_per_event_ratio_10x_over_1x"] = round(
         out["redis_commands_per_event_10x"] / out["redis_commands_per_event_1x"], 2
@@ -408,4 +360,39 @@ def scaling_section(ctx: BenchContext) -> dict:
     out["flat_within_1_2x"] = (
         out["probe_seconds_ratio_10x_over_1x"] <= 1.2 and out["commands_per_event_ratio_10x_over_1x"] <= 1.2
     )
+    return out
+
+
+def _probe(ctx: BenchContext, r: redis.Redis, label: str, k: int) -> dict:
+    """The probe's cost on ``k`` times the state (``label``: 1x, 10x), in a namespace of its own."""
+    from app_sim.generator import GeneratorConfig, generate
+    from contract import functions
+
+    parts = ctx.settings.events_partitions
+    base, probe = ctx.scaling_state_events, ctx.scaling_probe_events
+    namespace = f"bench_scale_{label}_{ctx.run_id}".lower()
+    cfg = GeneratorConfig(users=max(200, base * k // 40), seed=31, mean_followers=20)
+    records = list(generate(base * k + probe, cfg))
+    proc = keyed_processor(ctx.settings, namespace)
+    state, ends = partition_batches(records[: base * k], parts)
+    for p, recs in state.items():
+        proc.process(p, recs)
+    # the probe continues each partition's offsets where the state left them
+    per_p, _ = partition_batches(records[base * k :], parts, ends)
+    calls0, cpu0 = command_calls(r), redis_cpu_s(r)
+    t = time.perf_counter()
+    for p, recs in per_p.items():
+        proc.process(p, recs)
+    seconds = time.perf_counter() - t
+    calls1, cpu1 = command_calls(r), redis_cpu_s(r)
+    commands = sum(library_calls(calls0, calls1).values())
+    out = {
+        "users": cfg.users,
+        "state_events": base * k,
+        "timeline_entries": sum(r.zcard(key) for key in r.scan_iter(match=f"{namespace}:tl:*", count=5000)),
+        "probe_seconds": round(seconds, 3),
+        "redis_commands_per_event": round(commands / probe, 1),
+        "redis_cpu_us_per_event": round((cpu1 - cpu0) / probe * 1e6, 1),
+    }
+    functions.drop_namespace(r, namespace)
     return out

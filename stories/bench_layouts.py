@@ -28,7 +28,7 @@ import orjson
 import redis
 
 from infra import clients
-from stories.bench_common import BenchContext, redis_cpu_s, section
+from stories.bench_common import BenchContext, command_stats, redis_cpu_s, section
 
 PARTITIONS = 8
 BATCH = 2_500  # records per partition per micro-batch (the stream's order of magnitude)
@@ -114,7 +114,7 @@ def library_run(r: redis.Redis, layout: str, parts, events: int, namespace: str)
     cpu0, t0 = redis_cpu_s(r), time.perf_counter()
     _apply(proc, layout, parts)
     wall, cpu = time.perf_counter() - t0, redis_cpu_s(r) - cpu0
-    stats = {k.removeprefix("cmdstat_"): (v["calls"], v["usec"]) for k, v in r.info("commandstats").items()}
+    stats = command_stats(r)
     entries, used = _timeline_memory(r, namespace)
     drop_namespace(r, namespace)
     inner = {k: v for k, v in stats.items() if k not in ("fcall", "fcall_ro", "info", "config|resetstat")}
@@ -192,7 +192,7 @@ def read_cost(r: redis.Redis, layout: str, namespace: str, reads: int = 2_000) -
         r.config_resetstat()
         for _ in range(reads):
             r.fcall_ro(*args)
-        calls, usec = (lambda s: (s["calls"], s["usec"]))(r.info("commandstats")["cmdstat_fcall_ro"])
+        calls, usec = command_stats(r)["fcall_ro"]
         out[name] = {"posts": len(got[1]), "redis_us_per_read": round(usec / calls, 1)}
     drop_namespace(r, namespace)
     return out

@@ -34,7 +34,16 @@ from pathlib import Path
 
 from contract.functions import connect as keyed_connect
 from pipelines.speed_layer_process import SpeedLayerProcess
-from stories.bench_common import BenchContext, redis_cpu_s, section, stream_settings, wait_fences
+from stories.bench_common import (
+    BenchContext,
+    command_stats,
+    process_cpu_s,
+    redis_cpu_s,
+    section,
+    stream_settings,
+    wait_applied,
+    wait_fences,
+)
 
 READ_P99_TARGET_MS = 50.0
 READS_PER_POST_FLOOR = 20  # the issue's floor for a read-heavy app (the Locust profile runs 50:1)
@@ -75,31 +84,6 @@ def max_write_rate(rows: list[dict]) -> int | None:
     """The highest offered write rate whose row met the profile (None: not even without writes)."""
     met = [r["write_rate_offered"] for r in rows if r["met"]]
     return max(met) if met else None
-
-
-def _cpu_s(pid: int | None, tree: bool = True) -> float:
-    """CPU seconds (user + system) of a process (and its live descendants); 0 if it is gone."""
-    import psutil
-
-    if pid is None:
-        return 0.0
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *(root.children(recursive=True) if tree else ())]
-    except psutil.NoSuchProcess:
-        return 0.0
-    total = 0.0
-    for p in procs:
-        try:
-            t = p.cpu_times()
-            total += t.user + t.system
-        except psutil.NoSuchProcess:
-            pass
-    return total
-
-
-def _calls_usec(r) -> dict[str, tuple[int, int]]:
-    return {k.removeprefix("cmdstat_"): (v["calls"], v["usec"]) for k, v in r.info("commandstats").items()}
 
 
 def _slow_calls(r, since: float) -> tuple[int, float | None]:
@@ -145,22 +129,56 @@ def _row(
     pids: dict[str, int | None],
 ) -> dict:
     """One write rate with the reads beside it."""
-    from app_sim.generator import GeneratorConfig, produce
-    from contract import functions
-    from infra.hey import run_hey
     from infra.stack import end_offsets
 
     r = keyed_connect(settings.redis_url)
-    seconds = ctx.read_heavy_seconds
-    started = threading.Event()
-    summary: list = []
-    load = None
-    if rate:
+    writes = _Writes(settings, topic, rate, ctx.read_heavy_seconds)
+    reads = _reads_measured(ctx, r, settings, url, headers, pids)
+    produced_per_s = posts_per_s = 0.0
+    lag = 0.0
+    summary = writes.join()
+    if summary is not None:
+        produced_per_s = summary.events / summary.seconds
+        posts_per_s = summary.per_type.get("post_created", 0) / summary.seconds
+        waited = wait_fences(
+            r, namespace, end_offsets(settings, topic), ctx.read_heavy_catchup_s, settings.serving_layout
+        )
+        lag = None if waited is None else round(waited, 1)
+    hey, wall, applied = reads.pop("hey"), reads.pop("wall"), reads.pop("applied")
+    row = {
+        "write_rate_offered": rate,
+        "writes_produced_per_s": round(produced_per_s, 1),
+        "writes_applied_per_s": round(applied / wall, 1),
+        "posts_per_s": round(posts_per_s, 1),
+        "reads_per_s": hey["reads_per_s"],
+        "p50_ms": hey["p50_ms"],
+        "p99_ms": hey["p99_ms"],
+        "read_failures": hey["failures"],
+        "reads_per_post": reads_per_post(hey["reads_per_s"], posts_per_s),
+        "applied_lag_s": lag,  # after the generator's last write: None = not within the timeout
+        **reads,
+    }
+    return {**row, **judge(row)}
+
+
+class _Writes:
+    """The generator writing at ``rate`` (0: not at all) in a thread, ``LEAD_S`` ahead of the reads
+    and ``TAIL_S`` after them; constructed once its pacing has started and the lead has passed."""
+
+    def __init__(self, settings, topic: str, rate: int, seconds: float):
+        from app_sim.generator import GeneratorConfig, produce
+
+        self.rate = rate
+        self.summary: list = []
+        self.thread: threading.Thread | None = None
+        if not rate:
+            return
+        started = threading.Event()
         gen = GeneratorConfig(seed=1000 + rate, graph_seed=WORLD_SEED, emit_bootstrap=False, realtime=True)
         n = int(rate * (LEAD_S + seconds + TAIL_S))
 
         def write() -> None:
-            summary.append(
+            self.summary.append(
                 produce(
                     n,
                     gen,
@@ -173,36 +191,47 @@ def _row(
                 )
             )
 
-        load = threading.Thread(target=write, daemon=True)
-        load.start()
+        self.thread = threading.Thread(target=write, daemon=True)
+        self.thread.start()
         if not started.wait(120):
             raise RuntimeError(f"the generator did not start within 120 s at {rate} events/s")
         time.sleep(LEAD_S)
-    stats0, redis0 = _calls_usec(r), redis_cpu_s(r)
+
+    def join(self):
+        """The generator's summary once it is done (None: no writes)."""
+        if self.thread is None:
+            return None
+        self.thread.join()
+        if not self.summary:
+            raise RuntimeError(f"the generator failed at {self.rate} events/s")
+        return self.summary[0]
+
+
+def _reads_measured(
+    ctx: BenchContext, r, settings, url: str, headers: dict, pids: dict[str, int | None]
+) -> dict:
+    """hey's reads for ``read_heavy_seconds``, and what the machine spent meanwhile: hey's figures
+    (``hey``), the seconds (``wall``), the events the speed layer applied (``applied``), and the
+    row's cores and Redis costs (every other key)."""
+    from contract import functions
+    from infra.hey import run_hey
+    from infra.stack import end_offsets
+
+    topic, namespace = settings.events_topic, settings.views_namespace
+    stats0, redis0 = command_stats(r), redis_cpu_s(r)
     cpu0 = {name: _cpu_s(pid, name != "bench") for name, pid in pids.items()}
     busy0, since = _busy_cores(), time.time()
     layout, parts = settings.serving_layout, len(end_offsets(settings, topic))
     fence0, t0 = sum(functions.layout_fences(r, namespace, layout, parts).values()), time.monotonic()
-    hey = run_hey(url, seconds=seconds, connections=ctx.read_heavy_hey_connections, headers=headers)
+    hey = run_hey(
+        url, seconds=ctx.read_heavy_seconds, connections=ctx.read_heavy_hey_connections, headers=headers
+    )
     wall = time.monotonic() - t0
     busy = (_busy_cores() - busy0) / wall
     slow, longest = _slow_calls(r, since)
     applied = sum(functions.layout_fences(r, namespace, layout, parts).values()) - fence0
-    stats1, redis1 = _calls_usec(r), redis_cpu_s(r)
+    stats1, redis1 = command_stats(r), redis_cpu_s(r)
     cpu = {name: round((_cpu_s(pid, name != "bench") - cpu0[name]) / wall, 2) for name, pid in pids.items()}
-    lag = 0.0
-    produced_per_s = posts_per_s = 0.0
-    if load is not None:
-        load.join()
-        if not summary:
-            raise RuntimeError(f"the generator failed at {rate} events/s")
-        s = summary[0]
-        produced_per_s = s.events / s.seconds
-        posts_per_s = s.per_type.get("post_created", 0) / s.seconds
-        waited = wait_fences(
-            r, namespace, end_offsets(settings, topic), ctx.read_heavy_catchup_s, settings.serving_layout
-        )
-        lag = None if waited is None else round(waited, 1)
 
     def delta(cmd: str) -> tuple[int, int]:
         c1, u1 = stats1.get(cmd, (0, 0))
@@ -211,17 +240,10 @@ def _row(
 
     reads_calls, reads_usec = delta("fcall_ro")
     apply_calls, apply_usec = delta("fcall")
-    row = {
-        "write_rate_offered": rate,
-        "writes_produced_per_s": round(produced_per_s, 1),
-        "writes_applied_per_s": round(applied / wall, 1),
-        "posts_per_s": round(posts_per_s, 1),
-        "reads_per_s": hey["reads_per_s"],
-        "p50_ms": hey["p50_ms"],
-        "p99_ms": hey["p99_ms"],
-        "read_failures": hey["failures"],
-        "reads_per_post": reads_per_post(hey["reads_per_s"], posts_per_s),
-        "applied_lag_s": lag,  # after the generator's last write: None = not within the timeout
+    return {
+        "hey": hey,
+        "wall": wall,
+        "applied": applied,
         # where the two cores went during the reads (cores; hey's own from its rusage)
         "redis_cores": round((redis1 - redis0) / wall, 2),
         **{f"{name}_cores": v for name, v in cpu.items()},
@@ -235,18 +257,19 @@ def _row(
         "redis_slow_calls": slow,
         "redis_longest_call_ms": longest,
     }
-    return {**row, **judge(row)}
+
+
+def _cpu_s(pid: int | None, tree: bool) -> float:
+    """:func:`process_cpu_s`, 0 for a process that is gone."""
+    return process_cpu_s(pid, tree) or 0.0
 
 
 @section("read_heavy")
 def read_heavy_section(ctx: BenchContext) -> dict:
     """Timeline reads under hey beside the generator's writes at rising rates, the speed layer
     running at the default threshold; the highest write rate that keeps reads' p99 <= 50 ms."""
-    from app_sim.auth import TokenSigner, load_secret
-    from app_sim.generator import GeneratorConfig, produce
     from contract.functions import drop_namespace
-    from contract.serving import ServingStore
-    from infra.stack import ApiServer, end_offsets, free_port_block
+    from infra.stack import ApiServer, free_port_block
 
     namespace = f"bench_read_heavy_{ctx.run_id}".lower()
     topic = ctx.topic("read_heavy")
@@ -269,40 +292,10 @@ def read_heavy_section(ctx: BenchContext) -> dict:
     api.start()
     try:
         sl.wait_running()
-        t = time.monotonic()
-        world = GeneratorConfig(seed=WORLD_SEED, graph_seed=WORLD_SEED, realtime=True)
-        summary = produce(
-            ctx.read_heavy_world_events,
-            world,
-            topic=topic,
-            bootstrap=settings,
-            progress=False,
-        )
-        if wait_fences(r, namespace, end_offsets(settings, topic), 600, settings.serving_layout) is None:
-            raise RuntimeError(f"the speed layer did not apply the world in 10 minutes; see {sl.log_path}")
-        out["world_events"] = summary.events
-        out["world_users"] = world.users
-        out["world_load_s"] = round(time.monotonic() - t, 1)
+        world_users = _world(ctx, settings, r, sl.log_path, out)
         # the speed layer's JVM compiles what the catch-up ran for a while after it (bench keyed)
         time.sleep(ctx.read_heavy_settle_s)
-        store = ServingStore(r, namespace)
-        user, follows, entries = _reader(store, list(range(1, world.users + 1)))
-        token = TokenSigner(load_secret(settings)).issue(user)
-        headers = {"Authorization": f"Bearer {token}"}
-        url = f"http://127.0.0.1:{settings.api_port}/v1/timeline?limit=50"
-        import httpx
-
-        first = httpx.get(url, headers=headers, timeout=10)
-        first.raise_for_status()
-        posts = first.json()["posts"]
-        out["reader"] = {
-            "user_id": user,
-            "follows": follows,
-            "timeline_entries": entries,
-            "posts": len(posts),
-            "distinct_authors": len({p["author_id"] for p in posts}),
-            "follow_rank": "p90 of the users with a full timeline",
-        }
+        url, headers = _first_read(settings, r, world_users, out)
         pids = {
             "api": api.pid(),  # uvicorn's master and its workers
             "speed_layer": sl.proc.pid if sl.proc else None,  # the Python driver and its JVM
@@ -327,3 +320,47 @@ def read_heavy_section(ctx: BenchContext) -> dict:
         sl.stop()
         drop_namespace(r, namespace)
     return out
+
+
+def _world(ctx: BenchContext, settings, r, log_path: Path, out: dict) -> int:
+    """The generator's default world (``read_heavy_world_events``) through the speed layer; its
+    size and load time into ``out``; its users."""
+    from app_sim.generator import GeneratorConfig, produce
+    from infra.stack import end_offsets
+
+    t = time.monotonic()
+    world = GeneratorConfig(seed=WORLD_SEED, graph_seed=WORLD_SEED, realtime=True)
+    topic = settings.events_topic
+    summary = produce(ctx.read_heavy_world_events, world, topic=topic, bootstrap=settings, progress=False)
+    wait_applied(r, settings, end_offsets(settings, topic), 600, log_path, "apply the world in 10 minutes")
+    out["world_events"] = summary.events
+    out["world_users"] = world.users
+    out["world_load_s"] = round(time.monotonic() - t, 1)
+    return world.users
+
+
+def _first_read(settings, r, users: int, out: dict) -> tuple[str, dict]:
+    """The reader (:func:`_reader`) and one read of its timeline (into ``out["reader"]``); the
+    URL and headers hey reads it with."""
+    import httpx
+
+    from app_sim.auth import TokenSigner, load_secret
+    from contract.serving import ServingStore
+
+    store = ServingStore(r, settings.views_namespace)
+    user, follows, entries = _reader(store, list(range(1, users + 1)))
+    token = TokenSigner(load_secret(settings)).issue(user)
+    headers = {"Authorization": f"Bearer {token}"}
+    url = f"http://127.0.0.1:{settings.api_port}/v1/timeline?limit=50"
+    first = httpx.get(url, headers=headers, timeout=10)
+    first.raise_for_status()
+    posts = first.json()["posts"]
+    out["reader"] = {
+        "user_id": user,
+        "follows": follows,
+        "timeline_entries": entries,
+        "posts": len(posts),
+        "distinct_authors": len({p["author_id"] for p in posts}),
+        "follow_rank": "p90 of the users with a full timeline",
+    }
+    return url, headers

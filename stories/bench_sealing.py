@@ -35,18 +35,9 @@ import statistics
 import time
 from pathlib import Path
 
-from stories.bench_common import BenchContext, _free_port, section
+from stories.bench_common import BenchContext, process_cpu_s, section
 
 _TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def _process_cpu_s(pid: int) -> float | None:
-    """User + system CPU seconds of a process so far (None when it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime (proc(5), fields 14 and 15)
 
 
 def _machine_idle_s() -> tuple[float, float]:
@@ -62,17 +53,17 @@ def _broker_pid(ctx: BenchContext) -> int | None:
         return None
 
 
-class _CpuMeter:
+class CpuMeter:
     """CPU microseconds per event of a span of this thread's work (see the module docstring)."""
 
     def __init__(self, broker_pid: int | None):
         self.broker_pid = broker_pid
 
-    def __enter__(self) -> _CpuMeter:
+    def __enter__(self) -> CpuMeter:
         self.thread = time.thread_time()
         usage = resource.getrusage(resource.RUSAGE_SELF)
         self.process = usage.ru_utime + usage.ru_stime
-        self.broker = _process_cpu_s(self.broker_pid) if self.broker_pid else None
+        self.broker = process_cpu_s(self.broker_pid) if self.broker_pid else None
         self.idle, self.total = _machine_idle_s()
         return self
 
@@ -80,7 +71,7 @@ class _CpuMeter:
         self.thread = time.thread_time() - self.thread
         usage = resource.getrusage(resource.RUSAGE_SELF)
         self.process = usage.ru_utime + usage.ru_stime - self.process
-        broker = _process_cpu_s(self.broker_pid) if self.broker is not None else None
+        broker = process_cpu_s(self.broker_pid) if self.broker is not None else None
         self.broker = broker - self.broker if broker is not None else None
         idle, total = _machine_idle_s()
         self.idle_share = (idle - self.idle) / max(total - self.total, 1e-9)
@@ -102,7 +93,7 @@ def _generator_rate(ctx: BenchContext, events: int, sealed: bool, key_dir: Path,
     cfg = GeneratorConfig(users=2000, seed=42, invalid_share=0.001, duplicate_share=0.001)
     topic = ctx.topic(f"sealing-gen-{'on' if sealed else 'off'}-{i}")
     sealer = Sealer(KeyStore(key_dir / f"{topic}.sqlite3")) if sealed else None
-    with _CpuMeter(_broker_pid(ctx)) as cpu:  # the whole call: key preparation and final flush too
+    with CpuMeter(_broker_pid(ctx)) as cpu:  # the whole call: key preparation and final flush too
         s = produce(events, cfg, topic=topic, bootstrap=ctx.settings, progress=False, sealer=sealer)
     if s.delivery_failures:
         raise RuntimeError(f"{s.delivery_failures} records were not delivered to {topic}")
@@ -152,8 +143,6 @@ def _register(base: str, n: int) -> list[str]:
 
 @section("sealing")
 def sealing_section(ctx: BenchContext) -> dict:
-    from infra.stack import ApiServer
-
     rounds = 5
     events = min(ctx.events, 300_000)
     key_dir = Path(ctx.settings.var_dir) / "bench" / "sealing" / "keys"
@@ -164,26 +153,37 @@ def sealing_section(ctx: BenchContext) -> dict:
         for mode in order:
             gen[mode].append(_generator_rate(ctx, events, mode == "on", key_dir, i))
         for mode in order:  # one API at a time, started afresh: no idle server beside it
-            settings = dataclasses.replace(
-                ctx.settings,
-                events_topic=ctx.topic(f"sealing-api-{mode}-{i}"),
-                api_port=_free_port(),
-                views_namespace=f"bench_sealing_{mode}_{ctx.run_id}".lower(),
-                seal_personal_data=1 if mode == "on" else 0,
-                var_dir=Path(ctx.settings.var_dir) / "bench" / "sealing" / mode,
-            )
-            server = ApiServer(settings)
-            server.start()
-            try:
-                base = f"http://127.0.0.1:{settings.api_port}"
-                tokens = _register(base, 50)
-                api[mode].append(
-                    asyncio.run(
-                        _drive_writes(base, tokens, ctx.sealing_api_seconds, ctx.sealing_api_concurrency)
-                    )
-                )
-            finally:
-                server.stop()
+            api[mode].append(_api_rate(ctx, mode, i))
+    return _summary(ctx, rounds, events, gen, api)
+
+
+def _api_rate(ctx: BenchContext, mode: str, i: int) -> dict:
+    """Round ``i``'s API write run with sealing ``mode`` (on, off): an API server of its own, 50
+    users registered, then ``sealing_api_seconds`` of writes."""
+    from infra.stack import ApiServer, free_port_block
+
+    settings = dataclasses.replace(
+        ctx.settings,
+        events_topic=ctx.topic(f"sealing-api-{mode}-{i}"),
+        api_port=free_port_block(1),
+        views_namespace=f"bench_sealing_{mode}_{ctx.run_id}".lower(),
+        seal_personal_data=1 if mode == "on" else 0,
+        var_dir=Path(ctx.settings.var_dir) / "bench" / "sealing" / mode,
+    )
+    server = ApiServer(settings)
+    server.start()
+    try:
+        base = f"http://127.0.0.1:{settings.api_port}"
+        tokens = _register(base, 50)
+        return asyncio.run(_drive_writes(base, tokens, ctx.sealing_api_seconds, ctx.sealing_api_concurrency))
+    finally:
+        server.stop()
+
+
+def _summary(
+    ctx: BenchContext, rounds: int, events: int, gen: dict[str, list[dict]], api: dict[str, list[dict]]
+) -> dict:
+    """The section's figures from every run: pooled and per-round ratios, CPU per event, verdict."""
 
     def gen_rate(mode: str) -> float:
         runs = gen[mode]

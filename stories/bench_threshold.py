@@ -27,7 +27,7 @@ from __future__ import annotations
 import time
 
 from contract.functions import connect as keyed_connect
-from stories.bench_common import BenchContext, redis_cpu_s, section
+from stories.bench_common import BenchContext, keyed_processor, partition_batches, redis_cpu_s, section
 
 # reads per post: the write-heavy bench (~900 timeline reads/s against ~1,400 posts/s), the
 # read-heavy profile's floor, and Twitter 2012 (300k timeline reads/s against 4.6k posts/s)
@@ -86,70 +86,24 @@ def _net_inserts(r, namespace: str, partitions: int) -> int:
 
 @section("threshold")
 def threshold_section(ctx: BenchContext) -> dict:
-    import orjson
-
     from app_sim.generator import GeneratorConfig, generate
     from contract import functions
-    from pipelines.speed.processor import Processor, ProcessorConfig
 
     r = keyed_connect(ctx.settings.redis_url)
     functions.ensure_loaded(r)
     parts = ctx.settings.events_partitions
-    per_p: dict[int, list] = {}
-    for key, value, _ in generate(ctx.catchup_events, GeneratorConfig()):
-        recs = per_p.setdefault(int(key) % parts, [])
-        recs.append((len(recs), value if isinstance(value, bytes) else orjson.dumps(value)))
+    per_p, _ = partition_batches(generate(ctx.catchup_events, GeneratorConfig()), parts)
     out: dict = {"events": ctx.catchup_events, "reads_per_post": list(RATIOS)}
-    folds = {}
-    for label, threshold in (("no_fanout", 0), ("full_fanout", 10**9)):
-        ns = f"bench_threshold_{label}_{ctx.run_id}".lower()
-        proc = Processor(
-            ProcessorConfig(
-                redis_url=ctx.settings.redis_url,
-                namespace=ns,
-                timeline_length=ctx.settings.timeline_length,
-                fanout_threshold=threshold,
-                dedup_window_ms=ctx.settings.dedup_window_ms,
-                dedup_grace_ms=ctx.settings.dedup_grace_ms,
-                group_size=ctx.settings.processor_group_size,
-                record_freshness=False,
-            )
-        )
-        cpu0, t0 = redis_cpu_s(r), time.perf_counter()
-        # as the stream does: every partition advanced alike, 2,000 records at a time
-        pos = dict.fromkeys(per_p, 0)
-        while any(pos[p] < len(v) for p, v in per_p.items()):
-            for p, v in per_p.items():
-                if pos[p] < len(v):
-                    proc.process(p, v[pos[p] : pos[p] + 2000])
-                    pos[p] += 2000
-        cpu = redis_cpu_s(r) - cpu0
-        folds[label] = {
-            "namespace": ns,
-            "seconds": round(time.perf_counter() - t0, 1),
-            "redis_cpu_s": round(cpu, 2),
-            "timeline_entries_written": _net_inserts(r, ns, parts),
-        }
-    users = sorted(int(u) for u in r.hkeys(functions.key(folds["full_fanout"]["namespace"], "users")))
+    folds = {
+        label: _fold(ctx, r, per_p, label, threshold)
+        for label, threshold in (("no_fanout", 0), ("full_fanout", 10**9))
+    }
     graph_ns = folds["full_fanout"]["namespace"]
+    users = sorted(int(u) for u in r.hkeys(functions.key(graph_ns, "users")))
     followers = {u: r.scard(functions.key(graph_ns, "followers", u)) for u in users}
     posts = {u: r.hlen(functions.key(graph_ns, "pids", u)) for u in users}
     following = {u: [int(a) for a in r.smembers(functions.key(graph_ns, "following", u))] for u in users}
-    # reads: CPU per read against the celebrities merged (every followee is one with no fan-out)
-    xs: list[float] = []
-    ys: list[float] = []
-    for label in ("no_fanout", "full_fanout"):
-        ns = folds[label]["namespace"]
-        celebs = {int(a) for a in r.smembers(functions.key(ns, "celebs"))}
-        for u in users:
-            pipe = r.pipeline(transaction=False)
-            for _ in range(READS_PER_USER):
-                pipe.fcall_ro("social_timeline", 0, ns, u, 50)
-            c0 = redis_cpu_s(r)
-            pipe.execute()
-            xs.append(float(sum(1 for a in following[u] if a in celebs)))
-            ys.append((redis_cpu_s(r) - c0) / READS_PER_USER * 1e6)
-    c_read, c_source = fit_line(xs, ys)
+    c_read, c_source = _read_costs(r, [folds[label]["namespace"] for label in folds], users, following)
     f, n = folds["full_fanout"], folds["no_fanout"]
     c_insert = (
         (f["redis_cpu_s"] - n["redis_cpu_s"])
@@ -181,3 +135,46 @@ def threshold_section(ctx: BenchContext) -> dict:
     out["one_post_cap_followers"] = int(ONE_POST_BUDGET_MS * 1000 / max(c_insert, 1e-9))
     out["default_threshold"] = ctx.settings.fanout_threshold
     return out
+
+
+def _fold(ctx: BenchContext, r, per_p: dict[int, list], label: str, threshold: int) -> dict:
+    """The log folded by the keyed processor at ``threshold`` into a namespace of its own: its
+    seconds, Redis CPU and timeline entries written (and the namespace, for the reads)."""
+    ns = f"bench_threshold_{label}_{ctx.run_id}".lower()
+    proc = keyed_processor(ctx.settings, ns, fanout_threshold=threshold)
+    cpu0, t0 = redis_cpu_s(r), time.perf_counter()
+    # as the stream does: every partition advanced alike, 2,000 records at a time
+    pos = dict.fromkeys(per_p, 0)
+    while any(pos[p] < len(v) for p, v in per_p.items()):
+        for p, v in per_p.items():
+            if pos[p] < len(v):
+                proc.process(p, v[pos[p] : pos[p] + 2000])
+                pos[p] += 2000
+    cpu = redis_cpu_s(r) - cpu0
+    return {
+        "namespace": ns,
+        "seconds": round(time.perf_counter() - t0, 1),
+        "redis_cpu_s": round(cpu, 2),
+        "timeline_entries_written": _net_inserts(r, ns, ctx.settings.events_partitions),
+    }
+
+
+def _read_costs(r, namespaces: list[str], users: list[int], following: dict) -> tuple[float, float]:
+    """(c_read, c_source): the least-squares line of Redis CPU per read (µs) against the
+    celebrities merged, over every user's reads in each folded namespace (with no fan-out, every
+    followee is one)."""
+    from contract import functions
+
+    xs: list[float] = []
+    ys: list[float] = []
+    for ns in namespaces:
+        celebs = {int(a) for a in r.smembers(functions.key(ns, "celebs"))}
+        for u in users:
+            pipe = r.pipeline(transaction=False)
+            for _ in range(READS_PER_USER):
+                pipe.fcall_ro("social_timeline", 0, ns, u, 50)
+            c0 = redis_cpu_s(r)
+            pipe.execute()
+            xs.append(float(sum(1 for a in following[u] if a in celebs)))
+            ys.append((redis_cpu_s(r) - c0) / READS_PER_USER * 1e6)
+    return fit_line(xs, ys)

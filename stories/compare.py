@@ -28,10 +28,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from contract.functions import connect as keyed_connect
-from infra import clients
 from infra.cli import command_name, run_main
 from infra.html import render as render_page
 from infra.settings import REPO_ROOT, Settings, get_settings
+from stories.bench_common import backbone_unless_running
 
 SCHEDULE_S = 3600  # the batch_layer DAG runs hourly (dags/batch_layer.py)
 # The code each path adds (the contract checks, the Kafka source and the archive are shared).
@@ -69,21 +69,6 @@ def loc(files: list[str]) -> dict:
     return {"files": per, "total": sum(per.values())}
 
 
-def _end_offsets(settings: Settings, topic: str) -> dict[int, int]:
-    from confluent_kafka import TopicPartition
-
-    from pipelines.speed.stream import topic_partitions
-
-    c = clients.kafka_consumer(settings, "compare")
-    try:
-        return {
-            p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-            for p in topic_partitions(settings, topic)
-        }
-    finally:
-        c.close()
-
-
 def speed_layer_freshness(settings: Settings) -> dict:
     """The speed layer's freshness p99 from the latest ``make bench`` keyed run, if there is one."""
     path = Path(settings.reports_dir) / "bench" / "latest.json"
@@ -118,15 +103,11 @@ def freshness_text(fresh: dict) -> str:
 
 
 def run(settings: Settings, events: int) -> dict:
-
+    """Both recomputes of one generated log of ``events`` events, on a topic, a Redis namespace
+    and Delta tables of their own (removed afterwards); the report (:func:`_report`)."""
     from app_sim.generator import GeneratorConfig, produce
     from contract.functions import drop_namespace
-    from infra.stack import create_topic, delete_topic
-    from pipelines.batch_layer.archive import archive_log
-    from pipelines.batch_layer.cross_check import changelog_dispositions, cross_check
-    from pipelines.batch_layer.definition import BatchViews
-    from pipelines.batch_layer.job import run as batch_run
-    from pipelines.replay import replay_keyed
+    from infra.stack import create_topic, delete_topic, end_offsets
     from pipelines.spark import build_spark
 
     run_id = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
@@ -141,81 +122,9 @@ def run(settings: Settings, events: int) -> dict:
             users=max(200, events // 100), seed=7, mean_followers=30, invalid_share=0.01, duplicate_share=0.01
         )
         produce(events, gen, topic=topic, bootstrap=settings, progress=False)
-        ends = _end_offsets(settings, topic)
-        n = sum(ends.values())
-
-        t = time.perf_counter()
-        counts = replay_keyed(spark, settings, topic, ends, kappa_ns)
-        kappa_s = time.perf_counter() - t
-
-        t = time.perf_counter()
-        archive_log(spark, settings, topic, ends, lake / archive_ns)
-        archive_s = time.perf_counter() - t
-        lam = batch_run(spark, settings, namespace=archive_ns, upto=ends)
-        lambda_s = lam["seconds"]
-
-        out_root = lake / lam["out_namespace"]
-        views = BatchViews(
-            **{f: spark.read.format("delta").load(str(out_root / f)) for f in BatchViews.__dataclass_fields__}
-        )
-        partitions = sorted(ends)
-        live_disp = spark.createDataFrame(
-            changelog_dispositions(client, kappa_ns, partitions, settings.serving_layout),
-            "partition INT, offset BIGINT, disposition STRING, reason STRING",
-        )
-        check = cross_check(
-            spark,
-            client,
-            kappa_ns,
-            views,
-            ends,
-            settings.timeline_length,
-            live_dispositions=live_disp,
-            layout=settings.serving_layout,
-            fanout_threshold=settings.fanout_threshold,
-        )
-        fresh = speed_layer_freshness(settings)
-        kappa_loc, lambda_loc = loc(KAPPA_FILES), loc(LAMBDA_FILES)
-        report = {
-            "run_id": run_id,
-            "events": n,
-            "position": {str(p): o for p, o in ends.items()},
-            "kappa": {
-                "what": "the speed layer's processor replayed over the log into a scratch Redis namespace",
-                "recompute_seconds": round(kappa_s, 1),
-                "events_per_s": round(n / kappa_s),
-                "counts": counts,
-                "freshness": fresh,
-                "code_lines": kappa_loc,
-            },
-            "lambda": {
-                "what": "the batch layer over the Delta archive of the same log, views written to Delta",
-                "recompute_seconds": lambda_s,
-                "events_per_s": round(n / lambda_s),
-                "archive_seconds": round(archive_s, 1),
-                "staleness": {
-                    "schedule_s": SCHEDULE_S,
-                    "mean_s": round(SCHEDULE_S / 2 + lambda_s),
-                    "worst_s": round(SCHEDULE_S + lambda_s),
-                },
-                "accounting": lam["accounting"],
-                "files_per_table": {k: v["files"] for k, v in lam["tables"].items()},
-                "code_lines": lambda_loc,
-                "code_lines_lambda_total": kappa_loc["total"] + lambda_loc["total"],
-            },
-            "agreement": {
-                "rows_compared": check["rows_compared"],
-                "disagreements": check["mismatches"],
-                "ok": check["ok"],
-                "views": {
-                    k: {kk: v[kk] for kk in ("live_rows", "batch_rows", "mismatches", "examples")}
-                    for k, v in check["views"].items()
-                },
-            },
-            "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        }
-        report["advice"] = advice(report)
-        return report
+        ends = end_offsets(settings, topic)
+        recomputed = _recompute(spark, settings, client, topic, ends, kappa_ns, archive_ns)
+        return _report(settings, run_id, ends, recomputed)
     finally:
         spark.stop()
         drop_namespace(client, kappa_ns)
@@ -225,6 +134,99 @@ def run(settings: Settings, events: int) -> dict:
             delete_topic(settings, topic)
         except Exception as exc:  # cleanup must not hide the results
             print(f"warning: could not delete topic {topic}: {exc}", file=sys.stderr)
+
+
+def _recompute(
+    spark, settings: Settings, client, topic: str, ends: dict[int, int], kappa_ns: str, archive_ns: str
+) -> dict:
+    """Kappa's replay into ``kappa_ns``, the archive of the log and Lambda's batch layer over it
+    (``archive_ns``), timed, and the cross-check of both results row for row."""
+    from pipelines.batch_layer.archive import archive_log
+    from pipelines.batch_layer.cross_check import changelog_dispositions, cross_check
+    from pipelines.batch_layer.definition import BatchViews
+    from pipelines.batch_layer.job import run as batch_run
+    from pipelines.replay import replay_keyed
+
+    lake = settings.lake_dir
+    t = time.perf_counter()
+    counts = replay_keyed(spark, settings, topic, ends, kappa_ns)
+    kappa_s = time.perf_counter() - t
+
+    t = time.perf_counter()
+    archive_log(spark, settings, topic, ends, lake / archive_ns)
+    archive_s = time.perf_counter() - t
+    lam = batch_run(spark, settings, namespace=archive_ns, upto=ends)
+
+    out_root = lake / lam["out_namespace"]
+    views = BatchViews(
+        **{f: spark.read.format("delta").load(str(out_root / f)) for f in BatchViews.__dataclass_fields__}
+    )
+    partitions = sorted(ends)
+    live_disp = spark.createDataFrame(
+        changelog_dispositions(client, kappa_ns, partitions, settings.serving_layout),
+        "partition INT, offset BIGINT, disposition STRING, reason STRING",
+    )
+    check = cross_check(
+        spark,
+        client,
+        kappa_ns,
+        views,
+        ends,
+        settings.timeline_length,
+        live_dispositions=live_disp,
+        layout=settings.serving_layout,
+        fanout_threshold=settings.fanout_threshold,
+    )
+    return {"counts": counts, "kappa_s": kappa_s, "archive_s": archive_s, "lambda": lam, "check": check}
+
+
+def _report(settings: Settings, run_id: str, ends: dict[int, int], recomputed: dict) -> dict:
+    """The comparison's report from :func:`_recompute`'s timings and cross-check, with the
+    speed layer's freshness (:func:`speed_layer_freshness`), the code each path needs and the advice."""
+    n = sum(ends.values())
+    kappa_s, lam, check = recomputed["kappa_s"], recomputed["lambda"], recomputed["check"]
+    lambda_s = lam["seconds"]
+    kappa_loc, lambda_loc = loc(KAPPA_FILES), loc(LAMBDA_FILES)
+    report = {
+        "run_id": run_id,
+        "events": n,
+        "position": {str(p): o for p, o in ends.items()},
+        "kappa": {
+            "what": "the speed layer's processor replayed over the log into a scratch Redis namespace",
+            "recompute_seconds": round(kappa_s, 1),
+            "events_per_s": round(n / kappa_s),
+            "counts": recomputed["counts"],
+            "freshness": speed_layer_freshness(settings),
+            "code_lines": kappa_loc,
+        },
+        "lambda": {
+            "what": "the batch layer over the Delta archive of the same log, views written to Delta",
+            "recompute_seconds": lambda_s,
+            "events_per_s": round(n / lambda_s),
+            "archive_seconds": round(recomputed["archive_s"], 1),
+            "staleness": {
+                "schedule_s": SCHEDULE_S,
+                "mean_s": round(SCHEDULE_S / 2 + lambda_s),
+                "worst_s": round(SCHEDULE_S + lambda_s),
+            },
+            "accounting": lam["accounting"],
+            "files_per_table": {k: v["files"] for k, v in lam["tables"].items()},
+            "code_lines": lambda_loc,
+            "code_lines_lambda_total": kappa_loc["total"] + lambda_loc["total"],
+        },
+        "agreement": {
+            "rows_compared": check["rows_compared"],
+            "disagreements": check["mismatches"],
+            "ok": check["ok"],
+            "views": {
+                k: {kk: v[kk] for kk in ("live_rows", "batch_rows", "mismatches", "examples")}
+                for k, v in check["views"].items()
+            },
+        },
+        "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+    report["advice"] = advice(report)
+    return report
 
 
 def advice(r: dict) -> list[str]:
@@ -319,22 +321,12 @@ def write(report: dict, directory: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from infra.stack import BACKBONE, Stack, port_listening
-
     p = argparse.ArgumentParser(prog=command_name("stories.compare"), description=__doc__.splitlines()[0])
     p.add_argument("--events", type=int, default=200_000, help="events in the generated log (default 200k)")
     a = p.parse_args(argv)
     settings = get_settings()
-    stack = None
-    if not port_listening(settings.kafka_port):
-        print("no broker running: starting Kafka and Redis for the comparison", file=sys.stderr)
-        stack = Stack(settings, service_types=BACKBONE)
-        stack.up()
-    try:
+    with backbone_unless_running(settings, "comparison"):
         report = run(settings, a.events)
-    finally:
-        if stack is not None:
-            stack.down()
     path = write(report, Path(settings.reports_dir) / "compare")
     k, lam, ag = report["kappa"], report["lambda"], report["agreement"]
     print(f"Lambda vs Kappa on {report['events']:,} events")

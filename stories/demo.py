@@ -40,12 +40,16 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from contract.functions import connect as keyed_connect
 from infra import clients
 from infra.cli import command_name, run_main
 from infra.reports import write_index
 from infra.settings import REPO_ROOT, Settings, get_settings
+
+if TYPE_CHECKING:
+    from app_sim.generator import GeneratorConfig, Summary
 
 # A social app's pace: events per user per second of event time (a user acts every ~50 s on
 # average; activity is heavy-tailed, so the busiest users act every few seconds). The burst rule
@@ -84,12 +88,6 @@ def say(msg: str) -> None:
 def env_int(name: str, default: int) -> int:
     raw = os.environ.get(name, "").strip()
     return int(raw) if raw else default
-
-
-def log_end_offsets(settings: Settings, topic: str) -> dict[int, int]:
-    from infra.stack import end_offsets
-
-    return end_offsets(settings, topic)
 
 
 def serving_position(settings: Settings, namespace: str, partitions: int | None = None) -> dict[int, int]:
@@ -255,17 +253,13 @@ def histogram_since(now: dict[int, int], before: dict[int, int]) -> dict[int, in
 
 
 def percentiles(hist: dict[int, int], bucket_ms: int) -> dict:
-    """p50/p99/max (ms, the upper edge of the bucket) of a bucket -> events histogram."""
-    total = sum(hist.values())
-    out: dict = {"events": total}
+    """p50/p99/max (ms, the upper edge of the bucket) of a bucket -> events histogram
+    (:func:`pipelines.metrics.percentile`, as ``make status`` reads it)."""
+    from pipelines.metrics import percentile
+
+    out: dict = {"events": sum(hist.values())}
     for name, q in (("p50_ms", 0.5), ("p99_ms", 0.99), ("max_ms", 1.0)):
-        acc, value = 0, None
-        for b in sorted(hist):
-            acc += hist[b]
-            if acc >= q * total:
-                value = (b + 1) * bucket_ms
-                break
-        out[name] = value
+        out[name] = percentile(hist, bucket_ms, q)
     return out
 
 
@@ -429,7 +423,10 @@ def _rate(n: int, seconds: float) -> str:
     return f"{n / max(seconds, 1e-3):,.0f} events/s"
 
 
-def main(argv: list[str] | None = None) -> int:
+# --- the run, phase by phase -----------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None):
     p = argparse.ArgumentParser(prog=command_name("stories.demo"), description=__doc__.splitlines()[0])
     p.add_argument(
         "--events",
@@ -459,173 +456,210 @@ def main(argv: list[str] | None = None) -> int:
         "--no-airflow", action="store_true", help="call verify/quality directly, not via `airflow dags test`"
     )
     p.add_argument("--catch-up-timeout", type=float, default=900)
-    args = p.parse_args(argv)
-    settings = get_settings()
+    return p.parse_args(argv)
+
+
+class DeliveryFailed(Exception):
+    """Records the broker did not acknowledge (already printed): the demo exits 1."""
+
+
+def start_speed_layer(settings: Settings) -> subprocess.Popen | None:
+    """A speed layer in catch-up mode (``--available-now``) when the stack runs none; else None."""
+    if has_speed_layer_service():
+        return None
+    print("  (the stack runs no speed layer: running one in catch-up mode, --available-now)")
+    env = {**os.environ, "SOCIAL_VAR_DIR": str(settings.var_dir)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "pipelines.speed_layer", "--available-now"],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=(Path(settings.log_dir) / "speed_layer-demo.log").open("ab"),
+        stderr=subprocess.STDOUT,
+    )
+
+
+@dataclass
+class History:
+    """The history the demo appended (on the simulated clock), and when the serving path had it."""
+
+    config: GeneratorConfig
+    now_ms: int  # the wall clock it ends just before
+    summary: Summary  # the generator's
+    events: int  # records appended to the log (the generator's, as the log counts them)
+    started: float  # monotonic: its first append
+    serving_s: float  # from its first append until the fences covered it
+    archive_watch: ArchiveWatch  # when the Delta views covered it
+
+
+def append_history(args, settings: Settings, ns: str, proc: subprocess.Popen | None) -> History:
+    """The history, written as fast as Kafka takes it, then folded into Redis (its fences)."""
+    from app_sim.generator import produce
+    from infra.stack import end_offsets
+
     topic = settings.events_topic
-    t0 = time.monotonic()
+    now_ms = time.time_ns() // 1_000_000
+    config = history_config(args.users, args.events, args.events_per_user_s, now_ms)
+    say(
+        f"appending the history: {args.events:,} events of {config.users:,} users to {topic} "
+        f"(0.5% invalid, 0.5% duplicates), event time {_ms(config.start_ms)} -> about now"
+    )
+    before = end_offsets(settings, topic)
+    t_history = time.monotonic()
+    gen = produce(args.events, config, topic=topic, bootstrap=settings, progress=True)
+    print(f"  {gen.events:,} events in {gen.seconds:.1f}s = {gen.events_per_s:,.0f} events/s")
+    if gen.delivery_failures:
+        print(f"  {gen.delivery_failures} delivery failures")
+        raise DeliveryFailed
+    history_end = end_offsets(settings, topic)
+    history_n = covered(history_end, history_end) - covered(before, history_end)
 
-    from app_sim.generator import GeneratorConfig, produce
-    from contract import namespaces
-    from infra.stack import Stack
-    from pipelines.speed.processor import FRESHNESS_BUCKET_MS
+    say("the serving path folds the history into Redis (its fences)")
+    archive_watch = ArchiveWatch(settings, ns, history_end)
+    hist_wait = wait_caught_up(settings, ns, history_end, ("serving",), args.catch_up_timeout, proc)
+    return History(
+        config=config,
+        now_ms=now_ms,
+        summary=gen,
+        events=history_n,
+        started=t_history,
+        serving_s=hist_wait.reached["serving"] - t_history,
+        archive_watch=archive_watch,
+    )
 
-    say("starting the stack (make up)")
-    for name, outcome in Stack(settings).up().items():
-        print(f"  {name:<12} {outcome}")
-    ns = namespaces.active(settings)
 
-    proc = None
-    if not has_speed_layer_service():
-        print("  (the stack runs no speed layer: running one in catch-up mode, --available-now)")
-        env = {**os.environ, "SOCIAL_VAR_DIR": str(settings.var_dir)}
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "pipelines.speed_layer", "--available-now"],
-            cwd=REPO_ROOT,
-            env=env,
-            stdout=(Path(settings.log_dir) / "speed_layer-demo.log").open("ab"),
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        # -- the history: the simulated clock, written as fast as Kafka takes it --------------------
-        now_ms = time.time_ns() // 1_000_000
-        config = history_config(args.users, args.events, args.events_per_user_s, now_ms)
-        say(
-            f"appending the history: {args.events:,} events of {config.users:,} users to {topic} "
-            f"(0.5% invalid, 0.5% duplicates), event time {_ms(config.start_ms)} -> about now"
-        )
-        before = log_end_offsets(settings, topic)
-        t_history = time.monotonic()
-        gen = produce(args.events, config, topic=topic, bootstrap=settings, progress=True)
-        print(f"  {gen.events:,} events in {gen.seconds:.1f}s = {gen.events_per_s:,.0f} events/s")
-        if gen.delivery_failures:
-            print(f"  {gen.delivery_failures} delivery failures")
-            return 1
-        history_end = log_end_offsets(settings, topic)
-        history_n = covered(history_end, history_end) - covered(before, history_end)
+def append_live(args, settings: Settings, history: History) -> Paced | None:
+    """The live part: the same world in real time, at its own pace (None: ``--live-seconds 0``)."""
+    from app_sim.generator import GeneratorConfig
 
-        say("the serving path folds the history into Redis (its fences)")
-        archive_watch = ArchiveWatch(settings, ns, history_end)
-        hist_wait = wait_caught_up(settings, ns, history_end, ("serving",), args.catch_up_timeout, proc)
-        serving_history_s = hist_wait.reached["serving"] - t_history
+    if args.live_seconds <= 0:
+        return None
+    config, gen = history.config, history.summary
+    rate = max(1.0, config.users * args.events_per_user_s)
+    n_live = max(1, round(rate * args.live_seconds))
+    say(f"the live part: {n_live:,} events in real time at {rate:,.0f} events/s (the world's pace)")
+    live_config = GeneratorConfig(
+        users=config.users,
+        seed=config.seed + 1,
+        graph_seed=config.seed,  # the history's follower graph; no registrations again
+        emit_bootstrap=False,
+        invalid_share=0.005,
+        duplicate_share=0.005,
+        realtime=True,
+        # the history's writer goes on (its ids then were on the simulated clock, now on
+        # the wall clock: they cannot meet)
+        **({"worker_id": gen.worker_id} if getattr(gen, "worker_id", None) is not None else {}),
+    )
+    live = produce_paced(n_live, live_config, rate, topic=settings.events_topic, bootstrap=settings)
+    print(f"  {live.events:,} events in {live.seconds:.1f}s")
+    if live.delivery_failures:
+        print(f"  {live.delivery_failures} delivery failures")
+        raise DeliveryFailed
+    return live
 
-        # -- the live part: the same world in real time, at its own pace -----------------------------
-        fresh_before = freshness_histogram(settings, ns)
-        live = None
-        if args.live_seconds > 0:
-            rate = max(1.0, config.users * args.events_per_user_s)
-            n_live = max(1, round(rate * args.live_seconds))
-            say(f"the live part: {n_live:,} events in real time at {rate:,.0f} events/s (the world's pace)")
-            live_config = GeneratorConfig(
-                users=config.users,
-                seed=config.seed + 1,
-                graph_seed=config.seed,  # the history's follower graph; no registrations again
-                emit_bootstrap=False,
-                invalid_share=0.005,
-                duplicate_share=0.005,
-                realtime=True,
-                # the history's writer goes on (its ids then were on the simulated clock, now on
-                # the wall clock: they cannot meet)
-                **({"worker_id": gen.worker_id} if getattr(gen, "worker_id", None) is not None else {}),
-            )
-            live = produce_paced(n_live, live_config, rate, topic=topic, bootstrap=settings)
-            print(f"  {live.events:,} events in {live.seconds:.1f}s")
-            if live.delivery_failures:
-                print(f"  {live.delivery_failures} delivery failures")
-                return 1
 
-        injected = 0
-        if settings.analytics:
-            from app_sim.generator import PATTERNS, inject
+def inject_patterns(settings: Settings) -> int:
+    """The alert patterns by user 1, when the stack runs the analytics; the events injected."""
+    if not settings.analytics:
+        return 0
+    from app_sim.generator import PATTERNS, inject
 
-            say("injecting the alert patterns (burst, follow churn, message flood) by user 1")
-            injected = inject(list(PATTERNS), topic=topic, bootstrap=settings, user=1)
-            print(f"  {injected} events")
-        t_last = time.monotonic()
+    say("injecting the alert patterns (burst, follow churn, message flood) by user 1")
+    injected = inject(list(PATTERNS), topic=settings.events_topic, bootstrap=settings, user=1)
+    print(f"  {injected} events")
+    return injected
 
-        say("waiting for the serving path (fences in Redis) and the archive (Delta views) to cover the log")
-        end = log_end_offsets(settings, topic)
-        final = wait_caught_up(
-            settings, ns, end, ("serving", "archived", "archive"), args.catch_up_timeout, proc
-        )
-        if proc is not None:
-            proc.wait(timeout=300)
-    finally:
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            proc.wait(timeout=60)
-    serving_s = final.reached["serving"] - t_last
-    archive_s = final.reached["archive"] - t_last
-    archive_history_s = (archive_watch.stop() or final.reached["archive"]) - t_history
-    fresh = percentiles(histogram_since(freshness_histogram(settings, ns), fresh_before), FRESHNESS_BUCKET_MS)
-    print(f"  serving path {serving_s:.0f}s, archive {archive_s:.0f}s after the last event was acknowledged")
 
-    via = "airflow dags test" if not args.no_airflow else "python -m"
-    say(f"verify_views ({via}): live views vs. a replay of the log")
-    verified, verify_s = run_job("verify_views", "pipelines.verify", settings, not args.no_airflow)
-    say(f"data_quality ({via}): Great Expectations suites")
-    quality_ok, quality_s = run_job("data_quality", "pipelines.quality", settings, not args.no_airflow)
+def analytics_outputs(settings: Settings) -> tuple[dict[str, dict[str, int]], str | None]:
+    """The injected alerts on the alerts topic, and the analytics page (its path; None: not
+    written), when the stack runs the analytics."""
+    if not settings.analytics:
+        return {}, None
+    say("stream analytics: the injected alerts on social.alerts, and the analytics page")
+    alerts = analytics_alerts(settings, 1, timeout_s=300)
+    env = {**os.environ, "SOCIAL_VAR_DIR": str(settings.var_dir)}
+    done = subprocess.run(
+        [sys.executable, "-m", "pipelines.analytics.report", "--injected-user", "1"],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    page = done.stdout.strip().splitlines()[-1] if done.returncode == 0 and done.stdout.strip() else None
+    if page is None:
+        print(f"  the analytics page failed:\n{done.stderr[-2000:]}")
+    return alerts, page
 
-    alerts: dict[str, dict[str, int]] = {}
-    page = None
-    if settings.analytics:
-        say("stream analytics: the injected alerts on social.alerts, and the analytics page")
-        alerts = analytics_alerts(settings, 1, timeout_s=300)
-        env = {**os.environ, "SOCIAL_VAR_DIR": str(settings.var_dir)}
-        done = subprocess.run(
-            [sys.executable, "-m", "pipelines.analytics.report", "--injected-user", "1"],
-            cwd=REPO_ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-        )
-        page = done.stdout.strip().splitlines()[-1] if done.returncode == 0 and done.stdout.strip() else None
-        if page is None:
-            print(f"  the analytics page failed:\n{done.stderr[-2000:]}")
 
+@dataclass
+class Outcome:
+    """What the summary reports: what was appended, when each path covered it, the checks."""
+
+    history: History
+    live: Paced | None
+    injected: int
+    serving_s: float  # the last event -> the fences at the log's end
+    archive_s: float  # the last event -> the Delta views at the log's end
+    archive_history_s: float  # the history's first append -> archived and compacted
+    fresh: dict  # the serving path's freshness over the live and injected events
+    verified: bool
+    verify_s: float
+    quality_ok: bool
+    quality_s: float
+    alerts: dict[str, dict[str, int]] = field(default_factory=dict)
+    page: str | None = None
+    report: dict = field(default_factory=dict)  # verify's latest.json
+
+    @property
+    def verify_ok(self) -> bool:
+        return bool(self.verified and self.report.get("ok"))
+
+
+def alerts_line(settings: Settings, alerts: dict[str, dict[str, int]]) -> str:
+    """The summary's "alerts fired": per rule, the injected user's alerts and everyone else's."""
+    if not settings.analytics:
+        return "analytics off (SOCIAL_ANALYTICS=0)"
+    mine, others = alerts.get("injected", {}), alerts.get("others", {})
+    text = ", ".join(f"{r} {n}" for r, n in mine.items()) or "none yet (see var/log/analytics.log)"
+    rest = ", ".join(f"{r} {n}" for r, n in others.items()) or "none"
+    return f"injected user 1: {text}; all other users: {rest}"
+
+
+def summary_rows(args, settings: Settings, o: Outcome, t0: float) -> list[tuple[str, str]]:
+    """The summary's lines (:data:`SUMMARY`, in order), from what the run measured."""
     reports = Path(settings.reports_dir)
     verify_json = reports / "verify" / "latest.json"
-    report = json.loads(verify_json.read_text()) if verify_json.exists() else {}
-    views = report.get("views", {})
+    views = o.report.get("views", {})
     # the keyed state's accounting counts rejected records apart from quarantined ones; the Delta
     # archive's counts both as quarantined
-    acct = (report.get("keyed") or {}).get("accounting") or report.get("accounting", {})
-    found = mismatches(report)
-    verify_ok = bool(verified and report.get("ok"))
-    live_n = live.events if live else 0
-    all_n = history_n + live_n + injected
+    acct = (o.report.get("keyed") or {}).get("accounting") or o.report.get("accounting", {})
+    found = mismatches(o.report)
+    h, fresh = o.history, o.fresh
+    live_n = o.live.events if o.live else 0
+    all_n = h.events + live_n + o.injected
 
-    def alerts_line() -> str:
-        if not settings.analytics:
-            return "analytics off (SOCIAL_ANALYTICS=0)"
-        mine, others = alerts.get("injected", {}), alerts.get("others", {})
-        text = ", ".join(f"{r} {n}" for r, n in mine.items()) or "none yet (see var/log/analytics.log)"
-        rest = ", ".join(f"{r} {n}" for r, n in others.items()) or "none"
-        return f"injected user 1: {text}; all other users: {rest}"
-
-    say("summary")
-    rows = [
+    return [
         (
             "events appended",
-            f"{all_n:,}: history {history_n:,} at {gen.events_per_s:,.0f} events/s, live {live_n:,} "
-            f"({args.live_seconds}s in real time), injected {injected}",
+            f"{all_n:,}: history {h.events:,} at {h.summary.events_per_s:,.0f} events/s, live {live_n:,} "
+            f"({args.live_seconds}s in real time), injected {o.injected}",
         ),
         (
             "event time",
-            f"history {_ms(config.start_ms)} -> {_ms(now_ms)} on the simulated clock "
-            f"({config.users:,} users, {args.events_per_user_s:g} events per user per second), "
+            f"history {_ms(h.config.start_ms)} -> {_ms(h.now_ms)} on the simulated clock "
+            f"({h.config.users:,} users, {args.events_per_user_s:g} events per user per second), "
             "then the live part and the injection on the wall clock",
         ),
         (
             "serving path",
-            f"Redis fences at the log's end {serving_s:.1f}s after the last event; the history "
-            f"({history_n:,} events) applied {serving_history_s:.0f}s after its first append = "
-            f"{_rate(history_n, serving_history_s)}",
+            f"Redis fences at the log's end {o.serving_s:.1f}s after the last event; the history "
+            f"({h.events:,} events) applied {h.serving_s:.0f}s after its first append = "
+            f"{_rate(h.events, h.serving_s)}",
         ),
         (
             "archive",
-            f"Delta views at the log's end {archive_s:.1f}s after the last event; "
-            f"the history archived and compacted {archive_history_s:.0f}s after its first append = "
-            f"{_rate(history_n, archive_history_s)}",
+            f"Delta views at the log's end {o.archive_s:.1f}s after the last event; "
+            f"the history archived and compacted {o.archive_history_s:.0f}s after its first append = "
+            f"{_rate(h.events, o.archive_history_s)}",
         ),
         (
             "freshness (serving)",
@@ -638,18 +672,18 @@ def main(argv: list[str] | None = None) -> int:
         ),
         (
             "archive lag",
-            f"the Delta views covered the log {archive_s - serving_s:.1f}s after Redis did "
+            f"the Delta views covered the log {o.archive_s - o.serving_s:.1f}s after Redis did "
             "(archive every SOCIAL_ARCHIVE_INTERVAL_S while records flow, at once when idle)",
         ),
         (
             "rows verified",
-            f"{sum(v.get('recomputed_rows', 0) for v in views.values()):,} in {len(views)} views ({verify_s:.0f}s)",
+            f"{sum(v.get('recomputed_rows', 0) for v in views.values()):,} in {len(views)} views ({o.verify_s:.0f}s)",
         ),
         (
             "mismatches",
             f"{sum(n or 0 for n in found.values())} ("
             + ", ".join(f"{k} {'skipped' if n is None else n}" for k, n in found.items())
-            + f") -> verify {'OK' if verify_ok else 'FAILED'}",
+            + f") -> verify {'OK' if o.verify_ok else 'FAILED'}",
         ),
         (
             "accounting",
@@ -658,35 +692,41 @@ def main(argv: list[str] | None = None) -> int:
             f"{acct.get('quarantined', '-')} (the speed layer's, in Redis) -> "
             f"{'ok' if acct.get('ok') else 'MISMATCH'}",
         ),
-        ("data quality", f"{'OK' if quality_ok else 'FAILED'} ({quality_s:.0f}s)"),
-        ("alerts fired", alerts_line()),
-        ("analytics page", page or ("-" if not settings.analytics else "not written")),
-        ("analytics rows", analytics_rows(reports) if page else "-"),
+        ("data quality", f"{'OK' if o.quality_ok else 'FAILED'} ({o.quality_s:.0f}s)"),
+        ("alerts fired", alerts_line(settings, o.alerts)),
+        ("analytics page", o.page or ("-" if not settings.analytics else "not written")),
+        ("analytics rows", analytics_rows(reports) if o.page else "-"),
         ("verify report", f"{verify_json} (+ latest.html)"),
         ("quality Data Docs", str(reports / "quality" / "index.html")),
         ("every report", str(write_index(settings))),
         ("total", f"{time.monotonic() - t0:.0f}s"),
     ]
-    assert tuple(k for k, _ in rows) == SUMMARY
-    for k, v in rows:
-        print(f"  {k:<22} {v}")
-    (reports / "demo").mkdir(parents=True, exist_ok=True)
-    (reports / "demo" / "summary.json").write_text(
+
+
+def write_summary(settings: Settings, rows: list[tuple[str, str]], o: Outcome) -> None:
+    """``var/reports/demo/summary.json``: the summary's lines and the figures a test checks."""
+    out = Path(settings.reports_dir) / "demo"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(
         json.dumps(
             {
                 "summary": dict(rows),
-                "verify_ok": verify_ok,
-                "quality_ok": quality_ok,
-                "mismatches": found,
-                "serving_caught_up_s": round(serving_s, 2),
-                "archive_caught_up_s": round(archive_s, 2),
-                "freshness": fresh,
-                "alerts": alerts,
+                "verify_ok": o.verify_ok,
+                "quality_ok": o.quality_ok,
+                "mismatches": mismatches(o.report),
+                "serving_caught_up_s": round(o.serving_s, 2),
+                "archive_caught_up_s": round(o.archive_s, 2),
+                "freshness": o.fresh,
+                "alerts": o.alerts,
             },
             indent=2,
         )
         + "\n"
     )
+
+
+def look_around(settings: Settings, ns: str) -> None:
+    """Where to look next, and how to stop."""
     say("look around")
     redis_cli = f"redis-cli -p {settings.redis_port}"
     hints = [
@@ -711,7 +751,81 @@ def main(argv: list[str] | None = None) -> int:
     ]
     width = max(len(cmd) for cmd, _ in hints)
     print("\n".join(f"  {cmd.ljust(width)}  {what}" for cmd, what in hints))
-    return 0 if verify_ok and quality_ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    settings = get_settings()
+    t0 = time.monotonic()
+
+    from contract import namespaces
+    from infra.stack import Stack, end_offsets
+    from pipelines.speed.processor import FRESHNESS_BUCKET_MS
+
+    say("starting the stack (make up)")
+    for name, outcome in Stack(settings).up().items():
+        print(f"  {name:<12} {outcome}")
+    ns = namespaces.active(settings)
+
+    proc = start_speed_layer(settings)
+    try:
+        history = append_history(args, settings, ns, proc)
+        fresh_before = freshness_histogram(settings, ns)
+        live = append_live(args, settings, history)
+        injected = inject_patterns(settings)
+        t_last = time.monotonic()
+
+        say("waiting for the serving path (fences in Redis) and the archive (Delta views) to cover the log")
+        end = end_offsets(settings, settings.events_topic)
+        final = wait_caught_up(
+            settings, ns, end, ("serving", "archived", "archive"), args.catch_up_timeout, proc
+        )
+        if proc is not None:
+            proc.wait(timeout=300)
+    except DeliveryFailed:
+        return 1
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            proc.wait(timeout=60)
+    serving_s = final.reached["serving"] - t_last
+    archive_s = final.reached["archive"] - t_last
+    archive_history_s = (history.archive_watch.stop() or final.reached["archive"]) - history.started
+    fresh = percentiles(histogram_since(freshness_histogram(settings, ns), fresh_before), FRESHNESS_BUCKET_MS)
+    print(f"  serving path {serving_s:.0f}s, archive {archive_s:.0f}s after the last event was acknowledged")
+
+    via = "airflow dags test" if not args.no_airflow else "python -m"
+    say(f"verify_views ({via}): live views vs. a replay of the log")
+    verified, verify_s = run_job("verify_views", "pipelines.verify", settings, not args.no_airflow)
+    say(f"data_quality ({via}): Great Expectations suites")
+    quality_ok, quality_s = run_job("data_quality", "pipelines.quality", settings, not args.no_airflow)
+    alerts, page = analytics_outputs(settings)
+
+    verify_json = Path(settings.reports_dir) / "verify" / "latest.json"
+    outcome = Outcome(
+        history=history,
+        live=live,
+        injected=injected,
+        serving_s=serving_s,
+        archive_s=archive_s,
+        archive_history_s=archive_history_s,
+        fresh=fresh,
+        verified=verified,
+        verify_s=verify_s,
+        quality_ok=quality_ok,
+        quality_s=quality_s,
+        alerts=alerts,
+        page=page,
+        report=json.loads(verify_json.read_text()) if verify_json.exists() else {},
+    )
+    say("summary")
+    rows = summary_rows(args, settings, outcome, t0)
+    assert tuple(k for k, _ in rows) == SUMMARY
+    for k, v in rows:
+        print(f"  {k:<22} {v}")
+    write_summary(settings, rows, outcome)
+    look_around(settings, ns)
+    return 0 if outcome.verify_ok and quality_ok else 1
 
 
 if __name__ == "__main__":

@@ -60,7 +60,6 @@ import base64
 import json
 import os
 import shutil
-import socket
 import sys
 import time
 from collections import Counter, defaultdict
@@ -406,20 +405,18 @@ def summarize(found: dict[str, list], journal: list[dict], examples: int = 5) ->
 # --- the run ----------------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def private_settings(var_dir: Path, **overrides) -> Settings:
     """This experiment's own stack: free ports, state under var_dir (never a `make up` stack's)."""
-    ports = {"kafka_port": _free_port(), "kafka_controller_port": _free_port(), "redis_port": _free_port()}
+    from infra.stack import free_port_block
+
+    port = free_port_block(4)  # Kafka, its controller, Redis, the API: below the ephemeral range
     return get_settings(
-        **ports,
-        kafka_bootstrap=f"127.0.0.1:{ports['kafka_port']}",
-        redis_url=f"redis://127.0.0.1:{ports['redis_port']}/0",
-        api_port=_free_port(),
+        kafka_port=port,
+        kafka_controller_port=port + 1,
+        redis_port=port + 2,
+        kafka_bootstrap=f"127.0.0.1:{port}",
+        redis_url=f"redis://127.0.0.1:{port + 2}/0",
+        api_port=port + 3,
         api_workers=2,
         var_dir=var_dir,
         **overrides,
@@ -516,19 +513,11 @@ def run(
     """The main runs (both modes at ``rates``: the sweep's point 1), then the sweep's other points,
     as long each: dual mode at each multiple of ``rates``, the log design at each nonzero one (at
     0 nothing is injected into it)."""
-    from confluent_kafka import KafkaException
-
-    from contract.ids import wall_clock_ms
     from contract.serving import connect
-    from infra.stack import BACKBONE, Stack, StackError, create_topic, end_offsets
+    from infra.stack import BACKBONE, Stack
 
     sweep = tuple(x for x in sweep if x != 1)  # 1: the main runs
-    specs = [RunSpec(m, m, rates, run_time_s, 1.0 if sweep else None) for m in MODES] + [
-        RunSpec(f"{m}@{x:g}", m, scaled(rates, x), run_time_s, x)
-        for x in sweep
-        for m in MODES
-        if m == "dual" or x > 0
-    ]
+    specs = run_specs(rates, run_time_s, sweep)
     started = time.monotonic()
     stack = Stack(base, service_types=BACKBONE)
     say(
@@ -538,13 +527,7 @@ def run(
     live: list[SpeedLayerProcess] = []
     try:
         r = connect(base.redis_url)
-        create_topic(base, TOPIC, base.events_partitions)
-        for _ in range(40):  # until the new topic's metadata has reached the broker's cache
-            try:
-                end_offsets(base, TOPIC)
-                break
-            except (StackError, KafkaException):
-                time.sleep(0.25)
+        _create_topic(base)
         report: dict = {"modes": {}, "phases_s": {}}
         mark = started  # the "stack" phase includes its start
 
@@ -554,88 +537,12 @@ def run(
             mark = time.monotonic()
 
         phase("stack")
-        spans: dict[str, tuple[dict[int, int], dict[int, int]]] = {}
-        windows: dict[str, tuple[int, int]] = {}
-        summaries: dict[str, dict] = {}
-        for spec in specs:
-            say(
-                f"{spec.label}: {spec.mode} mode, {users} Locust users for {spec.run_time_s} s, "
-                f"faults {spec.rates} per mille, seed {seed}"
-            )
-            first, since = end_offsets(base, TOPIC), wall_clock_ms()
-            summaries[spec.label] = run_workload(
-                mode_settings(base, spec.mode, spec.rates, seed),
-                report_dir / f"locust_{spec.label}",
-                users,
-                spec.run_time_s,
-                seed,
-                spec.label,
-            )
-            spans[spec.label] = (first, end_offsets(base, TOPIC))
-            windows[spec.label] = (since, wall_clock_ms())
-            if spec.label in MODES:
-                phase(f"{spec.mode}_run")
+        runs = _run_all(base, specs, users, seed, report_dir, phase)
         if sweep:
             phase("sweep_runs")
-        say(f"the speed layer: {TOPIC} -> namespace {REPLAY!r}, in one micro-batch")
-        speed_layer = SpeedLayerProcess(
-            mode_settings(base, "log", rates, seed),
-            TOPIC,
-            REPLAY,
-            base.log_dir / f"speed_layer-{REPLAY}.log",
-            archive=False,
-        ).start()
-        live.append(speed_layer)
-        speed_layer.wait_caught_up(timeout=240)
-        speed_layer.stop()
+        _fold_log(mode_settings(base, "log", rates, seed), live)
         phase("speed_layer")
-        points = []
-        parts = len(end_offsets(base, TOPIC))
-        for spec in specs:
-            truth = fold(read_log(base, TOPIC, *spans[spec.label]), base.timeline_length)
-            journal = read_journal(r, TOPIC, spec.mode, windows[spec.label])
-            namespace = REPLAY if spec.mode == "log" else "dual"
-            # the speed layer's store in its layout; the dual-mode API writes the keyed one
-            layout = base.serving_layout if spec.mode == "log" else "keyed"
-            before = measure(r, truth, namespace, journal, base.timeline_length, layout, parts)
-            injected = {f: sum(1 for j in journal if j["fault"] == f) for f in FAULTS}
-            if spec.scale is not None:
-                writes = summaries[spec.label]["writes"]["requests"]
-                points.append(
-                    {
-                        "scale": spec.scale,
-                        "mode": spec.mode,
-                        "permille": spec.rates,
-                        "writes": writes,
-                        "events": truth.events,
-                        "faults_injected": injected,
-                        "total": before["total"],
-                        "counts": before["counts"],
-                        "by_fault": {f: sum(v.values()) for f, v in before["by_fault"].items()},
-                    }
-                )
-            if spec.label not in MODES:
-                continue
-            report["modes"][spec.mode] = {
-                "locust": summaries[spec.label],
-                "log_span": {"from": spans[spec.label][0], "to": spans[spec.label][1]},
-                "namespace": namespace,
-                "events": truth.events,
-                "duplicates": truth.duplicates,
-                "no_effect": truth.no_effect,
-                "users": len(truth.users),
-                "faults_injected": injected,
-                "faults_by_event_type": {
-                    f: dict(Counter(j.get("type") for j in journal if j["fault"] == f)) for f in FAULTS
-                },
-                "before_repair": before,
-                # the repair: the namespace rebuilt from the log, i.e. the replay's; for the log
-                # design that is its own namespace already
-                "after_repair": {
-                    **measure(r, truth, REPLAY, journal, base.timeline_length, base.serving_layout, parts),
-                    "namespace": REPLAY,
-                },
-            }
+        points = _measure_all(base, r, specs, runs, report)
         if sweep:
             report["sweep"] = {
                 "scales": sorted({1.0, *sweep}),
@@ -666,6 +573,131 @@ def run(
         ),
     )
     return report
+
+
+def _fold_log(settings: Settings, live: list[SpeedLayerProcess]) -> None:
+    """The real speed layer folds the whole log into namespace ``replay`` (in one micro-batch: the
+    runs are over), then stops; while it runs it is in ``live``, for the caller's cleanup."""
+    say(f"the speed layer: {TOPIC} -> namespace {REPLAY!r}, in one micro-batch")
+    speed_layer = SpeedLayerProcess(
+        settings, TOPIC, REPLAY, settings.log_dir / f"speed_layer-{REPLAY}.log", archive=False
+    ).start()
+    live.append(speed_layer)
+    speed_layer.wait_caught_up(timeout=240)
+    speed_layer.stop()
+
+
+def run_specs(rates: dict[str, int], run_time_s: int, sweep: tuple[float, ...]) -> list[RunSpec]:
+    """The runs, in order: both modes at ``rates`` (the sweep's point 1, when there is a sweep),
+    then at each other multiple in ``sweep``, dual mode always, the log design when nonzero."""
+    return [RunSpec(m, m, rates, run_time_s, 1.0 if sweep else None) for m in MODES] + [
+        RunSpec(f"{m}@{x:g}", m, scaled(rates, x), run_time_s, x)
+        for x in sweep
+        for m in MODES
+        if m == "dual" or x > 0
+    ]
+
+
+def _create_topic(base: Settings) -> None:
+    """The experiment's topic, once its metadata has reached the broker's cache."""
+    from confluent_kafka import KafkaException
+
+    from infra.stack import StackError, create_topic, end_offsets
+
+    create_topic(base, TOPIC, base.events_partitions)
+    for _ in range(40):  # until the new topic's metadata has reached the broker's cache
+        try:
+            end_offsets(base, TOPIC)
+            break
+        except (StackError, KafkaException):
+            time.sleep(0.25)
+
+
+def _run_all(base: Settings, specs: list[RunSpec], users: int, seed: int, report_dir: Path, phase) -> dict:
+    """Every run, one after the other: per label, its span of the log (end offsets before and
+    after), its wall-clock window (for the journal) and Locust's summary."""
+    from contract.ids import wall_clock_ms
+    from infra.stack import end_offsets
+
+    runs: dict[str, dict] = {}
+    for spec in specs:
+        say(
+            f"{spec.label}: {spec.mode} mode, {users} Locust users for {spec.run_time_s} s, "
+            f"faults {spec.rates} per mille, seed {seed}"
+        )
+        first, since = end_offsets(base, TOPIC), wall_clock_ms()
+        summary = run_workload(
+            mode_settings(base, spec.mode, spec.rates, seed),
+            report_dir / f"locust_{spec.label}",
+            users,
+            spec.run_time_s,
+            seed,
+            spec.label,
+        )
+        span = (first, end_offsets(base, TOPIC))
+        runs[spec.label] = {"span": span, "window": (since, wall_clock_ms()), "locust": summary}
+        if spec.label in MODES:
+            phase(f"{spec.mode}_run")
+    return runs
+
+
+def _measure_all(base: Settings, r, specs: list[RunSpec], runs: dict, report: dict) -> list[dict]:
+    """Each run's span of the log against its store: the main runs' figures (before and after
+    repair) into ``report["modes"]``; the sweep's points returned."""
+    from infra.stack import end_offsets
+
+    points = []
+    parts = len(end_offsets(base, TOPIC))
+    for spec in specs:
+        span, window, locust = (
+            runs[spec.label]["span"],
+            runs[spec.label]["window"],
+            runs[spec.label]["locust"],
+        )
+        truth = fold(read_log(base, TOPIC, *span), base.timeline_length)
+        journal = read_journal(r, TOPIC, spec.mode, window)
+        namespace = REPLAY if spec.mode == "log" else "dual"
+        # the speed layer's store in its layout; the dual-mode API writes the keyed one
+        layout = base.serving_layout if spec.mode == "log" else "keyed"
+        before = measure(r, truth, namespace, journal, base.timeline_length, layout, parts)
+        injected = {f: sum(1 for j in journal if j["fault"] == f) for f in FAULTS}
+        if spec.scale is not None:
+            points.append(
+                {
+                    "scale": spec.scale,
+                    "mode": spec.mode,
+                    "permille": spec.rates,
+                    "writes": locust["writes"]["requests"],
+                    "events": truth.events,
+                    "faults_injected": injected,
+                    "total": before["total"],
+                    "counts": before["counts"],
+                    "by_fault": {f: sum(v.values()) for f, v in before["by_fault"].items()},
+                }
+            )
+        if spec.label not in MODES:
+            continue
+        report["modes"][spec.mode] = {
+            "locust": locust,
+            "log_span": {"from": span[0], "to": span[1]},
+            "namespace": namespace,
+            "events": truth.events,
+            "duplicates": truth.duplicates,
+            "no_effect": truth.no_effect,
+            "users": len(truth.users),
+            "faults_injected": injected,
+            "faults_by_event_type": {
+                f: dict(Counter(j.get("type") for j in journal if j["fault"] == f)) for f in FAULTS
+            },
+            "before_repair": before,
+            # the repair: the namespace rebuilt from the log, i.e. the replay's; for the log
+            # design that is its own namespace already
+            "after_repair": {
+                **measure(r, truth, REPLAY, journal, base.timeline_length, base.serving_layout, parts),
+                "namespace": REPLAY,
+            },
+        }
+    return points
 
 
 # --- the report ------------------------------------------------------------------------------------------

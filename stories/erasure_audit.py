@@ -222,6 +222,7 @@ def audit(
     speed layer applied the erasure, ``REORG ... APPLY (PURGE)`` and a VACUUM without retention
     over the namespace's Delta tables (what removes plaintext rows from old versions, for
     plaintext other producers wrote), timed as part of the erasure."""
+    import functools
 
     from app_sim.generator import GeneratorConfig, produce
     from contract.keys import KeyStore, Sealer
@@ -264,67 +265,93 @@ def audit(
         if full:
             report["pipeline_before"] = _pipeline_extras(settings, topic, ns)
         r = clients.redis_client(settings.redis_url)
-        _rewrite_aof(r)
-        _say("search before the erasure")
-        t_search = time.perf_counter()
-        report["before"] = search(roots, canary, control, user, keystore, progress)
-        report["before"]["seconds"] = round(time.perf_counter() - t_search, 1)
-
-        _say("erase the canary: DELETE /v1/users/me")
-        with _api(base) as c:
-            t0 = time.perf_counter()
-            r_del = c.delete("/v1/users/me", headers={"Authorization": f"Bearer {who['token']}"})
-            t_accepted = time.perf_counter() - t0
-        r_del.raise_for_status()
-        gone = keystore.get(user) is None
-        at = r_del.json()
-        partition, offset = at["partition"], at["offset"]
-        while sl.redis_position().get(partition, 0) <= offset:
-            time.sleep(0.05)
-        t_applied = time.perf_counter() - t0
-        sl.wait_for({partition: offset + 1}, timeout=900)
-        t_archived = time.perf_counter() - t0
-        erasure = report["erasure"] = {
-            "key_deleted_when_accepted": gone,
-            "accepted_s": round(t_accepted, 3),
-            "applied_by_speed_layer_s": round(t_applied, 3),
-            "archived_and_compacted_s": round(t_archived, 3),
-        }
+        searched = functools.partial(_searched, r, roots, canary, control, user, keystore, progress)
+        report["before"] = searched("before")
+        t0, erasure = _erase(sl, base, who["token"], keystore, user)
+        report["erasure"] = erasure
         sl.wait_for(end_offsets(settings, topic), timeout=900)
         if purge:
-            _say("Delta: REORG ... APPLY (PURGE), then VACUUM without retention")
-            code = _run_module(
-                settings,
-                "pipelines.maintenance",
-                "--step",
-                "purge",
-                "--step",
-                "vacuum",
-                "--retention-hours",
-                "0",
-            )
-            erasure["purge_exit_code"] = code
-            erasure["purged_and_vacuumed_s"] = round(time.perf_counter() - t0, 1)
-            # The purge rewrote the views' files and the VACUUM removed the old ones: the
-            # versions the last batch recorded (verify's time travel) are gone. The next batch
-            # records the purged ones: one more plaintext post of the control user.
-            write_control(settings, control, user=report["control_user"], post_id=report["control_user"] + 1)
-            sl.wait_for(end_offsets(settings, topic), timeout=900)
+            _purge(settings, sl, control, report["control_user"], erasure, t0)
         if full:
             report["pipeline_after"] = _pipeline_extras(settings, topic, ns)
-        _rewrite_aof(r)
-        _say("search after the erasure")
-        t_search = time.perf_counter()
-        report["after"] = search(roots, canary, control, user, keystore, progress)
-        report["after"]["seconds"] = round(time.perf_counter() - t_search, 1)
+        report["after"] = searched("after")
         erasure["audit_clean_s"] = round(time.perf_counter() - t0, 1)  # request -> the search's verdict
     finally:
         api.stop()
         sl.stop()
     _say("verify: the live state equals a replay of the log")
     report["verify"] = run_verify(settings, topic, ns)
+    report["ok"] = _clean(report)
+    return report
+
+
+def _searched(
+    r, roots: list[Path], canary: Canary, control: Canary, user: int, keystore, progress: bool, phase: str
+) -> dict:
+    """:func:`search` ``phase`` (before, after) the erasure, timed, once Redis rewrote its AOF."""
+    _rewrite_aof(r)
+    _say(f"search {phase} the erasure")
+    t_search = time.perf_counter()
+    found = search(roots, canary, control, user, keystore, progress)
+    found["seconds"] = round(time.perf_counter() - t_search, 1)
+    return found
+
+
+def _erase(sl, base: str, token: str, keystore, user: int) -> tuple[float, dict]:
+    """``DELETE /v1/users/me`` as the canary; when the request started (``perf_counter``), and the
+    times until it was accepted, applied by the speed layer, archived and compacted."""
+    _say("erase the canary: DELETE /v1/users/me")
+    with _api(base) as c:
+        t0 = time.perf_counter()
+        r_del = c.delete("/v1/users/me", headers={"Authorization": f"Bearer {token}"})
+        t_accepted = time.perf_counter() - t0
+    r_del.raise_for_status()
+    gone = keystore.get(user) is None
+    at = r_del.json()
+    partition, offset = at["partition"], at["offset"]
+    while sl.redis_position().get(partition, 0) <= offset:
+        time.sleep(0.05)
+    t_applied = time.perf_counter() - t0
+    sl.wait_for({partition: offset + 1}, timeout=900)
+    t_archived = time.perf_counter() - t0
+    return t0, {
+        "key_deleted_when_accepted": gone,
+        "accepted_s": round(t_accepted, 3),
+        "applied_by_speed_layer_s": round(t_applied, 3),
+        "archived_and_compacted_s": round(t_archived, 3),
+    }
+
+
+def _purge(settings: Settings, sl, control: Canary, control_user: int, erasure: dict, t0: float) -> None:
+    """``REORG ... APPLY (PURGE)`` and a VACUUM without retention over the namespace's Delta
+    tables; its exit code and the time since the erasure's request (``t0``) into ``erasure``."""
+    from infra.stack import end_offsets
+
+    _say("Delta: REORG ... APPLY (PURGE), then VACUUM without retention")
+    code = _run_module(
+        settings,
+        "pipelines.maintenance",
+        "--step",
+        "purge",
+        "--step",
+        "vacuum",
+        "--retention-hours",
+        "0",
+    )
+    erasure["purge_exit_code"] = code
+    erasure["purged_and_vacuumed_s"] = round(time.perf_counter() - t0, 1)
+    # The purge rewrote the views' files and the VACUUM removed the old ones: the
+    # versions the last batch recorded (verify's time travel) are gone. The next batch
+    # records the purged ones: one more plaintext post of the control user.
+    write_control(settings, control, user=control_user, post_id=control_user + 1)
+    sl.wait_for(end_offsets(settings, settings.events_topic), timeout=900)
+
+
+def _clean(report: dict) -> bool:
+    """The audit's verdict: no canary plaintext and nothing readable after, while the search saw
+    the sealed data before and the control's plaintext after; the key gone, purge and verify ok."""
     a, b = report["after"], report["before"]
-    report["ok"] = (
+    return (
         a["canary_plaintext"] == 0
         and a["canary_readable"] == 0
         and b["canary_plaintext"] == 0
@@ -336,7 +363,6 @@ def audit(
         # with --full the analytics' outputs must exist to be searched
         and all(report.get(k, {}).get("analytics", 0) == 0 for k in ("pipeline_before", "pipeline_after"))
     )
-    return report
 
 
 def _pipeline_extras(settings: Settings, topic: str, ns: str) -> dict:

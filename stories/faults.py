@@ -36,6 +36,7 @@ from infra import clients
 from infra.cli import command_name, run_main
 from infra.settings import Settings
 from infra.stack import KafkaBroker, admin_client, end_offsets
+from stories.bench_common import wait_fences
 
 
 @dataclass
@@ -181,6 +182,8 @@ def run(
         worker_id=worker_id,
     )
     records = EventGenerator(int(rate * seconds) + users * 10, config).records()
+    # paced here, not by app_sim.generator.produce(rate=): the fault starts mid-run, and every
+    # record's delivery report is counted by event id with this run's acks and idempotence
     fault_thread: threading.Thread | None = None
     for key, value, _injected in records:
         now = time.monotonic() - start
@@ -209,13 +212,18 @@ def run(
     remaining = producer.flush(150)
     result.failed += remaining
     result.events.append(f"{time.monotonic() - start:.1f}s producer flushed ({remaining} undelivered)")
-    in_log = read_ids(settings, topic)
+    _count(result, acked, read_ids(settings, topic))
+    return result
+
+
+def _count(result: FaultRun, acked: Counter, in_log: Counter) -> None:
+    """The run's acknowledged ids (``acked``: id -> acknowledged sends) against the log's
+    (``in_log``, :func:`read_ids`): acked, in the log, lost and duplicated, into ``result``."""
     result.acked = sum(acked.values())
     result.in_log = sum(in_log.values())
     result.lost = sum(max(0, n - in_log.get(i, 0)) for i, n in acked.items())
     # more copies in the log than acknowledged sends of an id (a retry written twice)
     result.duplicated = sum(max(0, in_log[i] - acked.get(i, 0)) for i in in_log if in_log[i] > 1)
-    return result
 
 
 def spark_worker_killed(settings: Settings, *, seconds: float = 30.0, rate: float = 1000.0) -> dict:
@@ -247,20 +255,14 @@ def spark_worker_killed(settings: Settings, *, seconds: float = 30.0, rate: floa
     namespace = namespaces.active(settings)
     client = connect(settings.redis_url)
     ends = end_offsets(settings, topic)
-    deadline = time.monotonic() + 600
-
-    def position() -> dict[int, int]:
-        return functions.layout_fences(client, namespace, settings.serving_layout, len(ends))
-
-    while (fences := position()) != ends and time.monotonic() < deadline:
-        time.sleep(1)
-    run_.events.append(f"speed layer caught up: {fences == ends}")
+    caught_up = wait_fences(client, namespace, ends, 600, settings.serving_layout) is not None
+    run_.events.append(f"speed layer caught up: {caught_up}")
     stats = functions.accounting(client, namespace, sorted(ends), settings.serving_layout)
     read = sum(ends.values())
     report = {
         **asdict(run_),
         "exactly_once": run_.exactly_once,
-        "caught_up": fences == ends,
+        "caught_up": caught_up,
         "accounting": {**stats, "events_read": read},
         "accounting_ok": read
         == stats["applied"] + stats["duplicates"] + stats["rejected"] + stats["quarantined"],

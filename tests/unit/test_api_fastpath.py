@@ -28,7 +28,7 @@ USERS = 60
 
 @pytest.fixture(scope="module")
 def world(redis_url, tmp_path_factory):
-    from stories.bench import _populate_serving_store, _timeline_users
+    from stories.bench import populate_serving_store, timeline_users
 
     settings = get_settings(
         redis_url=redis_url,
@@ -39,8 +39,8 @@ def world(redis_url, tmp_path_factory):
         fanout_threshold=8,  # some authors merged at read time
         serving_layout="keyed",  # the store below is written in the keyed layout by hand
     )
-    users = _populate_serving_store(settings, NS, users=USERS, seed=3)
-    many, empty = _timeline_users(settings, NS, users)
+    users = populate_serving_store(settings, NS, users=USERS, seed=3)
+    many, empty = timeline_users(settings, NS, users)
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     client.function_load(functions.source(), replace=True)
     # seal every post's text, then erase one of the reader's authors: their posts leave the timeline

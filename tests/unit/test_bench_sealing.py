@@ -9,7 +9,8 @@ import sys
 import threading
 import time
 
-from stories.bench_sealing import _CpuMeter, _process_cpu_s
+from stories.bench_common import process_cpu_s
+from stories.bench_sealing import CpuMeter
 
 
 def test_the_simulating_thread_its_process_and_the_broker_are_counted_apart():
@@ -24,7 +25,7 @@ def test_the_simulating_thread_its_process_and_the_broker_are_counted_apart():
 
     try:
         time.sleep(0.3)  # the child's interpreter started: it only sleeps from here
-        with _CpuMeter(broker.pid) as cpu:
+        with CpuMeter(broker.pid) as cpu:
             client = threading.Thread(target=hash_for_a_second)
             client.start()
             end = time.thread_time() + 0.3
@@ -42,10 +43,10 @@ def test_the_simulating_thread_its_process_and_the_broker_are_counted_apart():
 
 
 def test_no_broker_pid_no_broker_figure_and_a_gone_process_reads_as_none():
-    with _CpuMeter(None) as cpu:
+    with CpuMeter(None) as cpu:
         pass
     assert cpu.per_event(10)["broker"] is None
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
-    assert _process_cpu_s(child.pid) is None  # reaped: no /proc entry
-    assert _process_cpu_s(os.getpid()) > 0
+    assert process_cpu_s(child.pid) is None  # reaped: no /proc entry
+    assert process_cpu_s(os.getpid()) > 0
