@@ -334,22 +334,15 @@ def _verify_keyed(spark, settings: Settings, namespace: str, topic: str, frozen:
 def keyed_freshness(client, namespace: str, layout: str = "keyed", partitions=()) -> dict:
     """p50/p99 of received -> visible in Redis, from the processor's 10 ms histogram."""
     from contract import functions
+    from pipelines.metrics import percentile
     from pipelines.speed.processor import FRESHNESS_BUCKET_MS
 
     hist = functions.freshness_histogram(client, namespace, layout, partitions)
     total = sum(hist.values())
     if not total:
         return {"events": 0, "p50_ms": None, "p99_ms": None}
-
-    def pct(q: float) -> int:
-        acc = 0
-        for b in sorted(hist):
-            acc += hist[b]
-            if acc >= q * total:
-                return (b + 1) * FRESHNESS_BUCKET_MS
-        return (max(hist) + 1) * FRESHNESS_BUCKET_MS
-
-    return {"events": total, "p50_ms": pct(0.5), "p99_ms": pct(0.99), "max_ms": pct(1.0)}
+    p50, p99, top = (percentile(hist, FRESHNESS_BUCKET_MS, q) for q in (0.5, 0.99, 1.0))
+    return {"events": total, "p50_ms": p50, "p99_ms": p99, "max_ms": top}
 
 
 def expected_tables(
