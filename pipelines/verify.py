@@ -301,7 +301,8 @@ def _verify_keyed(spark, settings: Settings, namespace: str, topic: str, frozen:
     stats = functions.accounting(client, namespace, partitions, layout)
     result = compare_namespaces(client, namespace, scratch, settings.timeline_length)
     moved = state() != (position, complete)
-    drop_namespace(client, scratch)
+    if not frozen:  # the copy goes with its scratch namespace; the live Redis keeps none
+        drop_namespace(client, scratch)
     read = sum(ends.values())
     acct = dict(stats, events_read=read)
     acct["ok"] = read == stats["applied"] + stats["duplicates"] + stats["rejected"] + stats["quarantined"]
