@@ -51,7 +51,7 @@ import orjson
 
 import contract
 from app_sim import graph
-from contract.ids import MAX_WORKER_ID, Snowflake, event_ids
+from contract.ids import MAX_WORKER_ID, EventIds, Snowflake
 from contract.keys import KeyStore, Sealer
 from contract.writers import WriterIdUnavailable
 from infra.cli import command_name, run_main
@@ -226,7 +226,12 @@ class _Run:
 
         for t in contract.EVENT_TYPES:
             counts.per_type[t] = 0
-        self.flake = Snowflake(BROKER_FREE_WORKER_ID if cfg.worker_id is None else cfg.worker_id)
+        worker = BROKER_FREE_WORKER_ID if cfg.worker_id is None else cfg.worker_id
+        self.flake = Snowflake(worker)
+        # event ids sq:<worker>:<n>, minted as each record is sent (as the API mints them on
+        # receipt), so a partition receives each writer's seqs in order: an offline device's
+        # buffered events get theirs when it comes back (docs/views.md, "Duplicates")
+        self.eid_prefix, self.eid_seq = f"sq:{worker}:", 0
         self.realtime = cfg.realtime
         self.step_ms = 1000.0 / max(cfg.sim_events_per_user_s * U, 1e-9)
         self.sim_now = float(cfg.start_ms)
@@ -302,7 +307,6 @@ class _Run:
             c = min(cfg.chunk, total - done)
             yield {
                 "dt": rng.exponential(self.step_ms, c).tolist(),
-                "eid": event_ids(rng, c),
                 "net": rng.integers(5, 150, c).tolist(),
                 "prep": rng.integers(0, 400, c).tolist(),
                 "type": self.mix_codes[rng.choice(len(self.mix_codes), c, p=self.mix_p)].tolist(),
@@ -362,6 +366,11 @@ class _Run:
             if u1 < self.cfg.read_prob:
                 heapq.heappush(self.pending_reads, (now + read_delay, ev["message_id"], ev["recipient_id"]))
 
+    def eid(self) -> str:
+        """The next event id of this run's writer (contract/ids.py: ``sq:<worker id>:<n>``)."""
+        self.eid_seq += 1
+        return self.eid_prefix + str(self.eid_seq)
+
     # -- 1. the bootstrap: registrations, then the follower graph ---------------------------------------
     def registrations(self) -> Iterator[tuple[bytes, dict, None]]:
         """``users`` ``user_registered`` events (drawn, clock included, even when not emitted)."""
@@ -369,13 +378,13 @@ class _Run:
         clock, after_write, counts = self.clock, self.after_write, self.counts
         u = 0
         for ch in self.chunks(self.users):
-            c_eid, c_dt, c_net, c_prep, c_u1 = ch["eid"], ch["dt"], ch["net"], ch["prep"], ch["u1"]
-            for i in range(len(c_eid)):
+            c_dt, c_net, c_prep, c_u1 = ch["dt"], ch["net"], ch["prep"], ch["u1"]
+            for i in range(len(c_dt)):
                 u += 1
                 now = clock(c_dt[i])
                 sent = now + offs[u] - c_net[i]
                 ev = {
-                    "event_id": c_eid[i],
+                    "event_id": self.eid(),
                     "type": "user_registered",
                     "schema_version": 1,
                     "user_id": u,
@@ -396,14 +405,14 @@ class _Run:
         clock, after_write, counts = self.clock, self.after_write, self.counts
         pos = 0
         for ch in self.chunks(len(edges)):
-            c_eid, c_dt, c_net, c_prep, c_u1 = ch["eid"], ch["dt"], ch["net"], ch["prep"], ch["u1"]
-            for i in range(len(c_eid)):
+            c_dt, c_net, c_prep, c_u1 = ch["dt"], ch["net"], ch["prep"], ch["u1"]
+            for i in range(len(c_dt)):
                 a, b = edges[pos]
                 pos += 1
                 now = clock(c_dt[i])
                 sent = now + offs[a] - c_net[i]
                 ev = {
-                    "event_id": c_eid[i],
+                    "event_id": self.eid(),
                     "type": "followed",
                     "schema_version": 1,
                     "user_id": a,
@@ -428,9 +437,9 @@ class _Run:
         inject, flush_heap = self.inject, self.flush_heap
         clock, action, rejected, settle = self.clock, self._action, self.rejected, self.settle
         for ch in self.chunks(self.activity_slots):
-            c_eid, c_dt, c_net, c_prep = ch["eid"], ch["dt"], ch["net"], ch["prep"]
+            c_dt, c_net, c_prep = ch["dt"], ch["net"], ch["prep"]
             c_type, c_actor, c_u1, c_read = ch["type"], ch["actor"], ch["u1"], ch["read_delay"]
-            for i in range(len(c_eid)):
+            for i in range(len(c_dt)):
                 now = clock(c_dt[i])
                 net = c_net[i]
                 u1 = c_u1[i]
@@ -442,12 +451,12 @@ class _Run:
                     yield from self._injected(kind, ch, i, now)
                     continue
                 t, u, ev = action(c_type[i], c_actor[i], u1, now, ch, i)
-                ev["event_id"] = c_eid[i]
                 ev["schema_version"] = 1
                 sent = now + offs[u] - net
                 ev["device_time"] = sent - c_prep[i]
                 if offline_prone[u] and self._buffered(ev, u, now, u1, ch["offline_ms"][i]):
                     continue  # its device is offline: sent when it comes back
+                ev["event_id"] = self.eid()
                 ev["sent_time"] = sent
                 ev["received_time"] = now
                 k = keys[ev["recipient_id"]] if t == _T_MSG else keys[u]
@@ -555,6 +564,7 @@ class _Run:
         while self.flush_heap and self.flush_heap[0][0] <= up_to:
             _, fu = heapq.heappop(self.flush_heap)
             for ev in self.buffers.pop(fu, ()):
+                ev["event_id"] = self.eid()
                 ev["sent_time"] = now + offs[fu] - net
                 ev["received_time"] = now
                 k = contract.record_key(ev)
@@ -572,9 +582,7 @@ class _Run:
             counts.records += 1
             counts.duplicates += 1
             return
-        k, value, reason = self._invalid(
-            kind, ch["eid"][i], now, ch["actor"][i], ch["other"][i], ch["net"][i]
-        )
+        k, value, reason = self._invalid(kind, self.eid(), now, ch["actor"][i], ch["other"][i], ch["net"][i])
         if reason in ("not_own_post", "not_in_inbox"):  # stateful: decided after erasure
             reason = self.rejected(value) or reason
         yield k, value, reason
@@ -829,6 +837,7 @@ def pattern_events(
     churn_within_s: int,
     flood_recipients: int,
     worker_id: int = BROKER_FREE_WORKER_ID,
+    event_ids: EventIds | None = None,
 ) -> list[dict]:
     """The valid events of one alert pattern by ``user``, ending at ``now_ms`` (server clock).
 
@@ -836,7 +845,9 @@ def pattern_events(
     ``burst``: ``burst_posts + 2`` posts 200 ms apart; ``follow_churn``: ``churn_repeats + 1``
     follows each undone 1 s later (never more than ``churn_within_s``); ``message_flood``:
     messages to ``flood_recipients + 2`` distinct users 100 ms apart. Device clocks are exact.
-    Post and message ids are snowflakes of ``worker_id`` (``inject`` passes an allocated one).
+    Post and message ids are snowflakes of ``worker_id`` (``inject`` passes an allocated one);
+    event ids come from ``event_ids`` (one writer's count: ``inject`` passes one for all its
+    patterns), by default a count of ``worker_id`` from 1.
     """
     flake = Snowflake(worker_id)
     others = [u for u in range(1, flood_recipients + churn_repeats + 8) if u != user]
@@ -856,8 +867,7 @@ def pattern_events(
         gap = 100
     else:
         raise ValueError(f"unknown pattern {pattern!r}; known: {PATTERNS}")
-    rng = np.random.default_rng()
-    ids = event_ids(rng, len(steps))
+    ids = (event_ids or EventIds(worker_id)).take(len(steps))
     out = []
     for i, (etype, fields) in enumerate(steps):
         t = now_ms - (len(steps) - 1 - i) * gap
@@ -894,6 +904,7 @@ def inject(
 
         worker_id = writers.allocate_for(bootstrap, topic, "inject", settings).worker_id
     producer = producer_for(bootstrap)
+    eids = EventIds(worker_id)
     n = 0
     window_s = {
         "burst": s.rule_burst_window_s / 2,
@@ -918,6 +929,7 @@ def inject(
             churn_within_s=s.rule_churn_within_s,
             flood_recipients=s.rule_flood_recipients,
             worker_id=worker_id,
+            event_ids=eids,
         ):
             producer.produce(topic, orjson.dumps(ev), contract.record_key(ev))
             n += 1

@@ -28,8 +28,11 @@ The serving reads (:mod:`contract.serving`) use the first group; the rest is the
 ``followers:<a>``   set     who follows a (the fan-out targets)
 ``pids:<a>``        hash    post_id -> 1 live / 0 deleted (a deleted post never comes back)
 ``sent:<u>``        set     "<recipient>:<message>" of the messages u sent (anonymised on erasure)
-``seenq:<p>``       zset    dedup memory of partition p: member event_id, score its newest
-                            received_time (ZSCORE decides a duplicate; by score for forgetting)
+``seenq:<p>``       zset    dedup memory of partition p for ids without a sequence: member
+                            event_id, score its newest received_time (redis_functions/dedup.lua)
+``dq:<p>``          hash    dedup memory of partition p for sequenced ids: writer ->
+                            "<highest seq>:<newest received_time>:<reorder window, a byte per seq>"
+``dqt:<p>``         zset    the writers of ``dq:<p>`` by newest received_time (for forgetting)
 ``hwm``             hash    partition -> newest received_time seen
 ``stats:<p>``       hash    applied, duplicates, rejected, quarantined of partition p
 ``changelog:<p>``   stream  one entry per record, id ``<offset>-1``: disposition, reason, changes
@@ -50,6 +53,7 @@ import redis
 from infra import clients
 
 LIBRARY = Path(__file__).with_name("redis_functions") / "social.lua"
+DEDUP = LIBRARY.with_name("dedup.lua")  # the dedup rule: one chunk of Lua in both libraries (@DEDUP@)
 NAME = "social"
 
 
@@ -78,12 +82,19 @@ def stream_range(
 def source() -> str:
     """The library as Redis loads it: ``social.lua`` with its VERSION line naming its content
     (:func:`version`), so an edit without a bump still loads, and a stale library cannot run."""
-    return _versioned(LIBRARY.read_text(), version())
+    return _versioned(_with_dedup(LIBRARY), version())
 
 
 def version() -> str:
     """The library's VERSION line and a digest of its source: what ``social_version`` answers."""
-    return _content_version(LIBRARY, LIBRARY.read_text())
+    return _content_version(LIBRARY, LIBRARY.read_text(), DEDUP.read_text())
+
+
+def _with_dedup(path: Path) -> str:
+    text = path.read_text()
+    if "@DEDUP@" not in text:
+        raise RuntimeError(f"{path}: no @DEDUP@ placeholder")
+    return text.replace("@DEDUP@", DEDUP.read_text())
 
 
 def _content_version(path: Path, text: str, extra: str = "") -> str:
@@ -278,7 +289,7 @@ def protocol() -> dict:
 
 def partitioned_source() -> str:
     """The library as Redis loads it: ``partitioned.lua`` with ``protocol.json`` in its place."""
-    text = PARTITIONED.read_text()
+    text = _with_dedup(PARTITIONED)
     if "@PROTOCOL@" not in text:
         raise RuntimeError(f"{PARTITIONED}: no @PROTOCOL@ placeholder")
     text = text.replace("@PROTOCOL@", _lua({k: v for k, v in protocol().items() if not k.startswith("_")}))
@@ -302,7 +313,9 @@ def _lua(value) -> str:
 
 def partitioned_version() -> str:
     """The library's VERSION line and a digest of its source and protocol."""
-    return _content_version(PARTITIONED, PARTITIONED.read_text(), PROTOCOL_FILE.read_text())
+    return _content_version(
+        PARTITIONED, PARTITIONED.read_text(), PROTOCOL_FILE.read_text() + DEDUP.read_text()
+    )
 
 
 def ensure_partitioned_loaded(client: redis.Redis) -> str:

@@ -1,4 +1,5 @@
-"""Ids of the social app: snowflake ``post_id``/``message_id``/``user_id`` and UUID ``event_id``.
+"""Ids of the social app: snowflake ``post_id``/``message_id``/``user_id``, and ``event_id``:
+sequenced (``sq:<writer>:<seq>``) for the writers of this project, a UUID for keyed API requests.
 
 Shared by the HTTP API and the generator, so ids from both never collide in the log.
 
@@ -20,8 +21,6 @@ import os
 import threading
 import time
 import uuid
-
-import numpy as np
 
 EPOCH_MS = 1_704_067_200_000  # 2024-01-01T00:00:00Z; 41 bits of ms last until 2093
 WORKER_BITS = 10
@@ -84,25 +83,50 @@ def snowflake_without_worker(snowflake_id: int) -> int:
     return snowflake_id & ~(MAX_WORKER_ID << SEQUENCE_BITS)
 
 
+# A sequenced event id: the writer's worker id (the registry's, contract/writers.py) and the
+# writer's own count of its events, from 1. Its dedup memory is per writer, not per id
+# (docs/views.md, "Duplicates"): R bytes per writer and partition. The canonical form only, ASCII
+# digits without leading zeros, at most 15 each (exact in a Lua number): the Redis library
+# (contract/redis_functions/dedup.lua), the batch layer and the specification read it alike;
+# anything else is an opaque id.
+SEQUENCED = r"^sq:(0|[1-9][0-9]{0,14}):([1-9][0-9]{0,14})$"
+MAX_SEQ = 10**15 - 1
+
+
+def sequenced_id(writer: int, seq: int) -> str:
+    if not 0 <= writer <= MAX_SEQ or not 1 <= seq <= MAX_SEQ:
+        raise ValueError(
+            f"a sequenced event id needs writer 0..{MAX_SEQ} and seq 1..{MAX_SEQ}: {writer}, {seq}"
+        )
+    return f"sq:{writer}:{seq}"
+
+
+class EventIds:
+    """Thread-safe sequenced event ids of one writer: ``sq:<worker id>:1``, ``:2``, ...
+
+    A writer numbers its events from 1 for the life of its worker id (a restarted writer claims a
+    new one, so it never repeats a seq). ``start`` resumes a count (the generator's chunks)."""
+
+    def __init__(self, writer: int, start: int = 1):
+        self.writer = writer
+        self._lock = threading.Lock()
+        self._next = start
+
+    def next_id(self) -> str:
+        with self._lock:
+            seq, self._next = self._next, self._next + 1
+        return sequenced_id(self.writer, seq)
+
+    def take(self, n: int) -> list[str]:
+        """``n`` consecutive ids."""
+        with self._lock:
+            first, self._next = self._next, self._next + n
+        if first + n - 1 > MAX_SEQ:
+            raise ValueError(f"writer {self.writer} has used every seq")
+        prefix = f"sq:{self.writer}:"
+        return [prefix + str(s) for s in range(first, first + n)]
+
+
 def new_event_id() -> str:
     """A random UUID (v4) string, for events created one at a time (the API)."""
     return str(uuid.UUID(bytes=os.urandom(16), version=4))
-
-
-_HEX = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
-# positions of the 32 hex digits inside the 36-char canonical form (hyphens at 8, 13, 18, 23)
-_DIGIT_POS = np.array([i for i in range(36) if i not in (8, 13, 18, 23)])
-
-
-def event_ids(rng: np.random.Generator, n: int) -> list[str]:
-    """``n`` UUID v4 strings drawn from ``rng`` (reproducible from a seed), vectorised."""
-    raw = rng.integers(0, 256, size=(n, 16), dtype=np.uint8)
-    raw[:, 6] = (raw[:, 6] & 0x0F) | 0x40  # version 4
-    raw[:, 8] = (raw[:, 8] & 0x3F) | 0x80  # RFC 4122 variant
-    nibbles = np.empty((n, 32), dtype=np.uint8)
-    nibbles[:, 0::2] = raw >> 4
-    nibbles[:, 1::2] = raw & 0x0F
-    out = np.full((n, 36), ord("-"), dtype=np.uint8)
-    out[:, _DIGIT_POS] = _HEX[nibbles]
-    text = out.tobytes().decode("ascii")
-    return [text[i : i + 36] for i in range(0, 36 * n, 36)]

@@ -37,6 +37,7 @@ TIMELINE_LENGTH = 800
 FANOUT_THRESHOLD = 1_000
 DEDUP_WINDOW_MS = 24 * 3600 * 1000
 DEDUP_GRACE_MS = 3600 * 1000
+DEDUP_REORDER = 256  # seqs of one writer a partition may receive out of order (docs/views.md)
 
 
 class SettingsError(ValueError):
@@ -400,6 +401,13 @@ class Settings:
         DEDUP_GRACE_MS,
         "event ids are forgotten once received more than window + grace before a partition's newest",
     )
+    dedup_reorder: int = _setting(
+        "SOCIAL_DEDUP_REORDER",
+        DEDUP_REORDER,
+        "R: of a writer's sequenced event ids (sq:<writer>:<seq>) a partition keeps which of the last R seqs "
+        "arrived; a seq at or below its highest minus R counts as a duplicate (docs/views.md: Duplicates). "
+        "Fixed for a namespace's life, as the window is",
+    )
     archive_interval_s: float = _setting(
         "SOCIAL_ARCHIVE_INTERVAL_S",
         5.0,
@@ -554,6 +562,8 @@ class Settings:
             raise SettingsError(
                 f"SOCIAL_LOG_LEVEL={self.log_level!r}: expected one of {', '.join(LOG_LEVELS)}"
             )
+        if not 1 <= self.dedup_reorder <= 4096:
+            raise SettingsError(f"SOCIAL_DEDUP_REORDER={self.dedup_reorder}: expected 1 to 4096")
         if self.profile == "cluster" and self.cluster_brokers < 1:
             raise SettingsError(f"SOCIAL_CLUSTER_BROKERS={self.cluster_brokers}: expected at least 1")
         if self.kafka_security_protocol not in KAFKA_SECURITY_PROTOCOLS:

@@ -46,7 +46,7 @@ from infra.clients import redis_client
 from infra.settings import Settings, get_settings
 from pipelines import derived
 from pipelines.archiver import BRONZE_DISPOSITION
-from pipelines.batch_layer.definition import QUARANTINED, below
+from pipelines.batch_layer.definition import QUARANTINED, SEQUENCED, below, writer_runs
 from pipelines.lake import Lake, latest_metadata, side_by_side
 from pipelines.tables import TABLES, VIEWS
 
@@ -185,6 +185,53 @@ def seed_from_batch(spark, settings: Settings, namespace: str, batch_namespace: 
     return position
 
 
+def dedup_memory(
+    bronze: DataFrame, settings: Settings, partition: str
+) -> tuple[DataFrame, DataFrame, DataFrame]:
+    """The dedup memory at the archive's position, as contract/redis_functions/dedup.lua keeps it
+    (docs/views.md, "Duplicates"), with the partition column named ``partition``: each partition's
+    newest received_time (``hwm``); each id without a sequence with its newest received_time, for
+    the ids within window + grace of hwm (``seen``); each writer's current run, for the writers
+    with a record within window + grace of hwm (``writers``: hi, last, reorder and the seqs in
+    (hi - R, hi] that arrived, space-separated)."""
+    horizon = settings.dedup_window_ms + settings.dedup_grace_ms
+    R = settings.dedup_reorder
+    hwm = bronze.groupBy(F.col("partition").alias(partition)).agg(F.max("received_time").alias("hwm"))
+    seen = (
+        bronze.where(~F.col("event_id").rlike(SEQUENCED))
+        .groupBy(F.col("partition").alias(partition), "event_id")
+        .agg(F.max("received_time").alias("rt"))
+        .join(hwm, partition)
+        .where(F.col("rt") >= F.col("hwm") - horizon)
+    )
+    runs = writer_runs(
+        bronze.select("partition", "offset", "event_id", "received_time"),
+        settings.dedup_window_ms,
+        settings.dedup_grace_ms,
+    ).withColumnRenamed("partition", partition)
+    current = runs.groupBy(partition, "writer").agg(F.max("run").alias("run"))
+    writers = (
+        runs.join(current, [partition, "writer", "run"])
+        .groupBy(partition, "writer")
+        .agg(
+            F.max("seq").alias("hi"),
+            F.max("received_time").alias("last"),
+            F.collect_list("seq").alias("all_seqs"),
+        )
+        .join(hwm, partition)
+        .where(F.col("last") >= F.col("hwm") - horizon)
+        .select(
+            partition,
+            "writer",
+            "hi",
+            "last",
+            F.lit(R).alias("reorder"),
+            F.array_join(F.filter("all_seqs", lambda s: s > F.col("hi") - R), " ").alias("seqs"),
+        )
+    )
+    return hwm, seen, writers
+
+
 def restore(spark, settings: Settings, namespace: str, *, force: bool = False) -> dict:
     client = functions.connect(settings.redis_url)
     existing = next(iter(client.scan_iter(match=f"{namespace}:*", count=1000)), None)
@@ -244,18 +291,11 @@ def restore(spark, settings: Settings, namespace: str, *, force: bool = False) -
     erased = bronze.where((F.col("type") == "user_erased") & (F.col("disposition") == "applied"))
     load("E", erased.select("user_id").distinct(), "user_id")
 
-    # the dedup memory: per partition, each event id's newest received_time, for the ids within
-    # the window + grace of the partition's newest received_time (the Redis function's rule)
-    hwm = bronze.groupBy("partition").agg(F.max("received_time").alias("hwm"))
+    # the dedup memory, as the Redis function keeps it (:func:`dedup_memory`)
+    hwm, seen, writers = dedup_memory(bronze, settings, "partition")
     load("H", hwm, "partition", "hwm")
-    horizon = settings.dedup_window_ms + settings.dedup_grace_ms
-    seen = (
-        bronze.groupBy("partition", "event_id")
-        .agg(F.max("received_time").alias("rt"))
-        .join(hwm, "partition")
-        .where(F.col("rt") >= F.col("hwm") - horizon)
-    )
     load("D", seen, "partition", "event_id", "rt")
+    load("W", writers, "partition", "writer", "hi", "last", "reorder", "seqs")
 
     cl = below(at("changelog"), ends)
     names = F.create_map(*[F.lit(x) for kv in {"a": "applied", "d": "duplicates", "r": "rejected",
@@ -403,17 +443,11 @@ def restore_partitioned(client: redis.Redis, lake: Lake, record, settings: Setti
     erased = bronze.where((F.col("type") == "user_erased") & (F.col("disposition") == "applied"))
     load("E", erased.select("user_id", F.col("partition").alias("q")).distinct(), user="user_id")
     load("G", erased.select("user_id").distinct().crossJoin(every), user="user_id")
-    # the dedup memory, per partition, as p_apply keeps it (window + grace below the newest)
-    hwm = bronze.groupBy(F.col("partition").alias("q")).agg(F.max("received_time").alias("hwm"))
+    # the dedup memory, per partition, as p_apply keeps it (:func:`dedup_memory`)
+    hwm, seen, writers = dedup_memory(bronze, settings, "q")
     load("H", hwm, hwm="hwm")
-    horizon = settings.dedup_window_ms + settings.dedup_grace_ms
-    seen = (
-        bronze.groupBy(F.col("partition").alias("q"), "event_id")
-        .agg(F.max("received_time").alias("rt"))
-        .join(hwm, "q")
-        .where(F.col("rt") >= F.col("hwm") - horizon)
-    )
     load("D", seen, event_id="event_id", received_time="rt")
+    load("W", writers, writer="writer", hi="hi", last="last", reorder="reorder", seqs="seqs")
     # the statistics: the events' dispositions below P (a delivery's row has no offset)
     cl = below(at("changelog"), ends)
     names = F.create_map(*[F.lit(x) for kv in {"a": "applied", "d": "duplicates", "r": "rejected",

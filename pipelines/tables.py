@@ -46,9 +46,9 @@ TABLES: dict[str, Table] = {
             EVENT_COLUMNS + ", disposition STRING, reason STRING, received_date STRING",
             ("partition", "offset"),
             "Every record that satisfies the event contract, in log order, with its disposition: "
-            "`applied`, `duplicate` (event_id seen in the same partition within the dedup window) or "
+            '`applied`, `duplicate` ("Duplicates" above) or '
             "`rejected` (valid shape but not applicable, e.g. deleting someone else's post; also in "
-            "quarantine). Also the dedup index.",
+            "quarantine). Also what a restore rebuilds the dedup memory from.",
             partition_by=("received_date",),
         ),
         Table(
@@ -186,10 +186,29 @@ have no single answer, and the live state, a replay and the batch layer could di
   only on `(user_id, message_id)` of the reader's own inbox (otherwise `not_in_inbox`).
 - **Timeline order:** newest first by corrected event time, ties by `post_id`, then `author_id`,
   all descending.
-- **Duplicates:** the same `event_id` within the dedup window is a duplicate only within one
-  partition. The same `event_id` in two partitions is two events, each decided by its own
-  partition (a writer that retries sends the same record with the same key, so to the same
-  partition).
+- **Duplicates:** decided within one partition. The same `event_id` in two partitions is two
+  events, each decided by its own partition (a writer that retries sends the same record with the
+  same key, so to the same partition). Let *newest* be the partition's newest `received_time`
+  before the record and *the bound* newest minus the dedup window (24 h) minus the grace (1 h).
+  An `event_id` has one of two forms (docs/events.md):
+  - **Sequenced**, `sq:<writer>:<seq>` (the project's writers: the generator, the API's unkeyed
+    writes, `--inject`; the writer is its worker id from the log's registry, the seq its count of
+    its events from 1). A writer's *run* in a partition is its records there since its first, or
+    since one before which the writer's newest `received_time` there was older than the bound
+    (the writer is then forgotten and starts again). The record is a duplicate when its run
+    already holds its seq, or when the seq is at or below the run's highest so far minus R, the
+    reorder window (`SOCIAL_DEDUP_REORDER`, 256): a writer's ids may reach a partition out of order
+    by fewer than R seqs, and one further behind counts as seen, since what the memory keeps of a
+    writer is its highest seq and which of the R below it arrived. The memory is R bytes per
+    writer and partition, whatever the number of its events, and a repeat is caught however late
+    while the writer is remembered.
+  - **Any other** string (a UUID: keyed API requests, `social-erase`, producers outside the
+    project, every log written before sequenced ids): a duplicate when the same `event_id` was
+    received in the partition at most the window before this one; the memory holds each id until
+    its newest `received_time` is older than the bound, so it grows with the ids of a day. The
+    speed layer forgets an id behind the bound; the batch layer never forgets one (only a
+    hand-written record received more than the grace behind its partition can tell the two
+    apart). Sequenced ids are forgotten alike by both.
 """
 
 

@@ -28,7 +28,9 @@ fan-out threshold is chosen from, measured on the same log); ``read_heavy``
 rising rates, the speed layer at the default threshold; the highest write rate whose reads keep
 p99 <= 50 ms at >= 20 reads per post); ``archive`` (``stories/bench_archive.py``: the default
 history archived and compacted, then 1,000 more events on that lake, beside a bare Spark read of
-the same offsets). docs/reports.md says how to read each figure.
+the same offsets); ``dedup`` (``stories/bench_dedup.py``: the dedup memory after the default log
+and after one five times as long from the same writer, beside the same log with UUID event ids,
+and what a day at 9,000 events/s needs). docs/reports.md says how to read each figure.
 """
 
 from __future__ import annotations
@@ -516,6 +518,7 @@ import stories.bench_batch  # noqa: E402,F401
 import stories.bench_catchup  # noqa: E402,F401
 import stories.bench_cluster  # noqa: E402,F401
 import stories.bench_compacted  # noqa: E402,F401
+import stories.bench_dedup  # noqa: E402,F401
 import stories.bench_erasure  # noqa: E402,F401
 import stories.bench_read_heavy  # noqa: E402,F401
 import stories.bench_sealing  # noqa: E402,F401

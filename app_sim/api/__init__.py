@@ -61,7 +61,9 @@ and appends nothing; with another request 422; while the first is in flight 409.
 identical key is another record, so it neither learns of nor collides with this one. The
 ``event_id`` of a keyed request is ``uuid5("<user>|<event type>|<key>")``: a retry is a duplicate
 by construction (should a 503 hide a write that happened, the retry re-appends that very event,
-kept in the record) and nothing else is. Without a key, ``event_id`` is a random UUID.
+kept in the record) and nothing else is. Without a key, ``event_id`` is the API process's next
+sequenced id ``sq:<worker id>:<n>`` (contract/ids.py), whose dedup memory is per writer, not per
+event (docs/views.md, "Duplicates").
 
 Registration proves nothing about its caller (there is no user yet), so a repeated registration
 key is answered 409 ``already_registered`` without a token (the token is only ever in the first

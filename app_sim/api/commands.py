@@ -17,7 +17,7 @@ from app_sim.api.deps import ClientTimes, event_times
 from app_sim.api.errors import ApiError
 from app_sim.api.state import Api
 from contract import keys
-from contract.ids import new_event_id, wall_clock_ms
+from contract.ids import wall_clock_ms
 
 # event_id of a keyed request: uuid5(EVENT_ID_NAMESPACE, "<user>|<endpoint>|<key>")
 EVENT_ID_NAMESPACE = uuid.UUID("5b0a4c1e-3d7f-5e8a-9c2b-6f1d0e4a7b39")
@@ -50,9 +50,12 @@ def _idempotency(api: Api, client: ClientTimes, etype: str, user_id: int | None,
     )
 
 
-def _event_id(user_id: int, etype: str, key: str | None) -> str:
+def _event_id(api: Api, user_id: int, etype: str, key: str | None) -> str:
+    """Unkeyed: the next sequenced id of this API process; keyed: a UUID derived from the key (a
+    retry, maybe to another API process, must carry the same id)."""
     if key is None:
-        return new_event_id()
+        assert api.event_ids is not None
+        return api.event_ids.next_id()
     return str(uuid.uuid5(EVENT_ID_NAMESPACE, f"{user_id}|{etype}|{key}"))
 
 
@@ -130,7 +133,7 @@ async def append(
             }
             for name in mint:
                 event[name] = api.ids.next_id(received)
-            event["event_id"] = _event_id(event["user_id"], etype, client.idempotency_key)
+            event["event_id"] = _event_id(api, event["user_id"], etype, client.idempotency_key)
             reason = contract.validate(event)  # the plaintext: a seal hides it from the log's checks
             if reason is not None:  # the models should make this impossible; never append it
                 raise ApiError(422, "invalid_event", f"the event would break the contract: {reason}")

@@ -15,7 +15,7 @@ from fastapi import Depends, Request
 from app_sim import auth
 from app_sim.api.eventlog import EventLog
 from contract import keys
-from contract.ids import Snowflake
+from contract.ids import EventIds, Snowflake
 from infra.settings import Settings
 
 RECENT_TTL_S = 24 * 3600  # how long the API remembers its own writes (the store lags by seconds)
@@ -32,7 +32,13 @@ class Api:
     keystore: keys.KeyStore  # data keys: seal personal fields on write, open them on read
     sealer: keys.Sealer | None  # None: SOCIAL_SEAL_PERSONAL_DATA=0, plaintext writes
     partitions: int = 0  # the event topic's (the partitioned layout's owners); 0: the setting's
+    # event ids of unkeyed writes, sq:<worker id>:<n> (docs/views.md, "Duplicates")
+    event_ids: EventIds | None = None
     _ns: tuple[float, str] = (0.0, "")
+
+    def __post_init__(self) -> None:
+        if self.event_ids is None:
+            self.event_ids = EventIds(self.ids.worker_id)
 
     async def namespace(self) -> str:
         """The live views namespace: the setting, else Redis ``active_namespace``, else the file."""

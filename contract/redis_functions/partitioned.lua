@@ -81,6 +81,7 @@ Ctx.__index = Ctx
 local function new_ctx(ns, p, header)
   local c = setmetatable({ns = ns, p = p, pre = ns .. ':{' .. p .. '}:',
     window = tonumber(header.dedup_window_ms), grace = tonumber(header.dedup_grace_ms),
+    reorder = tonumber(header.dedup_reorder),
     N = tonumber(header.timeline_n), T = tonumber(header.fanout_threshold),
     S = tonumber(header.timeline_slack)}, Ctx)
   c.M = c.N + math.floor(c.S / 2)
@@ -637,30 +638,7 @@ function deliver.erase(c, d)
   c:anonymise_sent(u)
 end
 
--- ---------------------------------------------------------------------------------------------
--- Dedup (docs/views.md): the ids received at most window + grace before the partition's newest
--- received_time (hwm), a function of the log prefix whatever the grouping into calls.
--- ---------------------------------------------------------------------------------------------
-local function dedup(c, eid, rt)
-  local prev = redis.call('ZSCORE', c.seenq, eid)
-  if prev ~= false then
-    prev = tonumber(prev)
-    if prev < c.hwm - c.window - c.grace then prev = false end
-  end
-  local dup = prev ~= false and prev >= rt - c.window
-  if prev == false or prev < rt then redis.call('ZADD', c.seenq, fmt(rt), eid) end
-  if rt > c.hwm then c.hwm = rt end
-  return dup
-end
-
-local function forget(c)
-  local bound = '(' .. fmt(c.hwm - c.window - c.grace)
-  while true do
-    local old = redis.call('ZRANGEBYSCORE', c.seenq, '-inf', bound, 'LIMIT', 0, 1000)
-    if #old == 0 then return end
-    redis.call('ZREM', c.seenq, unpack(old))
-  end
-end
+@DEDUP@
 
 local DISPOSITION = {a = 'applied', d = 'duplicates', r = 'rejected', q = 'quarantined'}
 
@@ -745,7 +723,8 @@ end
 
 local function p_apply(keys, args)
   local c, i = open_call('apply', keys, args)
-  c.seenq, c.entries = c:k('seenq'), {}
+  c.seenq, c.wq, c.wt, c.entries = c:k('seenq'), c:k('dq'), c:k('dqt'), {}
+  c.wcache = {}
   local start = tonumber(redis.call('GET', keys[1]) or '0')
   local next_offset = start
   c.hwm = tonumber(redis.call('GET', c:k('hwm')) or '-inf')
@@ -772,7 +751,7 @@ local function p_apply(keys, args)
   if ok and not ok_w then ok, err = ok_w, err_w end
   if next_offset ~= start then redis.call('SET', keys[1], fmt(next_offset)) end
   if c.hwm ~= hwm0 then redis.call('SET', c:k('hwm'), fmt(c.hwm)) end
-  if c.hwm > -math.huge then forget(c) end
+  dedup_forget(c)
   for d, name in pairs(DISPOSITION) do
     if counts[d] > 0 then redis.call('HINCRBY', c:k('stats'), name, counts[d]) end
   end
@@ -883,6 +862,10 @@ local RESTORE = {
   E = function(c, r) redis.call('SADD', c:k('erased'), r.user) end,
   G = function(c, r) redis.call('SADD', c:k('gone'), r.user) end,
   D = function(c, r) redis.call('ZADD', c:k('seenq'), r.received_time, r.event_id) end,
+  W = function(c, r)
+    c.wq, c.wt = c:k('dq'), c:k('dqt')
+    dedup_restore_writer(c, r.writer, r.hi, r.last, r.reorder, r.seqs)
+  end,
   H = function(c, r) redis.call('SET', c:k('hwm'), r.hwm) end,
   X = function(c, r) redis.call('HSET', c:k('stats'), r.field, r.count) end,
   Z = function(c, r) redis.call('HSET', c:k('dfence'), r.source, r.offset) end,

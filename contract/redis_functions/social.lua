@@ -3,7 +3,7 @@
 The speed layer's keyed state machine, run inside Redis (docs/architecture.md, "Keyed speed layer").
 
 `FCALL social_apply 0 <ns> <partition> <dedup_window_ms> <dedup_grace_ms> <timeline_n> <fanout_threshold>
- <timeline_slack> <event>...` applies a run of events of ONE Kafka partition, in offset order. Each event is
+ <timeline_slack> <dedup_reorder> <event>...` applies a run of events of ONE Kafka partition, in offset order. Each event is
 EVENT_ARGS arguments: offset, type, event_id, user_id, received_time, event_time, id1, id2, s1, s2
   user_registered  s1 = handle, s2 = display_name
   status_updated   s1 = text
@@ -633,37 +633,7 @@ function apply.user_erased(c, e)
   redis.call('DEL', c:k('sent', u))
 end
 
--- ---------------------------------------------------------------------------------------------
--- Dedup (docs/views.md): per event, the memory holds exactly the ids received at most
--- window + grace before the partition's newest received_time (hwm), so the decision is a function
--- of the log prefix, the same in any replay and for any grouping of events into calls (no wall
--- clock). Forgetting is done once per call (`forget`); until then an id older than that bound is
--- treated as forgotten already, which decides every event exactly as forgetting after each would.
-local function dedup(c, eid, rt)
-  local prev = redis.call('ZSCORE', c.seenq, eid)
-  if prev ~= false then
-    prev = tonumber(prev)
-    if prev < c.hwm - c.window - c.grace then prev = false end -- forgotten (lazily)
-  end
-  local dup = prev ~= false and prev >= rt - c.window
-  if prev == false or prev < rt then
-    local rts = string.format('%d', rt)
-    redis.call('ZADD', c.seenq, rts, eid)
-  end
-  if rt > c.hwm then c.hwm = rt end
-  return dup
-end
-
--- Forget the ids below the bound (all of them, in slices that fit Lua's stack): the memory is
--- then exactly a function of the log prefix, which a restore from the archive rebuilds.
-local function forget(c)
-  local bound = '(' .. string.format('%d', c.hwm - c.window - c.grace)
-  while true do
-    local old = redis.call('ZRANGEBYSCORE', c.seenq, '-inf', bound, 'LIMIT', 0, 1000)
-    if #old == 0 then return end
-    redis.call('ZREM', c.seenq, unpack(old))
-  end
-end
+@DEDUP@
 
 local DISPOSITION = {a = 'applied', d = 'duplicates', r = 'rejected', q = 'quarantined'}
 
@@ -733,9 +703,10 @@ end
 local function social_apply(keys, args)
   local ns, p = args[1], args[2]
   local c = setmetatable({ns = ns, window = tonumber(args[3]), grace = tonumber(args[4]),
-    N = tonumber(args[5]), T = tonumber(args[6]), S = tonumber(args[7])}, Ctx)
+    N = tonumber(args[5]), T = tonumber(args[6]), S = tonumber(args[7]), reorder = tonumber(args[8])}, Ctx)
   c.M = c.N + math.floor(c.S / 2)
   c.seenq, c.changelog = c:k('seenq', p), c:k('changelog', p)
+  c.wq, c.wt, c.wcache = c:k('dq', p), c:k('dqt', p), {}
   local layout = redis.call('GET', c:k('layout'))
   if layout ~= LAYOUT then
     if layout ~= false or redis.call('EXISTS', c:k('fence')) == 1 then
@@ -759,7 +730,7 @@ local function social_apply(keys, args)
   local hwm0, seq0 = c.hwm, c.seq
   local counts = {a = 0, d = 0, r = 0, q = 0, skipped = 0}
   local ok, err = pcall(function()
-    for i = 8, #args - EVENT_ARGS + 1, EVENT_ARGS do
+    for i = 9, #args - EVENT_ARGS + 1, EVENT_ARGS do
       local offset = tonumber(args[i])
       if offset < next_offset then
         counts.skipped = counts.skipped + 1
@@ -779,7 +750,7 @@ local function social_apply(keys, args)
   if next_offset ~= start then redis.call('HSET', fence_key, p, string.format('%d', next_offset)) end
   if c.seq ~= seq0 then redis.call('SET', seq_key, string.format('%d', c.seq)) end
   if c.hwm ~= hwm0 then redis.call('HSET', hwm_key, p, string.format('%d', c.hwm)) end
-  if c.hwm > -math.huge then forget(c) end -- every call: a late id may fall below the bound at once
+  dedup_forget(c) -- every call: a late id may fall below the bound at once
   for d, name in pairs(DISPOSITION) do
     if counts[d] > 0 then redis.call('HINCRBY', c:k('stats', p), name, counts[d]) end
   end
@@ -825,6 +796,9 @@ local RESTORE = {
   E = function(ns, r) redis.call('SADD', ns .. ':erased', r[1]) end,
   N = function(ns, r) redis.call('HSET', ns .. ':unread', r[1], r[2]) end,
   D = function(ns, r) redis.call('ZADD', ns .. ':seenq:' .. r[1], r[3], r[2]) end,
+  W = function(ns, r)
+    dedup_restore_writer({wq = ns .. ':dq:' .. r[1], wt = ns .. ':dqt:' .. r[1]}, r[2], r[3], r[4], r[5], r[6])
+  end,
   H = function(ns, r) redis.call('HSET', ns .. ':hwm', r[1], r[2]) end,
   X = function(ns, r) redis.call('HSET', ns .. ':stats:' .. r[1], r[2], r[3]) end,
   Z = function(ns, r) redis.call('HSET', ns .. ':fence', r[1], r[2]) end,

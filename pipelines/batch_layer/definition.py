@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
-from infra.settings import DEDUP_WINDOW_MS, FANOUT_THRESHOLD, TIMELINE_LENGTH
+from infra.settings import DEDUP_GRACE_MS, DEDUP_REORDER, DEDUP_WINDOW_MS, FANOUT_THRESHOLD, TIMELINE_LENGTH
 
 APPLIED, DUPLICATE, REJECTED, QUARANTINED = "applied", "duplicate", "rejected", "quarantined"
 
@@ -37,6 +37,8 @@ class BatchConfig:
     timeline_length: int = TIMELINE_LENGTH
     fanout_threshold: int = FANOUT_THRESHOLD
     dedup_window_ms: int = DEDUP_WINDOW_MS
+    dedup_grace_ms: int = DEDUP_GRACE_MS
+    dedup_reorder: int = DEDUP_REORDER
 
 
 @dataclass
@@ -76,13 +78,76 @@ def _last(value: Column) -> Column:
 
 
 # --------------------------------------------------------------------------------------------
-# 1. Dedup: an event_id seen before in the same partition within the window has no effect.
+# 1. Dedup (docs/views.md, "Duplicates"): a sequenced event_id by its writer's run in the
+#    partition, any other by the same id seen before in the partition within the window.
 # --------------------------------------------------------------------------------------------
-def duplicates(events: DataFrame, window_ms: int) -> DataFrame:
-    """``(partition, offset)`` of every duplicate: the same event_id at a lower offset of the same
-    partition (any earlier copy, itself a duplicate or not) with a received_time at most the window
-    before this one. Only ids that occur more than once are sorted."""
+# The canonical sequenced form, sq:<writer>:<seq> (docs/events.md), in Java's regex: \z, as `$`
+# would also match before a final newline.
+SEQUENCED = r"^sq:(0|[1-9][0-9]{0,14}):([1-9][0-9]{0,14})\z"
+
+
+def duplicates(events: DataFrame, cfg: BatchConfig) -> DataFrame:
+    """``(partition, offset)`` of every duplicate (both forms of event_id)."""
     narrow = events.select("partition", "offset", "event_id", "received_time")
+    sequenced = F.col("event_id").rlike(SEQUENCED)
+    return opaque_duplicates(narrow.where(~sequenced), cfg.dedup_window_ms).unionByName(
+        sequenced_duplicates(narrow, cfg)
+    )
+
+
+def writer_runs(events: DataFrame, window_ms: int, grace_ms: int) -> DataFrame:
+    """The records with a sequenced event_id, with ``writer``, ``seq`` and ``run``: the writer's
+    run in the partition (a new one starts at its first record there, and at a record before which
+    the writer's newest received_time there is more than window + grace behind the partition's
+    newest). ``events``: every contract-valid record (partition, offset, event_id, received_time)."""
+    before = Window.unboundedPreceding, -1
+    in_partition = Window.partitionBy("partition").orderBy("offset").rowsBetween(*before)
+    by_writer = Window.partitionBy("partition", "writer").orderBy("offset")
+    return (
+        events.withColumn("newest", F.max("received_time").over(in_partition))
+        .where(F.col("event_id").rlike(SEQUENCED))
+        .withColumn("writer", F.regexp_extract("event_id", SEQUENCED, 1))
+        .withColumn("seq", F.regexp_extract("event_id", SEQUENCED, 2).cast("bigint"))
+        .withColumn("writer_newest", F.max("received_time").over(by_writer.rowsBetween(*before)))
+        .withColumn(
+            "starts",
+            F.col("writer_newest").isNull()
+            | (F.col("writer_newest") < F.col("newest") - F.lit(window_ms + grace_ms)),
+        )
+        .withColumn(
+            "run",
+            F.sum(F.col("starts").cast("int")).over(
+                by_writer.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+            ),
+        )
+        .drop("newest", "writer_newest", "starts")
+    )
+
+
+def sequenced_duplicates(events: DataFrame, cfg: BatchConfig) -> DataFrame:
+    """A sequenced id is a duplicate when its writer's run in the partition holds its seq already,
+    or the seq is at or below the run's highest so far minus the reorder window R."""
+    runs = writer_runs(events, cfg.dedup_window_ms, cfg.dedup_grace_ms)
+    before = Window.unboundedPreceding, -1
+    in_run = Window.partitionBy("partition", "writer", "run").orderBy("offset").rowsBetween(*before)
+    same_seq = Window.partitionBy("partition", "writer", "run", "seq").orderBy("offset").rowsBetween(*before)
+    return (
+        runs.withColumn("high", F.max("seq").over(in_run))
+        .withColumn("again", F.count("*").over(same_seq) > 0)
+        .where(
+            F.col("high").isNotNull()
+            & ((F.col("seq") <= F.col("high") - F.lit(cfg.dedup_reorder)) | F.col("again"))
+        )
+        .select("partition", "offset")
+    )
+
+
+def opaque_duplicates(narrow: DataFrame, window_ms: int) -> DataFrame:
+    """``(partition, offset)`` of every duplicate among ids without a sequence: the same event_id
+    at a lower offset of the same partition (any earlier copy, itself a duplicate or not) with a
+    received_time at most the window before this one. Only ids that occur more than once are
+    sorted. (The speed layer also forgets an id more than window + grace behind the partition's
+    newest; this layer does not, a documented difference: docs/views.md.)"""
     repeated = narrow.groupBy("partition", "event_id").count().where("count > 1").drop("count")
     earlier = (
         Window.partitionBy("partition", "event_id")
@@ -337,7 +402,7 @@ def compute(
     contract = below(quarantine, position).join(
         events.select("partition", "offset"), ["partition", "offset"], "left_anti"
     )
-    dups = keep(duplicates(events, cfg.dedup_window_ms))
+    dups = keep(duplicates(events, cfg))
     fresh = events.join(F.broadcast(dups), ["partition", "offset"], "left_anti")
     erasure = after_erasure(fresh)
     live = fresh.join(

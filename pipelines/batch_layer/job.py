@@ -66,6 +66,8 @@ def batch_config(settings: Settings) -> BatchConfig:
         timeline_length=settings.timeline_length,
         fanout_threshold=settings.fanout_threshold,
         dedup_window_ms=settings.dedup_window_ms,
+        dedup_grace_ms=settings.dedup_grace_ms,
+        dedup_reorder=settings.dedup_reorder,
     )
 
 

@@ -92,6 +92,7 @@ class PartitionedProcessor:
             "timeline_n": cfg.timeline_length,
             "fanout_threshold": cfg.fanout_threshold,
             "timeline_slack": cfg.timeline_slack,
+            "dedup_reorder": cfg.dedup_reorder,
         }
 
     def k(self, partition: int, *parts) -> str:

@@ -23,7 +23,7 @@ import redis
 import contract
 from contract import functions
 from infra import clients
-from infra.settings import DEDUP_GRACE_MS, DEDUP_WINDOW_MS, FANOUT_THRESHOLD, TIMELINE_LENGTH
+from infra.settings import DEDUP_GRACE_MS, DEDUP_REORDER, DEDUP_WINDOW_MS, FANOUT_THRESHOLD, TIMELINE_LENGTH
 
 EVENT_ARGS = 10
 FRESHNESS_BUCKET_MS = 10  # the freshness histogram's resolution (received -> applied in Redis)
@@ -41,6 +41,7 @@ class ProcessorConfig:
     fanout_threshold: int = FANOUT_THRESHOLD
     dedup_window_ms: int = DEDUP_WINDOW_MS
     dedup_grace_ms: int = DEDUP_GRACE_MS
+    dedup_reorder: int = DEDUP_REORDER
     group_size: int = 200  # events per FCALL: one atomic run, one round trip shared by a pipeline
     # posts per FCALL: a call runs alone in Redis and reads wait behind it, and a post is the
     # costly event (one insert per follower), so a group also ends at this many posts
@@ -121,6 +122,7 @@ class Processor:
             cfg.timeline_length,
             cfg.fanout_threshold,
             cfg.timeline_slack,
+            cfg.dedup_reorder,
         ]
 
     def process(self, partition: int, records: Iterable[tuple[int, bytes | None]]) -> Applied:

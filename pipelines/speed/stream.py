@@ -99,6 +99,7 @@ def processor_config(
         fanout_threshold=settings.fanout_threshold,
         dedup_window_ms=settings.dedup_window_ms,
         dedup_grace_ms=settings.dedup_grace_ms,
+        dedup_reorder=settings.dedup_reorder,
         group_size=settings.processor_group_size,
         group_posts=settings.processor_group_posts,
         record_freshness=record_freshness,

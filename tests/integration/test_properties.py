@@ -42,7 +42,7 @@ import redis
 from hypothesis import HealthCheck, Phase, given, settings
 
 from tests.spec import harness
-from tests.spec.logs import Log, logs
+from tests.spec.logs import GRACE_MS, REORDER, WINDOW_MS, Log, logs
 
 pytestmark = pytest.mark.integration
 
@@ -76,8 +76,9 @@ def produce(bootstrap: str, topic: str, batch: list[Log]) -> dict[int, int]:
 
 
 # The batch layer's input folded to STRIDE partitions: log k's partition 4k + q becomes q, its
-# offsets moved up by k * FOLD. Its rules are per partition and per user, and no two logs share a
-# user, a post, a message or an event_id, so folding changes no decision; but its filter of the
+# offsets moved up by k * FOLD. Its rules are per partition and per user, no two logs share a user,
+# a post, a message, an event_id or a writer, and log k is received after log k - 1
+# (Log.relabel), so folding changes no decision; but its filter of the
 # log position (one term per partition) over 4 * BATCH partitions made plans so large that three
 # batches in one session ran its driver out of heap (catalyst expressions, 2026-11-28).
 FOLD = 1_000_000
@@ -187,6 +188,9 @@ def run_batch(spark, stack_settings, topic: str, batch: list[Log], n: int, t: in
         fanout_threshold=t,
         processor_group_size=group,
         serving_layout="keyed",
+        dedup_window_ms=WINDOW_MS,
+        dedup_grace_ms=GRACE_MS,
+        dedup_reorder=REORDER,
     )
     ends = produce(settings.kafka_bootstrap, topic, batch)
     ns = f"props{uuid.uuid4().hex[:8]}"
@@ -201,7 +205,7 @@ def run_batch(spark, stack_settings, topic: str, batch: list[Log], n: int, t: in
         # layer then cost what the records cost, not what the partitions do
         records = read_log(spark, settings, topic, ends).coalesce(spark.sparkContext.defaultParallelism)
         events, quarantine = parse_records(records)
-        cfg = BatchConfig(n, t, settings.dedup_window_ms)
+        cfg = BatchConfig(n, t, settings.dedup_window_ms, settings.dedup_grace_ms, settings.dedup_reorder)
         # the intermediates several views share computed once, as the batch layer's job does
         views = compute(fold(events), fold(quarantine), folded_position(len(batch)), cfg, keep=computed_once)
         bv = batch_views(views, n)

@@ -15,7 +15,7 @@ import redis
 import redis.asyncio
 
 from tests.spec import views as spec
-from tests.spec.logs import GRACE_MS, WINDOW_MS, Log
+from tests.spec.logs import GRACE_MS, REORDER, WINDOW_MS, Log
 
 DISPOSITION = {"a": spec.APPLIED, "d": spec.DUPLICATE, "r": spec.REJECTED, "q": spec.QUARANTINED}
 ACCOUNTING = ("applied", "duplicates", "rejected", "quarantined")
@@ -26,7 +26,7 @@ def expected(log: Log, n: int, upto: dict[int, int] | None = None) -> spec.Outco
     per_p = log.per_partition()
     if upto is not None:
         per_p = {p: vs[: upto.get(p, 0)] for p, vs in per_p.items()}
-    return spec.evaluate(per_p, n, WINDOW_MS, GRACE_MS)
+    return spec.evaluate(per_p, n, WINDOW_MS, GRACE_MS, REORDER)
 
 
 def spec_views(out: spec.Outcome, users: list[int]) -> dict:

@@ -11,6 +11,11 @@ class on purpose:
   deletes, reads by someone other than the recipient;
 - duplicate ``event_id`` within a partition (a resend, at the dedup window's edges: exactly the
   window later and one millisecond more) and across partitions (an id put on a new event);
+- event ids of both forms (docs/views.md, "Duplicates"): opaque, and sequenced ``sq:<w>:<seq>``
+  of a few writers, with seqs skipped (sent to other partitions), held back and sent late (within
+  the reorder window R and beyond it), a writer restarted (a new writer id; its old ids resent),
+  a seq at the top of the range, and near-misses of the form that are opaque (leading zeros,
+  16 digits, seq 0, a non-ASCII digit, a trailing newline);
 - follow, unfollow and refollow racing the followee's posts (the ``race`` burst);
 - timelines at the cap (small N, ``burst`` of posts) with deletes and unfollows that need a refill;
 - authors crossing the fan-out threshold both ways (small T, many follows and unfollows, erasures);
@@ -28,6 +33,7 @@ class on purpose:
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 
 from hypothesis import strategies as st
@@ -36,9 +42,28 @@ T0 = 1_780_000_000_000  # 2026-05-28
 H = 3_600_000
 WINDOW_MS = 24 * H  # the dedup window (infra/settings.py DEDUP_WINDOW_MS)
 GRACE_MS = H  # the dedup grace
+REORDER = 4  # the reorder window R of sequenced ids (small, so logs of 60 records cross it)
+ID_FORMS = [
+    "opaque",
+    "seq",
+    "seq",
+    "seq",
+    "seq",
+    "seq",
+    "skip",
+    "late_seq",
+    "late_seq",
+    "restart",
+    "odd",
+    "top",
+]
+ODD_IDS = ["sq:01:5", "sq:1:0", "sq:1:05", "sq:1:" + "9" * 16, "SQ:1:5", "sq:1:5\n", "sq:1:\u0663", "sq::5"]
 MAX_SKEW = 86_400_000  # docs/events.md x-clock-window
 MAX_OFFLINE = 2_592_000_000
 KEY_FIELD = {"message_sent": "recipient_id"}
+TIME_FIELDS = ("device_time", "sent_time", "received_time")
+TIME_STRIDE = 120 * 24 * H  # relabel: example k's clock k * 120 days on (a log spans far less)
+WRITER_STRIDE = 10**12  # relabel: example k's writers k * 10^12 on
 ID_FIELDS = ("user_id", "followee_id", "recipient_id", "post_id", "message_id")
 
 
@@ -67,7 +92,10 @@ class Log:
         return out
 
     def relabel(self, k: int, id_stride: int = 10_000, partition_stride: int = 4) -> Log:
-        """The same log in example k's own id space and partitions (many examples in one topic)."""
+        """The same log in example k's own id space, partitions, writers and time: many examples
+        in one topic, which the batch layer's test folds into 4 partitions, example after example
+        (so example k's records come after, and are received after, every record of example k-1:
+        the partition's newest received_time before a record of k is k's own)."""
 
         def ids(v):
             if not isinstance(v, dict):
@@ -76,8 +104,16 @@ class Log:
             for f in ID_FIELDS:
                 if isinstance(v.get(f), int) and not isinstance(v[f], bool) and v[f] >= 1:
                     v[f] = v[f] + k * id_stride
-            if isinstance(v.get("event_id"), str) and v["event_id"]:
-                v["event_id"] = f"x{k}-{v['event_id']}"
+            eid = v.get("event_id")
+            if isinstance(eid, str) and eid:
+                seq = re.fullmatch(r"sq:(0|[1-9][0-9]{0,14}):([1-9][0-9]{0,14})", eid)
+                if seq and int(seq.group(1)) < WRITER_STRIDE:  # the example's own writers
+                    v["event_id"] = f"sq:{int(seq.group(1)) + k * WRITER_STRIDE}:{seq.group(2)}"
+                else:
+                    v["event_id"] = f"x{k}-{eid}"
+            times = [v.get(f) for f in TIME_FIELDS]
+            if all(type(t) is int and T0 - 2 * MAX_OFFLINE <= t <= T0 + TIME_STRIDE for t in times):
+                v.update({f: t + k * TIME_STRIDE for f, t in zip(TIME_FIELDS, times, strict=True)})
             return v
 
         recs = [
@@ -161,7 +197,8 @@ def logs(
     valid: list[Rec] = []  # contract-valid records so far (to resend or to take an id from)
     posts: list[tuple[int, int]] = []
     messages: list[tuple[int, int]] = []
-    state = {"clock": T0, "eid": 0, "erasures": 0}
+    state = {"clock": T0, "eid": 0, "erasures": 0, "writer": draw(st.sampled_from([0, 7])), "seq": 0}
+    held: list[tuple[int, int]] = []  # (writer, seq) skipped, to be sent late
     kinds = KINDS + (["late"] if late else [])
 
     def user():
@@ -201,11 +238,34 @@ def logs(
             return rt + 1, rt, rt
         raise ValueError(mode)
 
+    def event_id() -> str:
+        form = draw(st.sampled_from(ID_FORMS))
+        if form == "opaque":
+            state["eid"] += 1
+            return f"e{state['eid']}"
+        if form == "odd":
+            return draw(st.sampled_from(ODD_IDS))
+        if form == "late_seq" and held:  # the one held last (at the window's edges), or any
+            w, s = held.pop(draw(st.sampled_from([len(held) - 1, 0])))
+            return f"sq:{w}:{s}"
+        if form == "top":  # the highest seq of the form: every later seq of the writer is below it
+            return f"sq:{state['writer']}:{10**15 - 1}"
+        if form == "restart":  # a restarted writer: a new writer id, counting from 1
+            state["writer"] += draw(st.sampled_from([1, 10**9]))
+            state["seq"] = 0
+        if form == "skip":  # seqs that went elsewhere or are held back: one of them sent late
+            k = draw(st.sampled_from([2, REORDER, REORDER + 1, REORDER + 2, 3 * REORDER]))
+            # the first skipped is the highest seq minus k once this event is sent: with k = R + 1 at
+            # the reorder window's lower edge (a duplicate), the second just inside it
+            held.append((state["writer"], state["seq"] + draw(st.sampled_from([1, 2, k - 1]))))
+            state["seq"] += k - 1
+        state["seq"] += 1
+        return f"sq:{state['writer']}:{state['seq']}"
+
     def make(type_, u, mode=None, **fields) -> dict:
-        state["eid"] += 1
         dt, st_, rt = times(mode or draw(st.sampled_from(CLOCK_MODES)))
         return {
-            "event_id": f"e{state['eid']}",
+            "event_id": event_id(),
             "type": type_,
             "schema_version": 1,
             "user_id": u,

@@ -12,9 +12,16 @@ written from docs/events.md, docs/views.md, docs/architecture.md ("Dedup") and t
   ``post_already_deleted``; a ``message_sent`` of a ``(recipient, message)`` already in that
   inbox: ``reused_id``; a ``message_read`` of ``(reader, message)`` not in the reader's inbox
   (yet): ``not_in_inbox``;
-- dedup per partition: an ``event_id`` seen before in the same partition with a received_time
-  at least this one's minus the window is a duplicate; an id is forgotten once its newest
-  received_time is older than the partition's newest received_time minus window minus grace;
+- dedup per partition, with "newest" the partition's newest received_time before this record and
+  "the bound" newest minus window minus grace:
+  - a sequenced ``event_id`` ``sq:<writer>:<seq>`` (canonical decimal, at most 15 digits each) is
+    a duplicate when the writer's current run in the partition already holds that seq, or when
+    the seq is at or below the highest seq of that run minus R (the reorder window). A run is the
+    writer's records since its first here, or since one whose writer had no record at or after
+    the bound (the run before it is forgotten);
+  - any other ``event_id`` seen before in the same partition with a received_time at least this
+    one's minus the window is a duplicate; an id is forgotten once its newest received_time is
+    older than the bound;
 - erasure: an event keyed by a user erased earlier in its partition is rejected ``user_erased``;
   every view leaves the erased users out (messages they sent anonymised: sender 0, no text);
 - home timeline(u): the live posts by u or by follows(u), newest first by corrected event time,
@@ -218,12 +225,27 @@ def event_time(e: dict) -> int:
     return e["device_time"] + (e["received_time"] - e["sent_time"])
 
 
-def evaluate(log: dict[int, list[bytes | None]], n: int, window_ms: int, grace_ms: int) -> Outcome:
+SEQUENCED = re.compile(r"sq:(0|[1-9][0-9]{0,14}):([1-9][0-9]{0,14})")
+
+
+@dataclass
+class _Run:
+    """A writer's run in one partition: its seqs, its highest, its newest received_time."""
+
+    seqs: set[int]
+    high: int
+    newest: int
+
+
+def evaluate(
+    log: dict[int, list[bytes | None]], n: int, window_ms: int, grace_ms: int, reorder: int
+) -> Outcome:
     out = Outcome(n=n)
     applied: list[tuple[int, int, dict]] = []  # (partition, offset, event)
     # decisions that depend on log order: each partition alone
     for p, values in sorted(log.items()):
         seen: dict[str, int] = {}  # event_id -> newest received_time of its copies
+        runs: dict[str, _Run] = {}  # writer -> its run here
         newest: int | None = None  # the partition's newest received_time
         erased_here: set[int] = set()
         posts_here: dict[tuple[int, int], bool] = {}  # (author, post) -> deleted
@@ -234,12 +256,28 @@ def evaluate(log: dict[int, list[bytes | None]], n: int, window_ms: int, grace_m
                 out.dispositions[p, o] = (QUARANTINED, reason)
                 continue
             eid, rt = e["event_id"], e["received_time"]
-            last = seen.get(eid)
-            if last is not None and newest is not None and last < newest - window_ms - grace_ms:
-                last = None  # forgotten
-            seen[eid] = rt if last is None else max(last, rt)
+            bound = None if newest is None else newest - window_ms - grace_ms
+            sequenced = SEQUENCED.fullmatch(eid)
+            if sequenced:
+                writer, seq = sequenced.group(1), int(sequenced.group(2))
+                run = runs.get(writer)
+                if run is not None and bound is not None and run.newest < bound:
+                    run = None  # forgotten
+                if run is None:
+                    runs[writer] = _Run({seq}, seq, rt)
+                    duplicate = False
+                else:
+                    duplicate = seq in run.seqs or seq <= run.high - reorder
+                    run.seqs.add(seq)
+                    run.high, run.newest = max(run.high, seq), max(run.newest, rt)
+            else:
+                last = seen.get(eid)
+                if last is not None and bound is not None and last < bound:
+                    last = None  # forgotten
+                seen[eid] = rt if last is None else max(last, rt)
+                duplicate = last is not None and last >= rt - window_ms
             newest = rt if newest is None else max(newest, rt)
-            if last is not None and last >= rt - window_ms:
+            if duplicate:
                 out.dispositions[p, o] = (DUPLICATE, None)
                 continue
             t = e["type"]

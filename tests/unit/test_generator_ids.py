@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
 import pytest
 
 from contract import ids
@@ -59,13 +59,21 @@ def test_snowflake_rejects_bad_worker():
 UUID4 = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
 
 
-def test_event_ids_are_uuid4_unique_and_reproducible():
-    a = ids.event_ids(np.random.default_rng(7), 10_000)
-    b = ids.event_ids(np.random.default_rng(7), 10_000)
-    assert a == b
-    assert len(set(a)) == len(a)
-    assert all(UUID4.match(x) for x in a[:500])
-    assert UUID4.match(ids.new_event_id())
+def test_sequenced_event_ids_count_from_one_across_threads_in_the_canonical_form():
+    source = ids.EventIds(7)
+    assert source.next_id() == "sq:7:1" and source.take(3) == ["sq:7:2", "sq:7:3", "sq:7:4"]
+    many = ids.EventIds(0)
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda _: many.next_id(), range(4_000)))
+    assert sorted(got, key=lambda x: int(x.rsplit(":", 1)[1])) == [f"sq:0:{n}" for n in range(1, 4_001)]
+    # the canonical form, as docs/events.md states it, and its limits (15 digits: exact in Lua)
+    canonical = re.compile(r"sq:(0|[1-9][0-9]{0,14}):([1-9][0-9]{0,14})")
+    assert canonical.fullmatch(ids.sequenced_id(999_999_999_999_999, 999_999_999_999_999))
+    assert ids.SEQUENCED == "^" + canonical.pattern + "$"
+    for writer, seq in ((-1, 1), (0, 0), (10**15, 1), (1, 10**15)):
+        with pytest.raises(ValueError):
+            ids.sequenced_id(writer, seq)
+    assert UUID4.match(ids.new_event_id())  # keyed API requests and social-erase keep UUIDs
 
 
 def _post_and_message_ids(cfg) -> list[int]:

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from tests.spec import harness
 from tests.spec import views as spec
-from tests.spec.logs import GRACE_MS, MAX_OFFLINE, MAX_SKEW, T0, WINDOW_MS, Log, Rec, logs
+from tests.spec.logs import GRACE_MS, MAX_OFFLINE, MAX_SKEW, REORDER, T0, WINDOW_MS, Log, Rec, logs
 
 EXAMPLES = int(os.environ.get("SOCIAL_PROPERTY_EXAMPLES", "150"))
 PROPERTY = settings(
@@ -212,6 +212,7 @@ def run_and_compare(
         record_freshness=False,
         dedup_window_ms=WINDOW_MS,
         dedup_grace_ms=GRACE_MS,
+        dedup_reorder=REORDER,
     )
     eng = ENGINES[engine](cfg, log)
     per_p = log.per_partition()
@@ -474,6 +475,52 @@ def test_class_dedup_memory_forgotten_behind_the_grace(redis_url):
     # late is within the window of its first copy but received more than the grace behind the
     # partition's newest: its id is forgotten, so it is applied and the last status is "three"
     check_log(redis_url, L(TWO, first, filler, late))
+
+
+def test_class_sequenced_ids_reordered_repeated_restarted_and_forgotten(redis_url):
+    """Sequenced ids (docs/views.md, "Duplicates"), R = REORDER = 4, worked by hand: partition 0
+    holds users 1 and 3, partition 1 users 2 and 4. The dispositions are asserted as worked out
+    here, then every implementation is checked against the specification on the same log."""
+    assert REORDER == 4
+    far = WINDOW_MS + GRACE_MS + 2
+
+    def st(user, t_s, eid, *, shift=0):
+        e = E("status_updated", user, t_s, eid=eid, text=eid)
+        e.update({k: e[k] + shift for k in ("device_time", "sent_time", "received_time")})
+        return e
+
+    values = [
+        (st(1, 0, "sq:3:1"), "applied"),  # writer 3 starts in partition 0: hi 1
+        (st(3, 1, "sq:3:2"), "applied"),  # hi 2
+        (st(1, 2, "sq:3:8"), "applied"),  # 3..7 went elsewhere or are late: hi 8
+        (st(3, 3, "sq:3:4"), "duplicate"),  # 4 = hi - R: behind the reorder window
+        (st(3, 3.5, "sq:3:3"), "duplicate"),  # never seen, but behind the window: counted seen
+        (st(1, 4, "sq:3:5"), "applied"),  # 5 = hi - R + 1: late but inside it
+        (st(1, 5, "sq:3:5"), "duplicate"),  # ... and again: a duplicate
+        (st(2, 6, "sq:3:4"), "applied"),  # partition 1 has never seen writer 3: its own run
+        (st(3, 7, "sq:3:8"), "duplicate"),  # a resend of the highest
+        (st(1, 8, "sq:03:9"), "applied"),  # not the canonical form: an opaque id
+        (st(3, 9, "sq:03:9"), "duplicate"),  # ... decided as opaque ids are
+        (st(1, 10, "sq:4:1"), "applied"),  # a restarted writer: a new writer id, counting from 1
+        (st(3, 11, "sq:0:1"), "applied"),  # writer 0 is a writer
+        (st(1, 11.5, "sq:999999999999999:999999999999999"), "applied"),  # the form's largest
+        # a day and more later (window + grace) a record moves partition 0's newest on: writer 3
+        # is forgotten there, so its old seq 2 starts a new run; writer 4 is forgotten too
+        (st(3, 12, "filler", shift=far), "applied"),
+        (st(1, 12, "sq:3:2", shift=far), "applied"),
+        (st(3, 13, "sq:3:1", shift=far), "applied"),  # inside the new run's window: not seen in it
+        (st(1, 14, "sq:3:2", shift=far), "duplicate"),
+        (st(3, 15, "sq:4:1", shift=far), "applied"),
+    ]
+    log = L(TWO, *[v for v, _ in values])
+    want = harness.expected(log, 3)
+    parts = {0: 0, 1: 0}
+    got = []
+    for rec in log.records:
+        got.append(want.dispositions[rec.partition, parts[rec.partition]][0])
+        parts[rec.partition] += 1
+    assert got == [d for _, d in values]
+    check_log(redis_url, log)
 
 
 def test_class_follow_unfollow_refollow_racing_the_followees_posts(redis_url):
