@@ -154,14 +154,18 @@ def test_restore_rows_are_named_and_routed_by_their_partition(redis_url):
     assert r.smembers(k("sent", 8)) == {b"7:11"}
     assert r.get(k("fence")) == b"40" and r.hgetall(k("dfence")) == {b"3": b"40", b"0": b"12"}
     assert r.xlen(k("marks")) == 1  # complete at its fence: the archiver's cut to go on from
+    # writer 3's dedup state (R = 4): highest seq 10; of 7..10 arrived 7, 9 and 10 (3 is below the
+    # window); the window holds seq s at byte s mod 4: 8 (0), 9 (1), 10 (1), 7 (1)
+    assert r.fcall("p_restore", 1, fence, ns, 3, "W", 5, "3", "10", str(T0), "4", "7 9 10 3") == 1
+    assert r.hget(k("dq"), "3") == f"10:{T0}:0111".encode() and r.zscore(k("dqt"), "3") == T0
     assert all(key.decode().startswith(f"{ns}:{{3}}:") for key in r.scan_iter(match=f"{ns}:*"))
-    with pytest.raises(redis.ResponseError, match="protocol: restore rows W"):
-        r.fcall("p_restore", 1, fence, ns, 3, "W", 1, "7")
+    with pytest.raises(redis.ResponseError, match="protocol: restore rows V"):
+        r.fcall("p_restore", 1, fence, ns, 3, "V", 1, "7")
     with pytest.raises(redis.ResponseError, match="protocol: restore rows U of 2"):
         r.fcall("p_restore", 1, fence, ns, 3, "U", 2, "7", "ann")
     with pytest.raises(redis.ResponseError, match="protocol: key"):
         r.fcall("p_restore", 1, functions.pkey(ns, 2, "fence"), ns, 3, "U", 3, "7", "ann", "Ann")
-    assert set(rows) == set("USFCPRTINEGDHXZY")
+    assert set(rows) == set("USFCPRTINEGDWHXZY")
 
 
 def test_a_delivery_the_library_cannot_apply_is_quarantined_and_counted(redis_url):
