@@ -12,11 +12,13 @@ Nothing here imports a client library until a client is built (the admin helpers
 CLI stay cheap to import).
 
 Redis: :func:`redis_client`, sync or asyncio, with one timeout policy (:data:`REDIS_TIMEOUTS_S`):
-a client's read timeout follows its role, never a number chosen at the call.
+a client's read timeout follows its role, never a number chosen at the call. A URL that names a
+node of a Redis Cluster gives a cluster-aware client (:func:`is_cluster` asks the server).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Union
@@ -237,14 +239,93 @@ def redis_client(
     *,
     decode_responses: bool = False,
     asyncio: bool = False,
+    cluster: bool | None = None,
     **kwargs: Any,
 ):
     """A ``redis.Redis`` (``redis.asyncio.Redis`` with ``asyncio``) for ``url``, its read timeout
-    the role's (:data:`REDIS_TIMEOUTS_S`)."""
+    the role's (:data:`REDIS_TIMEOUTS_S`); a ``redis.RedisCluster`` (``redis.asyncio.RedisCluster``)
+    when ``url`` names a node of a Redis Cluster: the same setting (SOCIAL_REDIS_URL) names either.
+
+    ``cluster`` None asks the server once per URL and process (:func:`is_cluster`); a probe
+    (is this server up?) asks the one server at the URL, never the cluster behind it, unless
+    ``cluster`` says otherwise."""
     import redis
     import redis.asyncio
 
-    cls = redis.asyncio.Redis if asyncio else redis.Redis
-    return cls.from_url(
+    if cluster is None:
+        cluster = role != "probe" and is_cluster(url)
+    if cluster:
+        cls: Any = redis.asyncio.RedisCluster if asyncio else redis.RedisCluster
+    else:
+        cls = redis.asyncio.Redis if asyncio else redis.Redis
+    client = cls.from_url(
         url, socket_timeout=REDIS_TIMEOUTS_S[role], decode_responses=decode_responses, **kwargs
     )
+    if cluster:
+        _route_fcall_by_its_keys(client, asyncio)
+    return client
+
+
+def _fcall_keys(args: tuple) -> list | None:
+    """The keys of ``FCALL``/``FCALL_RO <function> <numkeys> <key>...`` (None: another command)."""
+    if len(args) >= 3 and str(args[0]).upper() in ("FCALL", "FCALL_RO"):
+        return list(args[3 : 3 + int(args[2])])
+    return None
+
+
+def _route_fcall_by_its_keys(client: Any, asyncio: bool) -> None:
+    """Route an FCALL by the keys it names (its ``numkeys``), as redis-py already does EVAL's.
+
+    redis-py 8.1 finds the keys of a "movablekeys" command (FCALL is one) by asking a node
+    ``COMMAND GETKEYS`` with the whole command, one round trip before each call (two for a call
+    in a pipeline), every argument sent twice more: 640 extra round trips for 320 FCALLs of the
+    speed layer, measured on a 3-master cluster here (redis/redis-py#2229, #2836). The cluster
+    client's commands parser, shared by its pipelines, is given this rule first; every other
+    command is parsed as before."""
+    sync_parser, async_parser = _parsers()
+    # the parser as built (it has read the server's COMMAND table already), given the subclass
+    client.commands_parser.__class__ = async_parser if asyncio else sync_parser
+
+
+@functools.cache
+def _parsers() -> tuple[type, type]:
+    """redis-py's commands parsers (sync, asyncio) with :func:`_fcall_keys` first (defined when a
+    cluster client is first built: importing this module imports no client library)."""
+    from redis._parsers.commands import AsyncCommandsParser, CommandsParser
+
+    class FcallKeys(CommandsParser):
+        def get_keys(self, redis_conn, *args):
+            keys = _fcall_keys(args)
+            return keys if keys is not None else super().get_keys(redis_conn, *args)
+
+    class AsyncFcallKeys(AsyncCommandsParser):
+        async def get_keys(self, *args):
+            keys = _fcall_keys(args)
+            return keys if keys is not None else await super().get_keys(*args)
+
+    return FcallKeys, AsyncFcallKeys
+
+
+_CLUSTER_ENABLED: dict[str, bool] = {}  # URL -> its server runs in cluster mode (asked once)
+
+
+def is_cluster(url: str) -> bool:
+    """Whether the server at ``url`` runs in cluster mode (``INFO cluster``: ``cluster_enabled:1``).
+
+    Asked once per URL in a process; a server that does not answer (not up yet, a wrong password)
+    is taken for a single Redis and asked again next time: the client built for it then fails as
+    it always did, with the server's own reason."""
+    import redis
+
+    if url in _CLUSTER_ENABLED:
+        return _CLUSTER_ENABLED[url]
+    timeout = REDIS_TIMEOUTS_S["probe"]
+    probe = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+    try:
+        enabled = int(probe.info("cluster").get("cluster_enabled", 0)) == 1
+    except redis.RedisError:
+        return False
+    finally:
+        probe.close()
+    _CLUSTER_ENABLED[url] = enabled
+    return enabled

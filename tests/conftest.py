@@ -196,3 +196,26 @@ def redis_url(tmp_path_factory):
     yield url
     proc.terminate()
     proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def redis_cluster(tmp_path_factory):
+    """A Redis Cluster of this module's own: 3 masters, no replicas, real redis-server processes on
+    a block of free ports (infra/redis_cluster.py, ~3 s to start), stopped by pid afterwards. Its
+    ``url`` is one node's, as a user gives a cluster's address in SOCIAL_REDIS_URL."""
+    from infra import redis_cluster
+
+    if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
+        pytest.fail("redis-server or redis-cli not on PATH: run `make setup`")
+    cluster = redis_cluster.start(tmp_path_factory.mktemp("redis-cluster"), masters=3)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def redis_cluster_url(redis_cluster) -> str:
+    """The address of :func:`redis_cluster` (a node's URL; clients built by infra/clients.py find
+    the rest)."""
+    return redis_cluster.url

@@ -1,0 +1,219 @@
+"""A local Redis Cluster: N masters (no replicas), each a real ``redis-server`` in cluster mode on
+127.0.0.1, with an append-only file in a directory of its own (docs/architecture.md, "On Redis
+Cluster").
+
+:func:`start` writes each node's config, starts the processes (:func:`infra.processes.spawn`: a
+session of their own, output to ``<node dir>/redis.log``), creates the cluster with ``redis-cli
+--cluster create`` (the 16384 slots split evenly between the masters) and waits until every node
+says ``cluster_state:ok``; :meth:`LocalCluster.stop` stops exactly those processes, by pid.
+A cluster's address is any node's URL (:attr:`LocalCluster.url`): :func:`infra.clients.redis_client`
+gives a cluster-aware client for it.
+
+    python -m infra.redis_cluster [--masters 3] [--dir DIR]   # runs one until Ctrl-C
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from infra import processes
+from infra.processes import StackError
+
+READY_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 15.0
+
+
+@dataclass
+class LocalCluster:
+    """The masters of a cluster this process started: their ports, directories and pids."""
+
+    home: Path
+    ports: list[int]
+    pids: list[int] = field(default_factory=list)
+
+    @property
+    def urls(self) -> list[str]:
+        return [f"redis://127.0.0.1:{p}/0" for p in self.ports]
+
+    @property
+    def url(self) -> str:
+        """The cluster's address as a user gives it (SOCIAL_REDIS_URL): one node's URL."""
+        return self.urls[0]
+
+    def node_dir(self, port: int) -> Path:
+        return self.home / str(port)
+
+    def stop(self) -> None:
+        """Stop the nodes this cluster started (SIGTERM, SIGKILL after a timeout), by pid."""
+        for pid in self.pids:
+            if processes._alive(pid):
+                processes.stop(pid, STOP_TIMEOUT_S)
+            processes.forget(pid)
+        self.pids = []
+
+    def __enter__(self) -> LocalCluster:
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self.stop()
+
+
+def _server() -> str:
+    from infra.services import require_redis_version
+
+    server = shutil.which("redis-server")
+    if not server:
+        raise StackError(
+            "`redis-server` not found on PATH: run `make setup` (python -m infra.stack ensure-redis)"
+        )
+    require_redis_version(server)  # functions (FUNCTION LOAD) came with 7.0, and so did the cluster's
+    return server
+
+
+def _cli() -> str:
+    cli = shutil.which("redis-cli")
+    if not cli:
+        raise StackError("`redis-cli` not found on PATH (it comes with redis-server: `make setup`)")
+    return cli
+
+
+def node_command(server: str, port: int, bus_port: int, home: Path) -> list[str]:
+    """One master: cluster mode, its cluster bus on ``bus_port`` (by default Redis takes port +
+    10000, which may be taken or in the kernel's ephemeral range: infra.stack.free_port_block), its
+    own node file and append-only file under ``home``."""
+    return [
+        server,
+        "--port",
+        str(port),
+        "--cluster-port",
+        str(bus_port),
+        "--bind",
+        "127.0.0.1",
+        "--cluster-enabled",
+        "yes",
+        "--cluster-config-file",
+        str(home / "nodes.conf"),
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "everysec",
+        "--save",
+        "",  # the AOF is the durability (as infra/services.py's RedisServer): no RDB forks on top
+        "--dir",
+        str(home),
+    ]
+
+
+def start(home: Path, masters: int = 3, base_port: int | None = None) -> LocalCluster:
+    """Start ``masters`` nodes on ``base_port``.. (a free block when None; their cluster bus ports
+    follow, ``base_port + masters``..), join them into one
+    cluster and wait until every node reports ``cluster_state:ok``; on any failure the nodes are
+    stopped again and a :class:`StackError` says why."""
+    from infra.stack import free_port_block
+
+    if masters < 3:
+        raise StackError(f"a Redis Cluster needs at least 3 masters, not {masters}")
+    server, cli = _server(), _cli()
+    # the nodes' ports, then their cluster bus ports, side by side
+    port = base_port if base_port is not None else free_port_block(2 * masters)
+    cluster = LocalCluster(home=home, ports=list(range(port, port + masters)))
+    try:
+        for p in cluster.ports:
+            d = cluster.node_dir(p)
+            d.mkdir(parents=True, exist_ok=True)
+            with (d / "redis.log").open("ab") as log:
+                proc = processes.spawn(node_command(server, p, p + masters, d), log, os.environ)
+            cluster.pids.append(proc.pid)
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        for p, pid in zip(cluster.ports, cluster.pids, strict=True):
+            _wait(cluster, p, pid, deadline, lambda info: True, "answer PING")
+        created = subprocess.run(
+            [cli, "--cluster", "create", *(f"127.0.0.1:{p}" for p in cluster.ports)]
+            + ["--cluster-replicas", "0", "--cluster-yes"],
+            capture_output=True,
+            text=True,
+            timeout=READY_TIMEOUT_S,
+        )
+        if created.returncode != 0:
+            raise StackError(
+                f"redis-cli --cluster create failed ({created.returncode}): "
+                f"{(created.stdout + created.stderr).strip().splitlines()[-1:]}"
+            )
+        for p, pid in zip(cluster.ports, cluster.pids, strict=True):
+            _wait(
+                cluster,
+                p,
+                pid,
+                deadline,
+                lambda info: info.get("cluster_state") == "ok",
+                "reach cluster_state:ok",
+            )
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+def _wait(cluster: LocalCluster, port: int, pid: int, deadline: float, ready, what: str) -> None:
+    """Until node ``port`` answers ``CLUSTER INFO`` and ``ready(info)``, or a StackError."""
+    import redis
+
+    from infra.clients import redis_client
+
+    client = redis_client(f"redis://127.0.0.1:{port}/0", "probe", cluster=False)
+    try:
+        while True:
+            if not processes._alive(pid):
+                raise StackError(
+                    f"redis cluster node on port {port} exited; see {cluster.node_dir(port)}/redis.log"
+                )
+            try:
+                if ready(client.execute_command("CLUSTER INFO")):
+                    return
+            except redis.RedisError:
+                pass
+            if time.monotonic() > deadline:
+                raise StackError(
+                    f"redis cluster node on port {port} did not {what} within {READY_TIMEOUT_S:.0f} s"
+                )
+            time.sleep(0.05)
+    finally:
+        client.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import tempfile
+
+    ap = argparse.ArgumentParser(prog="python -m infra.redis_cluster", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--masters", type=int, default=3)
+    ap.add_argument("--dir", type=Path, default=None, help="the nodes' directories (default: a new temp dir)")
+    args = ap.parse_args(argv)
+    home = args.dir or Path(tempfile.mkdtemp(prefix="redis-cluster-"))
+    try:
+        cluster = start(home, args.masters)
+    except StackError as exc:
+        print(exc)
+        return 1
+    print(
+        f"Redis Cluster of {args.masters} masters at {cluster.url} (nodes: {', '.join(map(str, cluster.ports))}; {home})"
+    )
+    print("SOCIAL_REDIS_URL=" + cluster.url)
+    try:
+        while all(processes._alive(pid) for pid in cluster.pids):
+            time.sleep(1)
+        print("a node exited: stopping the others")
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        cluster.stop()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
