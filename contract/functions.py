@@ -129,7 +129,13 @@ def ensure_loaded(client: redis.Redis) -> str:
 
 
 def _ensure(client: redis.Redis, version_function: str, want: str, text) -> str:
-    """Load ``text()`` unless ``version_function`` answers ``want`` (its library is that version)."""
+    """Load ``text()`` unless ``version_function`` answers ``want`` (its library is that version);
+    on a Redis Cluster, on every primary, each checked on its own (a function runs on the node
+    that owns its keys' slot, so each must have this version)."""
+    if is_cluster_client(client):
+        for node in client.get_primaries():  # type: ignore[attr-defined]
+            _ensure(client.get_redis_connection(node), version_function, want, text)  # type: ignore[attr-defined]
+        return want
     try:
         have = client.fcall_ro(version_function, 0)
         have = have.decode() if isinstance(have, bytes) else have
@@ -142,6 +148,24 @@ def _ensure(client: redis.Redis, version_function: str, want: str, text) -> str:
 
 class LayoutError(RuntimeError):
     """A namespace written in another key format than this library's: rebuild it from the log."""
+
+
+def is_cluster_client(client) -> bool:
+    """``client`` is redis-py's Redis Cluster client (infra.clients gives one for a cluster's URL)."""
+    import redis.asyncio
+
+    return isinstance(client, redis.RedisCluster | redis.asyncio.RedisCluster)
+
+
+def refuse_keyed_on_cluster(client) -> None:
+    """The keyed layout's calls touch the keys of many users at once (many slots): on a Redis
+    Cluster only the partitioned layout runs. One line (:class:`LayoutError`) says so."""
+    if is_cluster_client(client):
+        raise LayoutError(
+            "the Redis at SOCIAL_REDIS_URL is a Redis Cluster, where the keyed serving layout cannot "
+            "run (its calls span slots): set SOCIAL_SERVING_LAYOUT=partitioned "
+            '(docs/architecture.md, "On Redis Cluster")'
+        )
 
 
 def layout() -> str:
@@ -158,7 +182,10 @@ def check_layout(client: redis.Redis, namespace: str, serving_layout: str = "key
     State from before ``layout`` existed (layout 1: a post keyed by its id alone) has a fence and
     no ``layout`` key. An empty namespace is fine: the first ``social_apply`` stamps it (in the
     partitioned layout, each partition's first call stamps its own; the partitioned library refuses
-    a partition stamped by another version of it)."""
+    a partition stamped by another version of it). On a Redis Cluster the keyed layout is refused
+    (:func:`refuse_keyed_on_cluster`)."""
+    if serving_layout != "partitioned":
+        refuse_keyed_on_cluster(client)
     keyed = client.exists(key(namespace, "layout"), key(namespace, "fence")) > 0
     partitioned = client.exists(pkey(namespace, 0, "layout"), pkey(namespace, 0, "fence")) > 0
     other = {"keyed": partitioned, "partitioned": keyed}[serving_layout]

@@ -12,6 +12,13 @@ Two calls, each over the keys of one Kafka partition (one Redis Cluster slot):
   outbox stays until every target's fence has passed it).
 
 The arguments of both follow ``contract/redis_functions/protocol.json`` by name.
+
+On a Redis Cluster (``SOCIAL_REDIS_URL`` names a node: :func:`infra.clients.redis_client` gives a
+cluster client) each call goes to the master that owns its partition's slot, found from the one
+key it names, and a pipeline of many partitions' calls is redis-py's cluster pipeline, which sends
+each master its commands and gives the replies back in order. A call redis-py sends again (after a
+MOVED, an ASK or a lost connection) is skipped by its fence (docs/architecture.md, "On Redis
+Cluster").
 """
 
 from __future__ import annotations

@@ -113,6 +113,7 @@ class Processor:
     def __init__(self, cfg: ProcessorConfig, client: redis.Redis | None = None):
         self.cfg = cfg
         self.r = client or clients.redis_client(cfg.redis_url)
+        functions.refuse_keyed_on_cluster(self.r)
         functions.ensure_loaded(self.r)
         self._head = [
             cfg.namespace,

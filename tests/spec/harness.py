@@ -123,9 +123,10 @@ def diff_accounting(want: dict, got: dict, label: str = "") -> list[str]:
 def partitioned_views(url: str, ns: str, users: list[int], n: int, partition_of) -> dict:
     from contract.functions import pkey
     from contract.serving import PartitionedReader
+    from infra import clients
 
     async def read() -> dict:
-        client = redis.asyncio.Redis.from_url(url)
+        client = clients.redis_client(url, asyncio=True)  # a Redis Cluster's when url names one
         try:
             reader = PartitionedReader(client, ns, partition_of)
             out: dict = {k: {} for k in ("timeline", "inbox", "unread", "status", "follows", "users")}
