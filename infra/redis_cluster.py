@@ -9,13 +9,14 @@ says ``cluster_state:ok``; :meth:`LocalCluster.stop` stops exactly those process
 A cluster's address is any node's URL (:attr:`LocalCluster.url`): :func:`infra.clients.redis_client`
 gives a cluster-aware client for it.
 
-    python -m infra.redis_cluster [--masters 3] [--dir DIR]   # runs one until Ctrl-C
+    python -m infra.redis_cluster [--masters 3] [--dir DIR]   # runs one until Ctrl-C or SIGTERM
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -186,6 +187,10 @@ def _wait(cluster: LocalCluster, port: int, pid: int, deadline: float, ready, wh
         client.close()
 
 
+def _interrupted(signum: int, _frame) -> None:
+    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
     import tempfile
@@ -195,6 +200,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", type=Path, default=None, help="the nodes' directories (default: a new temp dir)")
     args = ap.parse_args(argv)
     home = args.dir or Path(tempfile.mkdtemp(prefix="redis-cluster-"))
+    # Ctrl-C, and a SIGTERM (`kill <pid>`) alike, stop the nodes: they run in sessions of their own,
+    # out of reach of a signal to this process (and a background job starts with SIGINT ignored)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _interrupted)
     try:
         cluster = start(home, args.masters)
     except StackError as exc:
