@@ -33,6 +33,7 @@ checks the quality elsewhere and keeps to a time limit). The stack's ports and v
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -379,6 +380,7 @@ class Paced:
     events: int
     seconds: float
     delivery_failures: int
+    duplicates: int  # exact re-sends the generator injected (the speed layer must count them all)
 
 
 def produce_paced(n: int, config, rate: float, *, topic: str, bootstrap: clients.Kafka) -> Paced:
@@ -388,9 +390,15 @@ def produce_paced(n: int, config, rate: float, *, topic: str, bootstrap: clients
     import orjson
     from tqdm import tqdm
 
-    from app_sim.generator import EventGenerator
+    from app_sim.generator import DUPLICATE, EventGenerator
 
-    failures = 0
+    if config.worker_id is None:  # a writer of its own: its event ids count from 1 under its id
+        from contract import writers
+
+        config = dataclasses.replace(
+            config, worker_id=writers.allocate_for(bootstrap, topic, "generator").worker_id
+        )
+    failures = duplicates = 0
 
     def on_delivery(err, _msg) -> None:
         nonlocal failures
@@ -406,12 +414,18 @@ def produce_paced(n: int, config, rate: float, *, topic: str, bootstrap: clients
                 producer.poll(due)
                 while (due := start + i / rate - time.perf_counter()) > 0:
                     time.sleep(due)
-            key, value, _injected = next(records)  # made now: its received_time is now
+            key, value, injected = next(records)  # made now: its received_time is now
+            duplicates += injected == DUPLICATE
             producer.produce(topic, value if isinstance(value, bytes) else orjson.dumps(value), key)
             producer.poll(0)
             bar.update(1)
     failures += producer.flush(60)
-    return Paced(events=n, seconds=round(time.perf_counter() - start, 1), delivery_failures=failures)
+    return Paced(
+        events=n,
+        seconds=round(time.perf_counter() - start, 1),
+        delivery_failures=failures,
+        duplicates=duplicates,
+    )
 
 
 def _ms(t: int) -> str:
@@ -539,7 +553,7 @@ def append_live(args, settings: Settings, history: History) -> Paced | None:
 
     if args.live_seconds <= 0:
         return None
-    config, gen = history.config, history.summary
+    config = history.config
     rate = max(1.0, config.users * args.events_per_user_s)
     n_live = max(1, round(rate * args.live_seconds))
     say(f"the live part: {n_live:,} events in real time at {rate:,.0f} events/s (the world's pace)")
@@ -551,9 +565,8 @@ def append_live(args, settings: Settings, history: History) -> Paced | None:
         invalid_share=0.005,
         duplicate_share=0.005,
         realtime=True,
-        # the history's writer goes on (its ids then were on the simulated clock, now on
-        # the wall clock: they cannot meet)
-        **({"worker_id": gen.worker_id} if getattr(gen, "worker_id", None) is not None else {}),
+        # a writer of its own (produce_paced claims its worker id): the history's writer going on
+        # would count its event ids from 1 again, below the history's, every one a duplicate
     )
     live = produce_paced(n_live, live_config, rate, topic=settings.events_topic, bootstrap=settings)
     print(f"  {live.events:,} events in {live.seconds:.1f}s")
@@ -618,6 +631,17 @@ class Outcome:
     @property
     def verify_ok(self) -> bool:
         return bool(self.verified and self.report.get("ok"))
+
+    @property
+    def injected_duplicates(self) -> int:
+        return self.history.summary.duplicates + (self.live.duplicates if self.live else 0)
+
+    @property
+    def duplicates_as_injected(self) -> bool:
+        """The speed layer counted exactly the duplicates the demo injected: none of its other
+        events was taken for one, and none of the re-sends was applied."""
+        acct = (self.report.get("keyed") or {}).get("accounting") or self.report.get("accounting", {})
+        return acct.get("duplicates") == self.injected_duplicates
 
 
 def alerts_line(settings: Settings, alerts: dict[str, dict[str, int]]) -> str:
@@ -695,8 +719,9 @@ def summary_rows(args, settings: Settings, o: Outcome, t0: float) -> list[tuple[
             "accounting",
             f"read {acct.get('events_read', '-')} = applied {acct.get('applied', '-')} + duplicates "
             f"{acct.get('duplicates', '-')} + rejected {acct.get('rejected', '-')} + quarantined "
-            f"{acct.get('quarantined', '-')} (the speed layer's, in Redis) -> "
-            f"{'ok' if acct.get('ok') else 'MISMATCH'}",
+            f"{acct.get('quarantined', '-')} (the speed layer's, in Redis; duplicates injected "
+            f"{o.injected_duplicates:,}) -> "
+            f"{'ok' if acct.get('ok') and o.duplicates_as_injected else 'MISMATCH'}",
         ),
         (
             "data quality",
@@ -724,6 +749,7 @@ def write_summary(settings: Settings, rows: list[tuple[str, str]], o: Outcome) -
                 "summary": dict(rows),
                 "verify_ok": o.verify_ok,
                 "quality_ok": o.quality_ok,
+                "duplicates_as_injected": o.duplicates_as_injected,
                 "mismatches": mismatches(o.report),
                 "serving_caught_up_s": round(o.serving_s, 2),
                 "archive_caught_up_s": round(o.archive_s, 2),
@@ -841,7 +867,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {k:<22} {v}")
     write_summary(settings, rows, outcome)
     look_around(settings, ns)
-    return 0 if outcome.verify_ok and quality_ok is not False else 1
+    return 0 if outcome.verify_ok and quality_ok is not False and outcome.duplicates_as_injected else 1
 
 
 if __name__ == "__main__":

@@ -89,6 +89,9 @@ def test_make_demo_passes_with_a_true_summary(tmp_path: Path, private_settings):
     result = json.loads((tmp_path / "var" / "reports" / "demo" / "summary.json").read_text())
     assert result["verify_ok"] and result["quality_ok"], tail
     assert all(n == 0 for n in result["mismatches"].values()), result["mismatches"]
+    # the speed layer counted exactly the re-sends the demo injected (history and live part): no
+    # other event was taken for a duplicate (the live part's writer counts its own event ids)
+    assert result["duplicates_as_injected"] is True, summary
     # the archive's lag is reported: the Delta views reached the log's end after the serving path
     # did (never before: they are compacted from what Redis applied), in seconds, within the run
     assert 0 <= result["serving_caught_up_s"] <= result["archive_caught_up_s"] < took, result

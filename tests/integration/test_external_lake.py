@@ -375,7 +375,7 @@ def test_demo_passes_on_external_kafka_redis_and_s3_lake(s3, spark, tmp_path, re
     print(f"demo on external Kafka, Redis and S3 lake: exit {rc} after {took:.0f} s")
     assert rc == 0, f"the demo exited {rc} after {took:.0f}s:\n{tail}"
     result = json.loads((tmp_path / "var" / "reports" / "demo" / "summary.json").read_text())
-    assert result["verify_ok"], tail
+    assert result["verify_ok"] and result["duplicates_as_injected"] is True, tail
     assert result["quality_ok"] is None and result["summary"]["data quality"] == "skipped (--no-quality)"
     assert all(n == 0 for n in result["mismatches"].values()), result["mismatches"]
     # `up` started none of the three: the external rows name the user's Kafka, Redis and store
