@@ -347,7 +347,10 @@ class Settings:
         "one post's fan-out stays under ~10 ms (docs/performance.md: The fan-out threshold)",
     )
     dedup_window_ms: int = _setting(
-        "SOCIAL_DEDUP_WINDOW_MS", DEDUP_WINDOW_MS, "an event_id seen again within this window is a duplicate"
+        "SOCIAL_DEDUP_WINDOW_MS",
+        DEDUP_WINDOW_MS,
+        "an event_id without a sequence seen again within this window is a duplicate (a sequenced one: "
+        "SOCIAL_DEDUP_REORDER; docs/views.md, Duplicates)",
     )
     max_text_length: int = _setting("SOCIAL_MAX_TEXT_LENGTH", 280, "longest post, status or message text")
     trigger_interval: str = _setting(
