@@ -565,7 +565,9 @@ class _Run:
             _, fu = heapq.heappop(self.flush_heap)
             for ev in self.buffers.pop(fu, ()):
                 ev["event_id"] = self.eid()
-                ev["sent_time"] = now + offs[fu] - net
+                # never before it was made: a device back within a few ms of going offline (the
+                # network delay of its send shorter than of its making) would send before it made
+                ev["sent_time"] = max(now + offs[fu] - net, ev["device_time"])
                 ev["received_time"] = now
                 k = contract.record_key(ev)
                 inj = self.rejected(ev)
