@@ -637,11 +637,16 @@ class Outcome:
         return self.history.summary.duplicates + (self.live.duplicates if self.live else 0)
 
     @property
+    def accounting(self) -> dict:
+        """Verify's accounting: the keyed state's, which counts rejected records apart from
+        quarantined ones (the Delta archive's counts both as quarantined), else the archive's."""
+        return (self.report.get("keyed") or {}).get("accounting") or self.report.get("accounting", {})
+
+    @property
     def duplicates_as_injected(self) -> bool:
         """The speed layer counted exactly the duplicates the demo injected: none of its other
         events was taken for one, and none of the re-sends was applied."""
-        acct = (self.report.get("keyed") or {}).get("accounting") or self.report.get("accounting", {})
-        return acct.get("duplicates") == self.injected_duplicates
+        return self.accounting.get("duplicates") == self.injected_duplicates
 
 
 def alerts_line(settings: Settings, alerts: dict[str, dict[str, int]]) -> str:
@@ -659,9 +664,7 @@ def summary_rows(args, settings: Settings, o: Outcome, t0: float) -> list[tuple[
     reports = Path(settings.reports_dir)
     verify_json = reports / "verify" / "latest.json"
     views = o.report.get("views", {})
-    # the keyed state's accounting counts rejected records apart from quarantined ones; the Delta
-    # archive's counts both as quarantined
-    acct = (o.report.get("keyed") or {}).get("accounting") or o.report.get("accounting", {})
+    acct = o.accounting
     found = mismatches(o.report)
     h, fresh = o.history, o.fresh
     live_n = o.live.events if o.live else 0

@@ -40,3 +40,41 @@ def test_the_history_ends_before_now_at_the_worlds_pace():
 
 def test_covered_counts_up_to_each_partitions_end():
     assert covered({0: 5, 1: 30}, {0: 10, 1: 20, 2: 4}) == 5 + 20 + 0
+
+
+def test_the_accounting_line_says_mismatch_when_duplicates_differ_from_those_injected():
+    """The demo fails unless the speed layer counted exactly the re-sends it injected (history's and
+    live part's): here 3 counted against 2 + 1 injected, then against 2 + 0."""
+    from types import SimpleNamespace as NS
+
+    from infra.settings import get_settings
+    from stories import demo
+
+    history = NS(
+        events=10,
+        summary=NS(events_per_s=5.0, duplicates=2),
+        config=NS(start_ms=1_780_000_000_000, users=3),
+        now_ms=1_780_000_100_000,
+        serving_s=1.0,
+    )
+    acct = {"events_read": 12, "applied": 9, "duplicates": 3, "rejected": 0, "quarantined": 0, "ok": True}
+    o = demo.Outcome(
+        history=history,  # type: ignore[arg-type]
+        live=NS(events=2, duplicates=1),  # type: ignore[arg-type]
+        injected=0,
+        serving_s=0.5,
+        archive_s=1.0,
+        archive_history_s=2.0,
+        fresh={"events": 0},
+        verified=True,
+        verify_s=1.0,
+        quality_ok=None,
+        quality_s=0.0,
+        report={"ok": True, "views": {}, "keyed": {"accounting": acct}},
+    )
+    args = NS(live_seconds=5, events_per_user_s=1.0)
+    line = dict(demo.summary_rows(args, get_settings(), o, 0.0))["accounting"]
+    assert o.duplicates_as_injected and line.endswith("duplicates injected 3) -> ok"), line
+    o.live = NS(events=2, duplicates=0)  # type: ignore[assignment]
+    line = dict(demo.summary_rows(args, get_settings(), o, 0.0))["accounting"]
+    assert not o.duplicates_as_injected and line.endswith("duplicates injected 2) -> MISMATCH"), line
