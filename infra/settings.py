@@ -125,6 +125,13 @@ class Settings:
         "`maxmemory-policy noeviction`, `appendonly yes`) and starts no redis-server",
     )
     redis_port: int = _setting("SOCIAL_REDIS_PORT", 6379, "port of the local Redis started by `make up`")
+    redis_masters: int = _setting(
+        "SOCIAL_REDIS_MASTERS",
+        0,
+        "what `make up` starts as the serving store: 1 = one redis-server, 3 or more = a Redis Cluster of "
+        "that many masters (node i on SOCIAL_REDIS_PORT + i, its cluster bus on SOCIAL_REDIS_PORT + N + i; "
+        "the partitioned layout only); 0 = the profile's: 1 in `local`, 3 in `cluster`",
+    )
     api_host: str = _setting("SOCIAL_API_HOST", "127.0.0.1", "app API bind address")
     api_port: int = _setting("SOCIAL_API_PORT", 8000, "app API port")
     api_workers: int = _setting("SOCIAL_API_WORKERS", 2, "uvicorn worker processes of the app API")
@@ -567,6 +574,17 @@ class Settings:
             )
         if not 1 <= self.dedup_reorder <= 4096:
             raise SettingsError(f"SOCIAL_DEDUP_REORDER={self.dedup_reorder}: expected 1 to 4096")
+        if self.redis_masters == 2 or self.redis_masters < 0:
+            raise SettingsError(
+                f"SOCIAL_REDIS_MASTERS={self.redis_masters}: expected 1 (one Redis), 3 or more (a Redis "
+                "Cluster: a majority of masters must agree a master failed), or 0 (the profile's)"
+            )
+        if self.redis_cluster_masters and self.serving_layout != "partitioned":
+            raise SettingsError(
+                f"SOCIAL_SERVING_LAYOUT={self.serving_layout} cannot run on a Redis Cluster of "
+                f"{self.redis_cluster_masters} masters (its calls span slots): set "
+                "SOCIAL_SERVING_LAYOUT=partitioned, or SOCIAL_REDIS_MASTERS=1 for one Redis"
+            )
         if self.profile == "cluster" and self.cluster_brokers < 1:
             raise SettingsError(f"SOCIAL_CLUSTER_BROKERS={self.cluster_brokers}: expected at least 1")
         if self.kafka_security_protocol not in KAFKA_SECURITY_PROTOCOLS:
@@ -602,6 +620,20 @@ class Settings:
     @property
     def clustered(self) -> bool:
         return self.profile == "cluster"
+
+    @property
+    def redis_cluster_masters(self) -> int:
+        """The masters of the Redis Cluster `make up` starts (SOCIAL_REDIS_MASTERS, else the
+        profile's: 3 in ``cluster``), or 0: one redis-server."""
+        masters = self.redis_masters or (3 if self.clustered else 1)
+        return 0 if masters == 1 else masters
+
+    def redis_ports(self) -> list[tuple[int, int]]:
+        """(client port, cluster bus port) of each Redis node `make up` starts (bus 0: not a cluster)."""
+        n = self.redis_cluster_masters
+        if not n:
+            return [(self.redis_port, 0)]
+        return [(self.redis_port + i, self.redis_port + n + i) for i in range(n)]
 
     def broker_ports(self) -> list[tuple[int, int]]:
         """(broker port, controller port) of each Kafka node `make up` starts."""

@@ -204,7 +204,12 @@ class Stack:
     def other_profile_services(self) -> list[Service]:
         """What the other profile would run, where it is not one of ours: `down` and `status`
         see a cluster started with SOCIAL_PROFILE=cluster even when the variable is not set now."""
-        other = replace(self.settings, profile="local" if self.settings.clustered else "cluster")
+        # (the layout only decides what runs on Redis: a keyed one here is no reason to refuse `down`)
+        other = replace(
+            self.settings,
+            profile="local" if self.settings.clustered else "cluster",
+            serving_layout="partitioned",
+        )
         mine = {s.name for s in self.services}
         types = self.service_types or tuple(SERVICES)
         return [s for cls in types for s in cls.instances(other) if s.name not in mine]

@@ -268,7 +268,9 @@ def start(
     from pyspark.sql import functions as F
 
     cfg = processor_config(settings, namespace, partitions=len(topic_partitions(settings, topic)))
-    functions.ensure_loaded(functions.connect(settings.redis_url))
+    client = functions.connect(settings.redis_url)
+    # the layout's library only (a Redis Cluster runs the partitioned one, on every master)
+    (functions.ensure_partitioned_loaded if cfg.layout == "partitioned" else functions.ensure_loaded)(client)
     if cfg.layout == "partitioned":
         # deliveries a crash left in the outboxes: applied before any new record
         _partitioned(processor_for(cfg)).settle()

@@ -8,6 +8,7 @@ from infra.settings import Settings, get_settings
 from infra.stack import (
     SERVICES,
     KafkaBroker,
+    RedisServer,
     SparkMaster,
     SparkWorker,
     Stack,
@@ -37,9 +38,44 @@ def test_cluster_nodes_ports_and_quorum():
     assert (props["default.replication.factor"], props["min.insync.replicas"]) == ("3", "2")
     assert events_topic_configs(s)["min.insync.replicas"] == "2"
     names = [x.name for x in Stack(s).services]
-    assert names[:7] == [
-        "kafka-1", "kafka-2", "kafka-3", "redis", "spark-master", "spark-worker-1", "spark-worker-2",
+    assert names[:9] == [
+        "kafka-1", "kafka-2", "kafka-3", "redis-1", "redis-2", "redis-3",
+        "spark-master", "spark-worker-1", "spark-worker-2",
     ]  # fmt: skip
+
+
+def test_the_cluster_profile_serves_from_a_redis_cluster_of_three_masters(tmp_path):
+    """Node i on SOCIAL_REDIS_PORT + i, its cluster bus on SOCIAL_REDIS_PORT + 3 + i (worked out by
+    hand from the setting's documentation), each a master in cluster mode with its own files."""
+    s = get_settings(profile="cluster", redis_port=46379, var_dir=tmp_path)
+    assert s.redis_cluster_masters == 3
+    assert s.redis_ports() == [(46379, 46382), (46380, 46383), (46381, 46384)]
+    nodes = RedisServer.instances(s)
+    assert [(n.name, n.ports()) for n in nodes] == [
+        ("redis-1", [46379, 46382]), ("redis-2", [46380, 46383]), ("redis-3", [46381, 46384]),
+    ]  # fmt: skip
+    assert {n.home for n in nodes} == {tmp_path / f"redis-{i}" for i in (1, 2, 3)}
+    nodes[1].prepare()
+    conf = (tmp_path / "redis-2" / "redis.conf").read_text().splitlines()
+    assert {"port 46380", "cluster-enabled yes", "cluster-port 46383", "appendonly yes"} <= set(conf)
+    assert f'cluster-config-file "{tmp_path / "redis-2" / "nodes.conf"}"' in conf
+
+
+def test_one_redis_or_a_cluster_is_a_setting_of_either_profile():
+    assert get_settings(profile="cluster", redis_masters=1).redis_ports() == [(6379, 0)]
+    assert [n.name for n in RedisServer.instances(get_settings(profile="cluster", redis_masters=1))] == [
+        "redis"
+    ]
+    local = get_settings(redis_masters=5, redis_port=46379)
+    assert local.redis_cluster_masters == 5 and local.redis_ports()[4] == (46383, 46388)
+    for bad in (2, -1):
+        with pytest.raises(ValueError, match=f"SOCIAL_REDIS_MASTERS={bad}: expected 1"):
+            get_settings(redis_masters=bad)
+    with pytest.raises(ValueError, match="SOCIAL_SERVING_LAYOUT=keyed cannot run on a Redis Cluster of 3"):
+        get_settings(profile="cluster", serving_layout="keyed")
+    # a keyed local stack still sees (and stops) what the cluster profile started
+    keyed = get_settings(serving_layout="keyed")
+    assert {"redis-1", "redis-2", "redis-3"} <= {x.name for x in Stack(keyed).other_profile_services()}
 
 
 def test_an_explicit_bootstrap_or_master_wins_over_the_profile():

@@ -49,3 +49,41 @@ def test_a_source_that_does_not_answer_is_a_copy_error_naming_it(tmp_path):
     except CopyError as exc:
         assert f"127.0.0.1:{port} did not sync in 3 s" in str(exc)
     assert (tmp_path / "copy" / "redis.log").exists()  # kept, for the reason
+
+
+def test_a_cluster_is_copied_at_one_instant_across_its_masters(redis_cluster, tmp_path):
+    """A writer counts on two masters in turn, x then y, each write answered before the next: at
+    every instant x == y or x == y + 1. Masters copied one after the other break that as soon as
+    one count happened between the two copies (y ahead of x, or x two ahead); a copy at one instant
+    never does. And the copy is one server with every master's keys."""
+    import threading
+
+    from infra import clients
+
+    cluster = clients.redis_client(redis_cluster.url)
+    x, y = "copy:{a}", "copy:{b}"  # hash tags whose slots two different masters own
+    assert cluster.nodes_manager.get_node_from_slot(cluster.keyslot(x)) != (
+        cluster.nodes_manager.get_node_from_slot(cluster.keyslot(y))
+    )
+    cluster.mset_nonatomic({x: 0, y: 0, **{f"copy:filler:{i}": i for i in range(2000)}})
+    stop = threading.Event()
+
+    def count():
+        while not stop.is_set():
+            cluster.incr(x)
+            cluster.incr(y)
+
+    writer = threading.Thread(target=count)
+    writer.start()
+    try:
+        held = []
+        for n in range(3):
+            with frozen_copy(redis_cluster.url, tmp_path / f"copy{n}") as url:
+                copy = redis.Redis.from_url(url)
+                assert copy.dbsize() == 2002  # every master's keys, in one server
+                held.append((int(copy.get(x)), int(copy.get(y))))
+    finally:
+        stop.set()
+        writer.join()
+    assert held[-1][0] > held[0][0] + 100, held  # the writer went on while copies were taken
+    assert all(a - b in (0, 1) for a, b in held), held
