@@ -478,6 +478,21 @@ def test_the_cluster_profile_is_the_local_cluster(everything):
     configs = dict(a.removeprefix("--config=").split("=", 1) for a in argv if a.startswith("--config="))
     assert int(flags["replication-factor"]) == settings.replication_factor == 3
     assert configs == stack.events_topic_configs(settings) and configs["min.insync.replicas"] == "2"
+    # the serving store: a Redis Cluster of the same masters on the same host ports as `make up`'s
+    masters = {n: s for n, s in everything.items() if re.fullmatch(r"redis-\d+", n)}
+    assert sorted(masters) == [s.name for s in stack.RedisServer.instances(settings)]
+    assert sorted(int(s["ports"][0]["published"]) for s in masters.values()) == [
+        p for p, _bus in settings.redis_ports()
+    ]
+    for name, node in masters.items():
+        argv = " ".join(node["command"])
+        assert "--cluster-enabled yes" in argv and "--appendonly yes" in argv, name
+        assert f"--cluster-announce-hostname {name}" in argv, name
+    joining = everything["redis-cluster"]
+    assert joining["restart"] == "no" and set(joining["depends_on"]) == set(masters)
+    assert "--cluster create" in " ".join(joining["command"]) and "--cluster-replicas 0" in " ".join(
+        joining["command"]
+    )
     for name, service in everything.items():
         if (
             "cluster" in (service.get("profiles") or [])
@@ -487,6 +502,9 @@ def test_the_cluster_profile_is_the_local_cluster(everything):
             env = service["environment"]
             assert env["SOCIAL_SPARK_MASTER"] == "spark://spark-master:7077", name
             assert env["SOCIAL_PROFILE"] == "cluster", name
+            assert env["SOCIAL_REDIS_URL"] == "redis://redis-1:6379/0", name
+            if "redis" in str(service.get("depends_on")):
+                assert "redis" not in service["depends_on"], name  # the cluster's, not the local one
 
 
 # --- the image: the Dockerfile ---------------------------------------------------------------------------
