@@ -47,6 +47,37 @@ def _archive(settings: Settings, namespace: str) -> tuple[dict[int, int], float 
     return position, None if committed_ms is None else committed_ms / 1000
 
 
+def serving_counts(r, ns: str, layout: str, parts: list[int]) -> tuple[dict[int, int], list, list]:
+    """Each partition's fence, accounting hash and freshness hash(es), read in MULTIs: the speed layer
+    changes them in one function call, so records read (the fences) = records decided (the
+    accounting) in every snapshot. In the partitioned layout a MULTI per partition (its keys share
+    a slot, which on a Redis Cluster one master holds: a MULTI over several slots is refused)."""
+    from contract import functions
+
+    if layout == "partitioned":
+        fences, raw_stats, raw_hists = {}, [], []
+        for p in parts:
+            pipe = r.pipeline(transaction=True)
+            pipe.get(functions.pkey(ns, p, "fence"))
+            pipe.hgetall(functions.stats_key(ns, p, layout))
+            pipe.hgetall(functions.pkey(ns, p, "freshness"))
+            fence, stats_p, hist_p = pipe.execute()
+            if fence is not None:
+                fences[p] = int(fence)
+            raw_stats.append(stats_p)
+            raw_hists.append(hist_p)
+    else:
+        pipe = r.pipeline(transaction=True)
+        pipe.hgetall(functions.key(ns, "fence"))
+        for p in parts:
+            pipe.hgetall(functions.stats_key(ns, p, layout))
+        pipe.hgetall(functions.key(ns, "freshness"))
+        got = pipe.execute()
+        fences = {int(p): int(o) for p, o in got[0].items()}
+        raw_stats, raw_hists = got[1 : 1 + len(parts)], got[1 + len(parts) :]
+    return fences, raw_stats, raw_hists
+
+
 def snapshot(settings: Settings) -> dict:
     """Everything the exporter reports, read once from Kafka, Redis and the Delta log."""
     from contract import functions, namespaces
@@ -56,33 +87,8 @@ def snapshot(settings: Settings) -> dict:
     ns = namespaces.active(settings)
     r = functions.connect(settings.redis_url)
     ends = end_offsets(settings, settings.events_topic)
-    # the fences, the accounting and the freshness in one MULTI: the speed layer changes them in one
-    # function call, so records read (the fences) = records decided (the accounting) in every snapshot
-    # (in the partitioned layout, each partition's own fence and accounting; freshness per partition)
     layout = settings.serving_layout
-    parts = sorted(ends)
-    pipe = r.pipeline(transaction=True)
-    if layout == "partitioned":
-        for p in parts:
-            pipe.get(functions.pkey(ns, p, "fence"))
-    else:
-        pipe.hgetall(functions.key(ns, "fence"))
-    for p in parts:
-        pipe.hgetall(functions.stats_key(ns, p, layout))
-    for freshness in (
-        [functions.pkey(ns, p, "freshness") for p in parts]
-        if layout == "partitioned"
-        else [functions.key(ns, "freshness")]
-    ):
-        pipe.hgetall(freshness)
-    got = pipe.execute()
-    if layout == "partitioned":
-        fences = {p: int(v) for p, v in zip(parts, got[: len(parts)], strict=True) if v is not None}
-        got = got[len(parts) :]
-    else:
-        fences = {int(p): int(o) for p, o in got[0].items()}
-        got = got[1:]
-    raw_stats, raw_hists = got[: len(parts)], got[len(parts) :]
+    fences, raw_stats, raw_hists = serving_counts(r, ns, layout, sorted(ends))
     stats = {
         p: {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in raw.items()}
         for p, raw in zip(sorted(ends), raw_stats, strict=True)
@@ -91,7 +97,7 @@ def snapshot(settings: Settings) -> dict:
     for raw in raw_hists:
         for b, n in raw.items():
             hist[int(b)] = hist.get(int(b), 0) + int(n)
-    fcall = r.info("commandstats").get("cmdstat_fcall", {})
+    fcall = functions.command_stats(r).get("cmdstat_fcall", {})
     archive, archived_at = _archive(settings, ns)
     from pipelines.stream_progress import progress_dir, read
 
