@@ -112,7 +112,23 @@ def _versioned(text: str, version: str) -> str:
 
 def loaded_versions(client: redis.Redis) -> dict[str, str | None]:
     """What each library in Redis answers for its version (None: not loaded), beside this
-    repository's: verify reports a stale one."""
+    repository's: verify reports a stale one. On a Redis Cluster every master is asked (a function
+    runs on the master of its keys' slot): one version where all agree, else each master's, named
+    (``127.0.0.1:7001=<v>, 127.0.0.1:7002=None``), which is no version this repository has."""
+    if is_cluster_client(client):
+        per_node = {
+            f"{node.host}:{node.port}": loaded_versions(client.get_redis_connection(node))  # type: ignore[attr-defined]
+            for node in client.get_primaries()  # type: ignore[attr-defined]
+        }
+        merged: dict[str, str | None] = {}
+        for name in ("social", "partitioned"):
+            seen = {versions[name] for versions in per_node.values()}
+            merged[name] = (
+                seen.pop()
+                if len(seen) == 1
+                else ", ".join(f"{node}={versions[name]}" for node, versions in sorted(per_node.items()))
+            )
+        return merged
     out: dict[str, str | None] = {}
     for name, fn in (("social", "social_version"), ("partitioned", "p_version")):
         try:
@@ -151,7 +167,7 @@ def command_stats(client: redis.Redis) -> dict[str, dict[str, float]]:
     command's calls and µs; its per-call mean recomputed), where redis-py would ask one node."""
     if not is_cluster_client(client):
         return client.info("commandstats")
-    per_node = client.info("commandstats", target_nodes=client.PRIMARIES)  # type: ignore[call-arg,attr-defined]
+    per_node = client.info("commandstats", target_nodes=client.PRIMARIES)  # type: ignore[attr-defined]
     total: dict[str, dict[str, float]] = {}
     for stats in per_node.values():
         for command, fields in stats.items():

@@ -251,18 +251,24 @@ def verify_keyed(spark, settings: Settings, namespace: str, topic: str) -> dict:
     cannot be copied (it refuses replication), the comparison runs in place and a stream that
     moves meanwhile makes it ``skipped``, never a false mismatch.
     """
+    from contract import functions
     from infra.redis_copy import CopyError, frozen_copy
 
+    # the libraries the live Redis runs (on a cluster, every master's: a copy holds one library)
+    running = functions.loaded_versions(keyed_connect(settings.redis_url))
     try:
         with frozen_copy(settings.redis_url, Path(settings.var_dir) / "verify-copy" / namespace) as url:
-            out = _verify_keyed(spark, dataclasses.replace(settings, redis_url=url), namespace, topic, True)
+            copy = dataclasses.replace(settings, redis_url=url)
+            out = _verify_keyed(spark, copy, namespace, topic, True, running)
             return {**out, "compared_in": "a frozen copy of the live Redis (a detached replica)"}
     except CopyError as exc:
-        out = _verify_keyed(spark, settings, namespace, topic, False)
+        out = _verify_keyed(spark, settings, namespace, topic, False, running)
         return {**out, "compared_in": f"the live Redis ({exc})"}
 
 
-def _verify_keyed(spark, settings: Settings, namespace: str, topic: str, frozen: bool) -> dict:
+def _verify_keyed(
+    spark, settings: Settings, namespace: str, topic: str, frozen: bool, versions: dict[str, str | None]
+) -> dict:
     from contract import functions
     from contract.functions import drop_namespace
     from pipelines.replay import replay_keyed
@@ -278,7 +284,7 @@ def _verify_keyed(spark, settings: Settings, namespace: str, topic: str, frozen:
         if layout == "partitioned"
         else ("social", functions.version())
     )
-    running = functions.loaded_versions(client)[name]
+    running = versions[name]
     library = {"name": name, "running": running, "repository": want, "ok": running in (want, None)}
     if frozen and layout == "partitioned":  # whole at its fences: what the outboxes hold, delivered
         from pipelines.speed.partitioned import PartitionedProcessor

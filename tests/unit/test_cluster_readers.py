@@ -39,3 +39,22 @@ def test_command_stats_of_a_cluster_are_every_masters_summed(redis_cluster_url):
     summed = functions.command_stats(r)["cmdstat_incrby"]
     assert summed["calls"] == sum(per_node.values())
     assert summed["usec_per_call"] == summed["usec"] / summed["calls"]
+
+
+def test_the_library_version_is_every_masters_and_a_stale_one_is_named(redis_cluster_url):
+    """verify's library check (``loaded_versions``): one version where every master runs it; a master
+    left on another (a half-done upgrade) makes the answer name each master's, no version at all."""
+    r = clients.redis_client(redis_cluster_url)
+    want = functions.partitioned_version()
+    functions.ensure_partitioned_loaded(r)
+    assert functions.loaded_versions(r)["partitioned"] == want
+    first, *rest = sorted(r.get_primaries(), key=lambda n: n.port)
+    stale = functions._versioned(functions.partitioned_source(), "0-stale")
+    r.get_redis_connection(first).function_load(stale, replace=True)
+    try:
+        said = functions.loaded_versions(r)["partitioned"]
+        assert said != want and f"{first.host}:{first.port}=0-stale" in said
+        assert all(f"{n.host}:{n.port}={want}" in said for n in rest), said
+    finally:
+        functions.ensure_partitioned_loaded(r)
+    assert functions.loaded_versions(r)["partitioned"] == want
