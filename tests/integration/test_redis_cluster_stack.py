@@ -1,0 +1,193 @@
+"""The serving store on a Redis Cluster of 3 masters, as `make up` starts it (SOCIAL_REDIS_MASTERS=3,
+the cluster profile's default: docs/architecture.md, "On Redis Cluster"), under the real stream.
+
+The cluster is the stack's own service (:class:`infra.services.RedisServer`, three nodes joined by
+``redis-cli --cluster create``) beside the session's Kafka; the speed layer, the archiver, verify,
+restore and the API are given its address in SOCIAL_REDIS_URL, as a user gives it, and find the
+other masters themselves. What must hold, as on one Redis (test_partitioned_layout.py):
+
+- the stream == the specification (every user's views, every record's disposition, the
+  accounting), with the partitions' keys spread over all three masters;
+- verify's replay comparison, in a frozen copy of all three masters taken at one instant while the
+  stream applies, and the whole verify at the end (Delta views, batch layer, replay);
+- restore after the namespace is dropped from every master, key by key equal to what was there;
+- read-your-write through the API: a reader's ``as_of`` covers its write.
+
+Part of the Redis Cluster subset of CI (``-m redis_cluster``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from app_sim.generator import GeneratorConfig, produce
+from contract import functions
+from contract.serving import partition_of
+from infra import clients
+from tests.integration.test_partitioned_layout import _delta_facts, _records, _spec_facts, _wait_line
+from tests.integration.verifying import assert_verified, run_verify, verify_keyed, worker_spark
+from tests.spec import harness
+from tests.spec import views as spec
+
+pytestmark = [pytest.mark.integration, pytest.mark.redis_cluster]
+
+
+@pytest.fixture(scope="module")
+def redis_cluster_stack(kafka_stack, tmp_path_factory):
+    """Settings whose Redis is a 3-master cluster the stack started (its RedisServer service on a
+    free block of ports: 3 clients, 3 cluster buses), beside the session's Kafka."""
+    from infra.stack import RedisServer, Stack, free_port_block
+
+    port = free_port_block(6)
+    settings = dataclasses.replace(
+        kafka_stack.settings,
+        redis_port=port,
+        redis_masters=3,
+        redis_url=f"redis://127.0.0.1:{port}/0",
+        serving_layout="partitioned",
+        var_dir=tmp_path_factory.mktemp("redis-cluster-var"),
+    )
+    stack = Stack(settings, service_types=(RedisServer,))
+    try:
+        started = stack.up()
+        assert started == {f"redis-{i}": "started" for i in (1, 2, 3)}, started
+        yield settings
+    finally:
+        stack.down()
+
+
+def test_stream_verify_and_restore_on_three_masters_equal_the_specification(
+    redis_cluster_stack, topic_factory, speed_layer_factory
+):
+    cluster = redis_cluster_stack
+    topic = topic_factory(8)
+    ns = "onrc"
+    sl = speed_layer_factory(
+        topic=topic,
+        namespace=ns,
+        redis_url=cluster.redis_url,
+        redis_port=cluster.redis_port,
+        redis_masters=3,
+        archive_interval_s=2.0,
+        fanout_threshold=5,
+        max_offsets_per_trigger=1_000,
+    )
+    client = clients.redis_client(cluster.redis_url)
+    assert functions.is_cluster_client(client)
+    sl.wait_running()
+    _wait_line(sl.archiver_log, b"archiver running")
+    cfg = GeneratorConfig(users=200, seed=11, mean_followers=15, invalid_share=0.01, duplicate_share=0.01)
+    worker_spark(sl.settings)
+    with ThreadPoolExecutor(1) as pool:
+        producing = pool.submit(
+            produce, 6_000, cfg, topic=topic, bootstrap=cluster.kafka_bootstrap, rate=300, progress=False
+        )
+        deadline = time.monotonic() + 300
+        while sum(functions.layout_fences(client, ns, "partitioned", 8, whole=False).values()) < 3_500:
+            assert time.monotonic() < deadline, "the stream applied under 3,500 records in 5 minutes"
+            time.sleep(0.2)
+        live = verify_keyed(sl.settings, topic, ns)  # a copy of the three masters at one instant
+        summary = producing.result()
+    assert live["ok"] is True, {n: f for n, f in live.get("families", {}).items() if not f["ok"]} or live
+    assert live["compared_in"].startswith("a frozen copy"), live["compared_in"]
+    assert 3_500 <= sum(live["position"].values()) < 6_000, live["position"]
+    assert summary.delivery_failures == 0
+    sl.wait_caught_up(timeout=600)
+    sl.stop()
+
+    # the partitions' keys live on every master, each partition's on its slot's owner only
+    masters = {node.port: clients.redis_client(f"redis://127.0.0.1:{node.port}/0", cluster=False)
+               for node in client.get_primaries()}  # fmt: skip
+    assert len(masters) == 3
+    holding = {port for port, m in masters.items() if next(m.scan_iter(match=f"{ns}:*", count=1000), None)}
+    assert holding == set(masters), f"only masters {holding} hold keys of {ns}"
+
+    per_p = _records(sl.settings, topic)
+    want = spec.evaluate(
+        {p: [v for _, v in recs] for p, recs in per_p.items()},
+        sl.settings.timeline_length,
+        sl.settings.dedup_window_ms,
+        sl.settings.dedup_grace_ms,
+        sl.settings.dedup_reorder,
+    )
+    users = sorted({int(k) for recs in per_p.values() for k, _ in recs if k and k.isdigit()})
+    got = harness.partitioned_views(cluster.redis_url, ns, users, 50, lambda u: partition_of(u, 8))
+    wanted = harness.spec_views(want, users)
+    wanted["timeline"] = {u: t[:50] for u, t in wanted["timeline"].items()}
+    problems = harness.diff_views(wanted, got)
+    problems += harness.diff_accounting(
+        want.accounting(), harness.partitioned_accounting(client, ns, range(8))
+    )
+    assert not problems, "\n".join(problems[:20])
+    assert sum(len(t) for t in got["timeline"].values()) > 500
+    # every partition has every other's deliveries below their fences (an outbox on a cluster keeps
+    # delivered entries a moment longer: until the targets' masters have them on disk)
+    own, whole = functions.partitioned_state(client, ns, 8)
+    assert whole and own == {p: len(recs) for p, recs in per_p.items()}, own
+
+    # the archive cut at settled positions across the masters, the views compacted from it
+    assert _delta_facts(sl.settings, ns) == _spec_facts(want)
+    report = run_verify(sl.settings, topic, ns)
+    assert_verified(report, summary)
+
+    # restore after the namespace is dropped from every master: equal to a copy taken before
+    from pipelines.restore import restore
+    from pipelines.speed.compare import compare_namespaces
+
+    for key in client.scan_iter(match=f"{ns}:*", count=2000):
+        client.copy(key, b"before" + key[len(ns) :])  # the same hash tag: the same slot
+    functions.drop_namespace(client, ns)
+    assert next(client.scan_iter(match=f"{ns}:*"), None) is None
+    restored = restore(worker_spark(sl.settings), sl.settings, ns)
+    assert restored["position"] == {str(p): len(recs) for p, recs in per_p.items()}
+    same = compare_namespaces(client, ns, "before", sl.settings.timeline_length)
+    assert same["ok"], {n: f for n, f in same["families"].items() if not f["ok"]}
+    assert same["families"]["tl"]["keys"] > 50
+
+
+def test_read_your_write_through_the_api_on_three_masters(
+    redis_cluster_stack, topic_factory, speed_layer_factory
+):
+    """The API reads through the cluster client; each read's ``as_of`` (every partition's fence,
+    from the masters that own them) covers the write it waited for, and shows it."""
+    from tests.integration.test_api import _wait_visible, api_settings, start_api
+
+    cluster = redis_cluster_stack
+    topic = topic_factory(8)
+    namespace = f"rywc-{uuid.uuid4().hex[:8]}"
+    api = start_api(api_settings(cluster, topic, views_namespace=namespace))
+    speed_layer_factory(
+        topic=topic,
+        namespace=namespace,
+        archive=False,
+        redis_url=cluster.redis_url,
+        redis_port=cluster.redis_port,
+        redis_masters=3,
+    )
+    try:
+        users = {h: api.register(h) for h in ("ann", "ben", "cid", "dot")}
+        ann = api.client(users["ann"][1])
+        others = {h: api.client(t) for h, (_, t) in users.items() if h != "ann"}
+        try:
+            for h in others:
+                ann.post("/v1/follows", json={"followee_id": users[h][0]}).raise_for_status()
+            posts = [others[h].post("/v1/posts", json={"text": f"{h} says hi"}).json() for h in others]
+            for w in posts:  # the authors' partitions: several masters
+                tl = _wait_visible(ann, "/v1/timeline", w)
+            assert {p["post_id"] for p in tl["posts"]} == {w["post_id"] for w in posts}
+            assert len({partition_of(users[h][0], 8) for h in others}) > 1
+            m = others["ben"].post("/v1/messages", json={"recipient_id": users["ann"][0], "text": "yo"}).json()
+            assert _wait_visible(ann, "/v1/unread", m)["unread"] == 1
+            s = ann.put("/v1/status", json={"text": "sharded"}).json()
+            body = _wait_visible(ann, f"/v1/users/{users['ann'][0]}/status", s)
+            assert body["status"]["text"] == "sharded"
+        finally:
+            for c in (ann, *others.values()):
+                c.close()
+    finally:
+        api.stop()
