@@ -49,9 +49,9 @@ class Settings:
     profile: str = _setting(
         "SOCIAL_PROFILE",
         "local",
-        "`local`: one Kafka broker, Spark `local[*]`; `cluster`: three KRaft brokers (replication 3, "
-        "`min.insync.replicas=2`) and a Spark standalone master with SOCIAL_SPARK_WORKERS workers "
-        "(docs/cluster-and-faults.md)",
+        "`local`: one Kafka broker, one Redis, Spark `local[*]`; `cluster`: three KRaft brokers (replication "
+        "3, `min.insync.replicas=2`), a Redis Cluster of three masters and a Spark standalone master with "
+        "SOCIAL_SPARK_WORKERS workers (docs/cluster-and-faults.md)",
     )
     kafka_bootstrap: str = _setting(
         "SOCIAL_KAFKA_BOOTSTRAP",
