@@ -49,7 +49,29 @@ def one_line(command: str, exc: BaseException) -> str | None:
         return f"{command}: {COMPONENTS[package]} does not answer: {first}"
     if isinstance(exc, ConnectionRefusedError):
         return f"{command}: a component does not answer: {first}"
+    inner = _in_a_spark_task(exc)
+    if inner is not None:
+        component, detail = inner
+        return f"{command}: {component} does not answer: {detail} (in a Spark task; the query stopped)"
     return None
+
+
+def _in_a_spark_task(exc: BaseException) -> tuple[str, str] | None:
+    """A streaming query stopped by a component that does not answer in one of its tasks (a Redis
+    master down under the speed layer's processor): PySpark raises the task's Python exception as
+    text inside its own (``StreamingQueryException``, ``PythonException``); its last
+    ``redis.exceptions.ConnectionError: <detail>`` line names the component and the reason."""
+    import re
+
+    if not any(t.__module__.startswith(("pyspark.", "py4j.")) for t in type(exc).__mro__):
+        return None
+    found = None
+    for m in re.finditer(
+        r"^(\w+)\.[\w.]*?\.?(\w*(?:Connection|Timeout|ClusterDown)\w*): (.+)$", str(exc), re.MULTILINE
+    ):
+        if m.group(1) in COMPONENTS:
+            found = (COMPONENTS[m.group(1)], m.group(3).strip()[:300])
+    return found
 
 
 def run_main(main: Callable[[], int | None], module: str) -> int:

@@ -11,7 +11,12 @@ other masters themselves. What must hold, as on one Redis (test_partitioned_layo
 - verify's replay comparison, in a frozen copy of all three masters taken at one instant while the
   stream applies, and the whole verify at the end (Delta views, batch layer, replay);
 - restore after the namespace is dropped from every master, key by key equal to what was there;
-- read-your-write through the API: a reader's ``as_of`` covers its write.
+- read-your-write through the API: a reader's ``as_of`` covers its write;
+- a master killed with SIGKILL mid-stream, down for a while as events flow (SOCIAL_FAULT_RUN_S / 2:
+  5 s in `make test`, 30 s in `make test-faults`), and started again by the stack from its
+  append-only file: the speed layer stops loudly (or rides it out) and, started again as `make up`
+  starts it, the views, every record's one changelog entry and the accounting equal the
+  specification.
 
 Part of the Redis Cluster subset of CI (``-m redis_cluster``).
 """
@@ -19,6 +24,8 @@ Part of the Redis Cluster subset of CI (``-m redis_cluster``).
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -35,6 +42,9 @@ from tests.spec import harness
 from tests.spec import views as spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.redis_cluster]
+
+RUN_S = float(os.environ.get("SOCIAL_FAULT_RUN_S", "10"))  # `make test-faults` sets 60
+DOWN_S = min(30.0, RUN_S / 2)  # how long the killed master stays down while events flow
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +107,12 @@ def test_stream_verify_and_restore_on_three_masters_equal_the_specification(
     assert live["compared_in"].startswith("a frozen copy"), live["compared_in"]
     assert 3_500 <= sum(live["position"].values()) < 6_000, live["position"]
     assert summary.delivery_failures == 0
-    sl.wait_caught_up(timeout=600)
+    ends = sl.wait_caught_up(timeout=600)
+    # the compacted topics' publisher reads its cuts across the masters, up to the end
+    deadline = time.monotonic() + 120
+    while (published := {int(p): int(o) for p, o in client.hgetall(f"{ns}:published").items()}) != ends:
+        assert time.monotonic() < deadline, f"the compacted topics published up to {published}, not {ends}"
+        time.sleep(0.5)
     sl.stop()
 
     # the partitions' keys live on every master, each partition's on its slot's owner only
@@ -181,7 +196,11 @@ def test_read_your_write_through_the_api_on_three_masters(
                 tl = _wait_visible(ann, "/v1/timeline", w)
             assert {p["post_id"] for p in tl["posts"]} == {w["post_id"] for w in posts}
             assert len({partition_of(users[h][0], 8) for h in others}) > 1
-            m = others["ben"].post("/v1/messages", json={"recipient_id": users["ann"][0], "text": "yo"}).json()
+            m = (
+                others["ben"]
+                .post("/v1/messages", json={"recipient_id": users["ann"][0], "text": "yo"})
+                .json()
+            )
             assert _wait_visible(ann, "/v1/unread", m)["unread"] == 1
             s = ann.put("/v1/status", json={"text": "sharded"}).json()
             body = _wait_visible(ann, f"/v1/users/{users['ann'][0]}/status", s)
@@ -191,3 +210,81 @@ def test_read_your_write_through_the_api_on_three_masters(
                 c.close()
     finally:
         api.stop()
+
+
+@pytest.mark.faults
+def test_a_master_killed_and_down_while_events_flow_loses_and_repeats_nothing(
+    redis_cluster_stack, topic_factory, speed_layer_factory
+):
+    from infra.stack import RedisServer, Stack
+
+    cluster = redis_cluster_stack
+    topic = topic_factory(8)
+    ns = f"kill-{uuid.uuid4().hex[:6]}"
+    sl = speed_layer_factory(
+        topic=topic,
+        namespace=ns,
+        archive=False,  # every changelog entry stays in Redis, to be counted
+        redis_url=cluster.redis_url,
+        redis_port=cluster.redis_port,
+        redis_masters=3,
+        fanout_threshold=5,
+        max_offsets_per_trigger=500,
+    )
+    client = clients.redis_client(cluster.redis_url)
+    sl.wait_running()
+    rate = 200
+    events = int(rate * (DOWN_S + 15))
+    cfg = GeneratorConfig(users=150, seed=23, mean_followers=12, invalid_share=0.01, duplicate_share=0.01)
+    victim = RedisServer(cluster, 1)  # redis-2
+    with ThreadPoolExecutor(1) as pool:
+        producing = pool.submit(
+            produce, events, cfg, topic=topic, bootstrap=cluster.kafka_bootstrap, rate=rate, progress=False
+        )
+        deadline = time.monotonic() + 300
+        while sum(functions.layout_fences(client, ns, "partitioned", 8, whole=False).values()) < events // 4:
+            assert time.monotonic() < deadline, f"the stream applied under {events // 4} records in 5 minutes"
+            time.sleep(0.1)
+        pid = victim.pid()
+        assert pid is not None and victim.is_running()
+        os.kill(pid, signal.SIGKILL)  # mid-run: its last second of writes may be lost with it
+        time.sleep(DOWN_S)  # events flow on; the master's partitions cannot be served
+        outcome = Stack(cluster, service_types=(RedisServer,)).up()  # as `make up` starts it again
+        assert outcome["redis-2"] == "started" and outcome["redis-1"] == "already running", outcome
+        summary = producing.result()
+    assert summary.delivery_failures == 0
+    died = sl.proc is not None and sl.proc.poll() is not None
+    if died:  # it stopped loudly, in one line; `make up` starts it again, as here
+        assert sl.proc.returncode == 2, sl.tail()
+        assert b"pipelines.speed_layer: Redis does not answer: " in sl.log_path.read_bytes(), sl.tail()
+        sl.restart()
+        sl.wait_running()
+    sl.wait_caught_up(timeout=600)
+    sl.stop()
+
+    per_p = _records(sl.settings, topic)
+    want = spec.evaluate(
+        {p: [v for _, v in recs] for p, recs in per_p.items()},
+        sl.settings.timeline_length,
+        sl.settings.dedup_window_ms,
+        sl.settings.dedup_grace_ms,
+        sl.settings.dedup_reorder,
+    )
+    users = sorted({int(k) for recs in per_p.values() for k, _ in recs if k and k.isdigit()})
+    got = harness.partitioned_views(cluster.redis_url, ns, users, 50, lambda u: partition_of(u, 8))
+    wanted = harness.spec_views(want, users)
+    wanted["timeline"] = {u: t[:50] for u, t in wanted["timeline"].items()}
+    problems = harness.diff_views(wanted, got)
+    problems += harness.diff_dispositions(
+        want.dispositions, harness.partitioned_dispositions(client, ns, range(8))
+    )
+    problems += harness.diff_accounting(
+        want.accounting(), harness.partitioned_accounting(client, ns, range(8))
+    )
+    assert not problems, f"speed layer {'restarted' if died else 'rode it out'}:\n" + "\n".join(problems[:20])
+    # each record decided once: one changelog entry per record of every partition
+    assert {p: client.xlen(f"{ns}:{{{p}}}:changelog") for p in range(8)} == {
+        p: len(recs) for p, recs in per_p.items()
+    }
+    own, whole = functions.partitioned_state(client, ns, 8)
+    assert whole and own == {p: len(recs) for p, recs in per_p.items()}, own

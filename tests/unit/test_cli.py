@@ -234,6 +234,38 @@ def test_an_unreachable_redis_is_one_line_naming_it():
     assert one_line("social restore", KeyError("a bug")) is None  # anything else keeps its traceback
 
 
+def test_a_redis_master_down_under_a_streaming_query_is_one_line_too():
+    """The speed layer's processor runs in Spark tasks: PySpark raises the task's exception as text
+    inside its own. The text below is the shape of a real one (a master killed under the speed
+    layer: tests/integration/test_redis_cluster_stack.py)."""
+    from pyspark.errors.exceptions.captured import StreamingQueryException
+
+    from infra.cli import one_line
+
+    text = (
+        "[PYTHON_EXCEPTION] An exception was thrown from the Python worker: Traceback (most recent call last):\n"
+        '  File "/work/main/pipelines/speed/partitioned.py", line 160, in process\n'
+        "ConnectionRefusedError: [Errno 111] Connection refused\n\n"
+        "During handling of the above exception, another exception occurred:\n\n"
+        "redis.exceptions.ConnectionError: Error 111 connecting to 127.0.0.1:30377. Connection refused.\n"
+        "=== Streaming Query ===\nIdentifier: keyed_ns [id = 9ebcb0f1]\n"
+    )
+
+    class Stopped(StreamingQueryException):  # PySpark's, with its text, without a JVM behind it
+        def __init__(self, text: str):
+            Exception.__init__(self, text)
+
+        def __str__(self) -> str:
+            return self.args[0]
+
+    assert one_line("python -m pipelines.speed_layer", Stopped(text)) == (
+        "python -m pipelines.speed_layer: Redis does not answer: Error 111 connecting to "
+        "127.0.0.1:30377. Connection refused. (in a Spark task; the query stopped)"
+    )
+    # a bug in a task keeps its traceback
+    assert one_line("python -m pipelines.speed_layer", Stopped("KeyError: 'x'")) is None
+
+
 def test_a_bug_keeps_its_traceback_under_python_m():
     from infra.cli import run_main
 
