@@ -240,6 +240,7 @@ def redis_client(
     decode_responses: bool = False,
     asyncio: bool = False,
     cluster: bool | None = None,
+    resend: bool = True,
     **kwargs: Any,
 ):
     """A ``redis.Redis`` (``redis.asyncio.Redis`` with ``asyncio``) for ``url``, its read timeout
@@ -248,7 +249,15 @@ def redis_client(
 
     ``cluster`` None asks the server once per URL and process (:func:`is_cluster`); a probe
     (is this server up?) asks the one server at the URL, never the cluster behind it, unless
-    ``cluster`` says otherwise."""
+    ``cluster`` says otherwise.
+
+    ``resend`` False: a command whose connection fails is not sent again by redis-py (which by
+    default reconnects and resends up to 3 times, on a single Redis and on a cluster alike): the
+    error reaches the caller. For a writer whose calls are fenced by state in Redis (the
+    partitioned processor): a call resent to a master that restarted from an append-only file
+    lacking its last second would land on fences that rolled back, past records it never applied
+    (docs/architecture.md, "On Redis Cluster"). A cluster's redirections (MOVED, ASK, TRYAGAIN) are
+    followed either way: they are no connection's failure."""
     import redis
     import redis.asyncio
 
@@ -258,6 +267,12 @@ def redis_client(
         cls: Any = redis.asyncio.RedisCluster if asyncio else redis.RedisCluster
     else:
         cls = redis.asyncio.Redis if asyncio else redis.Redis
+    if not resend:
+        from redis.asyncio.retry import Retry as AsyncRetry
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        kwargs["retry"] = (AsyncRetry if asyncio else Retry)(NoBackoff(), 0)
     client = cls.from_url(
         url, socket_timeout=REDIS_TIMEOUTS_S[role], decode_responses=decode_responses, **kwargs
     )

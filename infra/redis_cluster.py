@@ -49,6 +49,79 @@ class LocalCluster:
     def node_dir(self, port: int) -> Path:
         return self.home / str(port)
 
+    def pid(self, port: int) -> int:
+        return self.pids[self.ports.index(port)]
+
+    def kill(self, port: int) -> None:
+        """``kill -9`` the node on ``port`` (a fault: its append-only file is what it comes back with)."""
+        pid = self.pid(port)
+        os.kill(pid, signal.SIGKILL)
+        processes.forget(pid)  # reaped: gone once this returns
+
+    def restart(self, port: int) -> None:
+        """Start the node on ``port`` again from its directory (its node file: the same node id and
+        slots; its append-only file: its data) and wait until every node says ``cluster_state:ok``."""
+        d = self.node_dir(port)
+        with (d / "redis.log").open("ab") as log:
+            proc = processes.spawn(node_command(_server(), port, port + len(self.ports), d), log, os.environ)
+        self.pids[self.ports.index(port)] = proc.pid
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        for p, pid in zip(self.ports, self.pids, strict=True):
+            _wait(
+                self,
+                p,
+                pid,
+                deadline,
+                lambda info: info.get("cluster_state") == "ok",
+                "reach cluster_state:ok",
+            )
+
+    def move_slot(self, slot: int, to_port: int, pause_s: float = 0.0) -> int:
+        """Move ``slot`` to the master on ``to_port`` while clients use it, with the steps of
+        ``redis-cli --cluster reshard`` (``CLUSTER SETSLOT`` IMPORTING, MIGRATING, ``MIGRATE``,
+        ``SETSLOT NODE`` on every master), ``pause_s`` between them; returns the keys moved.
+
+        The slot goes MIGRATING and all its keys move in one atomic step on the source (a
+        ``MULTI`` of the SETSLOT and a script that lists the slot's keys and MIGRATEs them), not
+        redis-cli's batches of 10 (``--cluster-pipeline``): a function call names one key (its
+        partition's fence) and reads and writes others of its slot, which Redis checks against a
+        migration only as it reaches each of them. With the slot MIGRATING and its keys on the
+        source, a call fails on a key it would create; with them split between two masters it fails
+        on a moved key (on the source) or finds one missing (on the target, after an ASK) and
+        applies events to a state without it. In one step, every call sees the whole slot on one
+        master: the source before, the target after (ASK until SETSLOT NODE, then MOVED)."""
+        import redis
+
+        from infra.clients import redis_client
+
+        nodes = {
+            p: redis_client(url, "probe", cluster=False) for p, url in zip(self.ports, self.urls, strict=True)
+        }
+        try:
+            ids = {p: _text(n.execute_command("CLUSTER MYID")) for p, n in nodes.items()}
+            owner = [p for p, n in nodes.items() if _owns(n, slot)]
+            if len(owner) != 1:
+                raise StackError(f"slot {slot}: owned by {owner or 'no master'}")
+            src = owner[0]
+            if src == to_port:
+                return 0
+            nodes[to_port].execute_command("CLUSTER SETSLOT", slot, "IMPORTING", ids[src])
+            time.sleep(pause_s)
+            step = nodes[src].pipeline(transaction=True)
+            step.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", ids[to_port])
+            step.eval(_MIGRATE_SLOT, 0, slot, to_port, int(READY_TIMEOUT_S * 1000))
+            moved = int(step.execute()[1])
+            time.sleep(pause_s)
+            # the new owner first, then the old one (its MOVED now points there), then the rest
+            for p in [to_port, src] + [p for p in self.ports if p not in (src, to_port)]:
+                nodes[p].execute_command("CLUSTER SETSLOT", slot, "NODE", ids[to_port])
+            return moved
+        except redis.RedisError as exc:
+            raise StackError(f"moving slot {slot} to {to_port}: {exc}") from exc
+        finally:
+            for n in nodes.values():
+                n.close()
+
     def stop(self) -> None:
         """Stop the nodes this cluster started (SIGTERM, SIGKILL after a timeout), by pid."""
         for pid in self.pids:
@@ -158,6 +231,28 @@ def start(home: Path, masters: int = 3, base_port: int | None = None) -> LocalCl
         cluster.stop()
         raise
     return cluster
+
+
+# Every key of slot ARGV[1] to the master on 127.0.0.1:ARGV[2], in one MIGRATE (timeout ARGV[3] ms)
+_MIGRATE_SLOT = """
+local keys = redis.call('CLUSTER', 'GETKEYSINSLOT', ARGV[1], 2147483647)
+if #keys > 0 then redis.call('MIGRATE', '127.0.0.1', ARGV[2], '', 0, ARGV[3], 'KEYS', unpack(keys)) end
+return #keys
+"""
+
+
+def _text(v) -> str:
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def _owns(node, slot: int) -> bool:
+    """Whether ``node`` (a client of one master) serves ``slot`` by its own ``CLUSTER SLOTS``."""
+    me = node.connection_pool.connection_kwargs["port"]
+    for row in node.execute_command("CLUSTER SLOTS"):
+        lo, hi, master = row[0], row[1], row[2]
+        if lo <= slot <= hi and int(master[1]) == me:
+            return True
+    return False
 
 
 def _wait(cluster: LocalCluster, port: int, pid: int, deadline: float, ready, what: str) -> None:

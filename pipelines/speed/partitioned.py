@@ -17,14 +17,22 @@ On a Redis Cluster (``SOCIAL_REDIS_URL`` names a node: :func:`infra.clients.redi
 cluster client) each call goes to the master that owns its partition's slot, found from the one
 key it names, and a pipeline of many partitions' calls is redis-py's cluster pipeline, which sends
 each master its commands and gives the replies back in order. A call redis-py sends again (after a
-MOVED, an ASK or a lost connection) is skipped by its fence (docs/architecture.md, "On Redis
-Cluster").
+MOVED, an ASK or a TRYAGAIN) is skipped by its fence (docs/architecture.md, "On Redis Cluster").
+
+A lost connection stops the processor loudly instead (its client never resends,
+:func:`infra.clients.redis_client`'s ``resend``): a master that restarts from its append-only file
+may come back without its last second of writes, its fences rolled back with its state, and only a
+processor started afresh from the fences (the stream's start) re-applies what it lost. Two checks
+keep a processor that kept running from going on past such a loss: :meth:`PartitionedProcessor.process`
+reads the partition's fence before its calls and refuses records that start above it
+(:class:`FenceBehind`), and on a cluster an outbox entry is trimmed only once every target has
+held it for :data:`OUTBOX_DURABILITY_S` (a target on another master may lose its deliveries).
 """
 
 from __future__ import annotations
 
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -39,6 +47,17 @@ PROTOCOL = functions.protocol()
 _RECEIVED = PROTOCOL["event"].index("received_time")
 # protocol names -> the event's field (the rest have the same name in the event)
 _FROM_EVENT = {"followee": "followee_id", "user": "user_id"}
+# Redis fsyncs its append-only file every second and may come back from a crash without its last
+# ~2 s (SOCIAL_ARCHIVE_DURABILITY_S waits as long for the same reason). On a cluster each master
+# rolls back on its own: a target's deliveries newer than this may be lost while the source's
+# master kept its trim, so an outbox keeps what every target applied for this long.
+OUTBOX_DURABILITY_S = 2.0
+
+
+class FenceBehind(RuntimeError):
+    """A partition's fence is below the first record it is given: Redis lost writes the processor
+    made (a master restarted from an append-only file without its last second), and records
+    between the two were never applied."""
 
 
 def _text(v) -> str:
@@ -87,8 +106,14 @@ class PartitionedProcessor:
     def __init__(self, cfg: ProcessorConfig, partitions: int, client: redis.Redis | None = None):
         self.cfg = cfg
         self.partitions = partitions
-        self.r = client or clients.redis_client(cfg.redis_url)
+        self.r = client or clients.redis_client(cfg.redis_url, resend=False)
         functions.ensure_partitioned_loaded(self.r)
+        # per source: (when, offset below which every target had its deliveries), newest last;
+        # the outbox is trimmed to the newest one at least `_outbox_kept_s` old (a single Redis
+        # rolls back whole, its outboxes with its targets: trimmed at once)
+        self._outbox_kept_s = OUTBOX_DURABILITY_S if isinstance(self.r, redis.RedisCluster) else 0.0
+        self._everywhere: dict[int, deque[tuple[float, int]]] = {}
+        self._trimmed: dict[int, int] = {}
         # receive times of the records applied and not yet delivered everywhere, per partition:
         # :meth:`pump` records them in the freshness histogram once their deliveries are in
         self._received: dict[int, list[int]] = {}
@@ -111,7 +136,12 @@ class PartitionedProcessor:
 
     def process(self, partition: int, records: Iterable[tuple[int, bytes | None]]) -> Applied:
         """Apply ``(offset, value)`` records of one partition, in offset order (its deliveries are
-        left in its outbox for :meth:`deliver`)."""
+        left in its outbox for :meth:`deliver`).
+
+        Raises :class:`FenceBehind` if the partition's fence is below the first record: the records
+        between were never applied (the fence, read just before the calls, is that of a Redis that
+        lost writes). A partition with no fence yet starts at its first record (a log whose
+        earliest offsets are gone)."""
         out = Applied()
         head = self._head("apply", partition=partition)
         fence = self.k(partition, "fence")
@@ -120,7 +150,10 @@ class PartitionedProcessor:
         n = posts = 0
         groups: list[list[int | None]] = []  # each call's records' receive times (None: quarantined)
         group: list[int | None] = []
+        first = None
         for offset, value in records:
+            if first is None:
+                first = offset
             ev = encode(offset, value)
             args += ev
             n += 1
@@ -136,6 +169,13 @@ class PartitionedProcessor:
             pipe.fcall("p_apply", 1, fence, *head, *args)
             groups.append(group)
         if groups:
+            have = self.r.get(fence)
+            if have is not None and int(have) < int(first or 0):
+                raise FenceBehind(
+                    f"partition {partition}: the fence in Redis is {int(have)}, the records start at "
+                    f"{first}: Redis lost writes (a master restarted without its last second?). "
+                    "Restart the speed layer: it starts from the fences."
+                )
             received = self._received.setdefault(partition, [])
             for counts, times in zip(pipe.execute(), groups, strict=True):
                 out.add(counts)
@@ -245,13 +285,30 @@ class PartitionedProcessor:
                 total.skipped += int(sk)
                 total.quarantined += int(qn)
                 total.calls += 1
-        # every target has applied everything below `upto` now
+        # every target has applied everything below `upto` now: trimmed once that is durable
         pipe = self.r.pipeline(transaction=False)
-        for s in outbox:
-            pipe.xtrim(self.k(s, "out"), minid=f"{upto[s]}-0", approximate=False)
+        for s, bound in self._durable(upto).items():
+            pipe.xtrim(self.k(s, "out"), minid=f"{bound}-0", approximate=False)
         self._record_freshness(pipe, sources)
         pipe.execute()
         return total
+
+    def _durable(self, upto: dict[int, int]) -> dict[int, int]:
+        """Source -> the offset to trim its outbox to: what every target had applied at least
+        ``_outbox_kept_s`` ago (now, on a single Redis), where that is past the last trim."""
+        now = time.monotonic()
+        out = {}
+        for s, u in upto.items():
+            seen = self._everywhere.setdefault(s, deque())
+            seen.append((now, u))
+            bound = None
+            while seen and now - seen[0][0] >= self._outbox_kept_s:
+                bound = seen.popleft()[1]
+            if bound is not None:
+                seen.appendleft((now - self._outbox_kept_s, bound))  # kept: the newest durable bound
+                if bound > self._trimmed.get(s, 0):
+                    out[s] = self._trimmed[s] = bound
+        return out
 
     def _record_freshness(self, pipe, sources: list[int]) -> None:
         """Received (server clock) -> visible in every partition, in 10 ms buckets, per source
