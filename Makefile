@@ -158,8 +158,10 @@ test-integration: deps s3-server ## the integration tier: the stack's tests on I
 	cat var/test-local.log; \
 	exit $$(( integration || local ))
 
-test-faults: setup ## fault runs on a 3-node Kafka cluster, 60 s each (make test runs them for 10 s) -> var/reports/faults/
+test-faults: setup ## fault runs on a 3-node Kafka cluster, 60 s each (make test runs them for 10 s) -> var/reports/faults/; a 3-master Redis Cluster's, a master down 30 s (5 s), 10 processor kills (3)
 	SOCIAL_FAULT_RUN_S=$${SOCIAL_FAULT_RUN_S:-60} $(SHORT_JOBS) $(PY) -m pytest -m faults tests/integration $(PYTEST_ARGS)
+	SOCIAL_REDIS_FAULT_DOWN_S=$${SOCIAL_REDIS_FAULT_DOWN_S:-30} SOCIAL_REDIS_FAULT_KILLS=$${SOCIAL_REDIS_FAULT_KILLS:-10} \
+	$(PY) -m pytest -m "faults and redis_cluster" tests/unit $(PYTEST_ARGS)
 
 # The property-based differential test as a soak (make test runs it with the CI counts set in the
 # test files): PROPERTY_EXAMPLES Hypothesis examples per Redis property (the speed layer against
