@@ -8,7 +8,7 @@ UV      := .tools/bin/uv
 STAMP   := .venv/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help setup stack-deps deps s3-server up down status airflow demo test test-fast test-faults test-properties test-integration bench load load-steps load-read-heavy tail history reports dual-write compare erasure-audit lint fmt clean
+.PHONY: help setup stack-deps deps s3-server up down status airflow demo test test-fast test-faults test-redis-cluster test-properties test-integration bench load load-steps load-read-heavy tail history reports dual-write compare erasure-audit lint fmt clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -162,6 +162,13 @@ test-faults: setup ## fault runs on a 3-node Kafka cluster, 60 s each (make test
 	SOCIAL_FAULT_RUN_S=$${SOCIAL_FAULT_RUN_S:-60} $(SHORT_JOBS) $(PY) -m pytest -m faults tests/integration $(PYTEST_ARGS)
 	SOCIAL_REDIS_FAULT_DOWN_S=$${SOCIAL_REDIS_FAULT_DOWN_S:-30} SOCIAL_REDIS_FAULT_KILLS=$${SOCIAL_REDIS_FAULT_KILLS:-10} \
 	$(PY) -m pytest -m "faults and redis_cluster" tests/unit $(PYTEST_ARGS)
+
+# The tests that run against a real Redis Cluster (`-m redis_cluster`: the fast tier's and the
+# integration tier's), on their own: `make test` runs them in their tiers; this is the subset to run
+# after a change to the serving store's clients, layout or copy (docs/testing.md has its time).
+test-redis-cluster: deps ## the Redis Cluster subset alone: the fast tier's cluster tests, then the stack's on three masters
+	$(PY) -m pytest -m redis_cluster tests/unit $(PYTEST_ARGS)
+	$(SHORT_JOBS) $(PY) -m pytest -m redis_cluster tests/integration $(PYTEST_ARGS)
 
 # The property-based differential test as a soak (make test runs it with the CI counts set in the
 # test files): PROPERTY_EXAMPLES Hypothesis examples per Redis property (the speed layer against

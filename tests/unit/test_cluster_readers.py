@@ -4,9 +4,13 @@
 
 from __future__ import annotations
 
+import pytest
+
 from contract import functions
 from infra import clients
 from pipelines.metrics import serving_counts
+
+pytestmark = pytest.mark.redis_cluster
 
 
 def test_the_exporters_counts_read_every_partition_on_its_master(redis_cluster_url, redis_url):

@@ -8,6 +8,7 @@ naming it, not a hang.
 
 from __future__ import annotations
 
+import pytest
 import redis
 
 from infra.redis_copy import CopyError, frozen_copy
@@ -51,6 +52,7 @@ def test_a_source_that_does_not_answer_is_a_copy_error_naming_it(tmp_path):
     assert (tmp_path / "copy" / "redis.log").exists()  # kept, for the reason
 
 
+@pytest.mark.redis_cluster
 def test_a_cluster_is_copied_at_one_instant_across_its_masters(redis_cluster, tmp_path):
     """A writer counts on two masters in turn, x then y, each write answered before the next: at
     every instant x == y or x == y + 1. Masters copied one after the other break that as soon as
