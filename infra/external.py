@@ -104,6 +104,7 @@ def check_redis(settings: Settings) -> str:
     try:
         client.ping()
         info = {**client.info("server"), **client.info("memory"), **client.info("persistence")}
+        info.update(client.info("cluster"))
     except redis.AuthenticationError as exc:
         raise ExternalUnfit(
             [f"{where}: authentication failed ({exc}): check the password in SOCIAL_REDIS_URL"]
@@ -119,9 +120,44 @@ def check_redis(settings: Settings) -> str:
     finally:
         client.close()
     problems = redis_problems(where, info)
+    masters = 1
+    if int(info.get("cluster_enabled", 0)) == 1:  # a Redis Cluster: every master serves partitions
+        masters, more = _cluster_problems(settings, where)
+        problems += more
     if problems:
         raise ExternalUnfit(problems)
-    return f"{where}: Redis {info['redis_version']}, maxmemory-policy noeviction, appendonly yes"
+    what = f"a Redis Cluster of {masters} masters, each" if masters > 1 else "Redis"
+    return f"{where}: {what} {info['redis_version']}, maxmemory-policy noeviction, appendonly yes"
+
+
+def _cluster_problems(settings: Settings, where: str) -> tuple[int, list[str]]:
+    """The masters of the cluster ``where`` names, and what keeps each from serving (the same
+    facts as one Redis, each line naming the master), and the keyed layout, which cannot run on one."""
+    import redis
+
+    problems = []
+    if settings.serving_layout != "partitioned":
+        problems.append(
+            f"{where}: a Redis Cluster, where SOCIAL_SERVING_LAYOUT={settings.serving_layout} cannot run "
+            "(its calls span slots): set SOCIAL_SERVING_LAYOUT=partitioned"
+        )
+    cluster = clients.redis_client(settings.redis_url, "probe", cluster=True, decode_responses=True)
+    try:
+        primaries = cluster.get_primaries()
+        for node in primaries:
+            conn = cluster.get_redis_connection(node)
+            at = f"{where}, master {node.host}:{node.port}"
+            try:
+                facts = {**conn.info("server"), **conn.info("memory"), **conn.info("persistence")}
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                problems.append(f"{at}: unreachable ({exc})")
+                continue
+            problems += redis_problems(at, facts)
+    except redis.RedisError as exc:
+        return 0, [*problems, f"{where}: the cluster's masters could not be listed ({exc})"]
+    finally:
+        cluster.close()
+    return len(primaries), sorted(set(problems), key=problems.index)
 
 
 # Kafka -----------------------------------------------------------------------------------------

@@ -189,3 +189,30 @@ def test_a_tls_redis_with_a_password_is_checked_through_its_rediss_url(tmp_path)
     finally:
         proc.kill()
         proc.wait(10)
+
+
+@pytest.mark.redis_cluster
+def test_a_users_redis_cluster_is_checked_master_by_master(redis_cluster):
+    """A user's own Redis Cluster (its address in SOCIAL_REDIS_URL): every master must keep its
+    append-only file and refuse eviction; a master that does not is named, and the keyed layout,
+    which cannot run on a cluster, is one line too."""
+    url = redis_cluster.url
+    assert check_redis(settings_for(url)) == (
+        f"redis at {url}: a Redis Cluster of 3 masters, each "
+        + clients.redis_client(url, "probe").info("server")["redis_version"]
+        + ", maxmemory-policy noeviction, appendonly yes"
+    )
+    last = redis_cluster.ports[-1]
+    node = clients.redis_client(f"redis://127.0.0.1:{last}/0", "probe", cluster=False)
+    node.config_set("maxmemory-policy", "allkeys-lru")
+    try:
+        with pytest.raises(ExternalUnfit) as got:
+            check_redis(Settings(redis_url=url, redis_external=1, serving_layout="keyed"))
+        assert got.value.problems == [
+            f"redis at {url}: a Redis Cluster, where SOCIAL_SERVING_LAYOUT=keyed cannot run (its calls "
+            "span slots): set SOCIAL_SERVING_LAYOUT=partitioned",
+            f"redis at {url}, master 127.0.0.1:{last}: maxmemory-policy is allkeys-lru, needs noeviction "
+            "(an evicted key is serving state lost without a trace)",
+        ]
+    finally:
+        node.config_set("maxmemory-policy", "noeviction")
