@@ -17,13 +17,13 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from infra import processes
 from infra.processes import StackError
+from infra.services import join_cluster
 
 READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
@@ -149,13 +149,6 @@ def _server() -> str:
     return server
 
 
-def _cli() -> str:
-    cli = shutil.which("redis-cli")
-    if not cli:
-        raise StackError("`redis-cli` not found on PATH (it comes with redis-server: `make setup`)")
-    return cli
-
-
 def node_command(server: str, port: int, bus_port: int, home: Path) -> list[str]:
     """One master: cluster mode, its cluster bus on ``bus_port`` (by default Redis takes port +
     10000, which may be taken or in the kernel's ephemeral range: infra.stack.free_port_block), its
@@ -178,6 +171,8 @@ def node_command(server: str, port: int, bus_port: int, home: Path) -> list[str]
         "everysec",
         "--save",
         "",  # the AOF is the durability (as infra/services.py's RedisServer): no RDB forks on top
+        "--repl-diskless-sync-delay",
+        "0",  # a copy's replica syncs at once (infra/redis_copy.py), not after 5 s
         "--dir",
         str(home),
     ]
@@ -192,7 +187,7 @@ def start(home: Path, masters: int = 3, base_port: int | None = None) -> LocalCl
 
     if masters < 3:
         raise StackError(f"a Redis Cluster needs at least 3 masters, not {masters}")
-    server, cli = _server(), _cli()
+    server = _server()
     # the nodes' ports, then their cluster bus ports, side by side
     port = base_port if base_port is not None else free_port_block(2 * masters)
     cluster = LocalCluster(home=home, ports=list(range(port, port + masters)))
@@ -206,27 +201,7 @@ def start(home: Path, masters: int = 3, base_port: int | None = None) -> LocalCl
         deadline = time.monotonic() + READY_TIMEOUT_S
         for p, pid in zip(cluster.ports, cluster.pids, strict=True):
             _wait(cluster, p, pid, deadline, lambda info: True, "answer PING")
-        created = subprocess.run(
-            [cli, "--cluster", "create", *(f"127.0.0.1:{p}" for p in cluster.ports)]
-            + ["--cluster-replicas", "0", "--cluster-yes"],
-            capture_output=True,
-            text=True,
-            timeout=READY_TIMEOUT_S,
-        )
-        if created.returncode != 0:
-            raise StackError(
-                f"redis-cli --cluster create failed ({created.returncode}): "
-                f"{(created.stdout + created.stderr).strip().splitlines()[-1:]}"
-            )
-        for p, pid in zip(cluster.ports, cluster.pids, strict=True):
-            _wait(
-                cluster,
-                p,
-                pid,
-                deadline,
-                lambda info: info.get("cluster_state") == "ok",
-                "reach cluster_state:ok",
-            )
+        join_cluster(cluster.ports, deadline, home)  # as `make up` joins its nodes
     except BaseException:
         cluster.stop()
         raise

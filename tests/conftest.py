@@ -173,6 +173,8 @@ def redis_url(tmp_path_factory):
             "",
             "--appendonly",
             "no",
+            "--repl-diskless-sync-delay",
+            "0",  # a frozen copy's replica syncs at once, as the stack's Redis lets it
             "--dir",
             str(d),
         ],
