@@ -36,6 +36,7 @@ from app_sim.generator import GeneratorConfig, produce
 from contract import functions
 from contract.serving import partition_of
 from infra import clients
+from pipelines.speed import compacted
 from tests.integration.test_partitioned_layout import _delta_facts, _records, _spec_facts, _wait_line
 from tests.integration.verifying import assert_verified, run_verify, verify_keyed, worker_spark
 from tests.spec import harness
@@ -110,7 +111,7 @@ def test_stream_verify_and_restore_on_three_masters_equal_the_specification(
     ends = sl.wait_caught_up(timeout=600)
     # the compacted topics' publisher reads its cuts across the masters, up to the end
     deadline = time.monotonic() + 120
-    while (published := {int(p): int(o) for p, o in client.hgetall(f"{ns}:published").items()}) != ends:
+    while (published := compacted.position(client, ns, 8)) != ends:
         assert time.monotonic() < deadline, f"the compacted topics published up to {published}, not {ends}"
         time.sleep(0.5)
     sl.stop()
