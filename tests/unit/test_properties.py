@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import uuid
 
+import pytest
 import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -694,6 +695,7 @@ def test_regression_post_id_reused_by_two_authors(redis_url):
 CLUSTER_EXAMPLES = int(os.environ.get("SOCIAL_PROPERTY_CLUSTER_EXAMPLES", "25"))
 
 
+@pytest.mark.redis_cluster
 @settings(PROPERTY, max_examples=CLUSTER_EXAMPLES)
 @given(log=logs(cross_owner_ids=True, late=True), data=st.data())
 def test_partitioned_layout_on_redis_cluster_agrees_with_the_specification(redis_cluster_url, log, data):

@@ -20,6 +20,8 @@ from pipelines.speed.partitioned import PartitionedProcessor
 from pipelines.speed.processor import Processor, ProcessorConfig
 from tests.unit.events import ev
 
+pytestmark = pytest.mark.redis_cluster
+
 PARTITIONS = 8
 
 
