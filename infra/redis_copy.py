@@ -23,6 +23,7 @@ A Redis that refuses replication (a managed service without ``SYNC``, TLS) raise
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import time
@@ -155,7 +156,10 @@ PAUSE_MS = 10_000  # the longest a cluster copy may hold the masters' writes (Re
 def _cluster_copy(source_url: str, source: dict, work_dir: Path, timeout_s: float, replicas: list) -> str:
     """Every master of the cluster at ``source_url`` copied at one instant, merged into one server
     (the module's docstring says how and why); returns its URL. ``replicas`` collects what was
-    started, for the caller to stop."""
+    started, for the caller to stop. A cluster that refuses to be paused is a CopyError (the caller
+    compares in place)."""
+    import redis
+
     from infra.clients import redis_client
 
     cluster = redis_client(source_url, "job", cluster=True)
@@ -172,8 +176,14 @@ def _cluster_copy(source_url: str, source: dict, work_dir: Path, timeout_s: floa
         redis_client(_node_url(source_url, host, port), "job", cluster=False) for host, port in primaries
     ]
     try:
-        for master in masters:  # no call starts on any master from the last of these on
-            master.execute_command("CLIENT", "PAUSE", PAUSE_MS, "WRITE")
+        try:
+            for master in masters:  # no call starts on any master from the last of these on
+                master.execute_command("CLIENT", "PAUSE", PAUSE_MS, "WRITE")
+        except redis.ResponseError as exc:  # a managed cluster may not let this user pause it
+            for master in masters:
+                with contextlib.suppress(redis.RedisError):
+                    master.execute_command("CLIENT", "UNPAUSE")
+            raise CopyError(f"the cluster refused CLIENT PAUSE ({exc}): no copy at one instant") from None
         try:
             offsets = [int(m.info("replication")["master_repl_offset"]) for m in masters]
             pause_ends = time.monotonic() + PAUSE_MS / 1000 / 2

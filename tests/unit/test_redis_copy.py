@@ -89,3 +89,22 @@ def test_a_cluster_is_copied_at_one_instant_across_its_masters(redis_cluster, tm
         writer.join()
     assert held[-1][0] > held[0][0] + 100, held  # the writer went on while copies were taken
     assert all(a - b in (0, 1) for a, b in held), held
+
+
+@pytest.mark.redis_cluster
+def test_a_cluster_that_refuses_to_be_paused_is_a_copy_error(redis_cluster, tmp_path):
+    """A managed cluster may not let the project's user pause it: no copy at one instant, a
+    CopyError naming why (verify then compares in place), and no master left paused."""
+    from infra import clients
+
+    for port in redis_cluster.ports:
+        node = clients.redis_client(f"redis://127.0.0.1:{port}/0", "probe", cluster=False)
+        node.acl_setuser("nopause", enabled=True, passwords=["+pw"], keys=["*"], channels=["*"],
+                         commands=["+@all", "-client|pause"])  # fmt: skip
+    url = f"redis://nopause:pw@127.0.0.1:{redis_cluster.ports[0]}/0"
+    with pytest.raises(CopyError, match="refused CLIENT PAUSE"):
+        with frozen_copy(url, tmp_path / "copy"):
+            raise AssertionError("copied a cluster it could not pause")
+    cluster = clients.redis_client(redis_cluster.url)
+    cluster.set("copy:after-refusal", 1)  # a write goes through: nothing is paused
+    assert cluster.get("copy:after-refusal") == b"1"
