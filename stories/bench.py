@@ -7,7 +7,8 @@ registered with ``@section(name)``; results are merged into ``var/reports/bench/
 table is printed.
 
 ``python -m stories.bench [--only ingest] [--events N]``. Uses the running local stack if Kafka
-answers on the configured port, else starts one (``infra.stack``) and stops it afterwards.
+answers on the configured port, else starts one (``infra.stack``) and stops it afterwards; a run of
+only standalone sections (``redis_cluster``, which starts the servers it compares) starts none.
 
 Sections, in order: ``ingest`` (the generator vs Kafka's own ``ProducerPerformance``);
 ``serving`` (the API's reads/s and p99 under Locust over a pre-populated serving store, writes/s
@@ -30,12 +31,16 @@ p99 <= 50 ms at >= 20 reads per post); ``archive`` (``stories/bench_archive.py``
 history archived and compacted, then 1,000 more events on that lake, beside a bare Spark read of
 the same offsets); ``dedup`` (``stories/bench_dedup.py``: the dedup memory after the default log
 and after one five times as long from the same writer, beside the same log with UUID event ids,
-and what a day at 9,000 events/s needs). docs/reports.md says how to read each figure.
+and what a day at 9,000 events/s needs); ``redis_cluster`` (``stories/bench_redis_cluster.py``:
+timeline writes/s and Redis CPU per timeline write on one Redis master and on a 3-master Redis
+Cluster, alternately, with the processor in 2 processes and ``redis-benchmark``'s ZADDs on both as
+the yardstick). docs/reports.md says how to read each figure.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import subprocess
@@ -48,7 +53,14 @@ from pathlib import Path
 from contract.functions import connect as keyed_connect
 from infra.cli import command_name, run_main
 from infra.settings import Settings, get_settings
-from stories.bench_common import SECTIONS, BenchContext, backbone_unless_running, section, stream_settings
+from stories.bench_common import (
+    SECTIONS,
+    STANDALONE,
+    BenchContext,
+    backbone_unless_running,
+    section,
+    stream_settings,
+)
 
 # --- ingest -------------------------------------------------------------------------------------------
 
@@ -421,7 +433,8 @@ def run(only: list[str] | None, events: int, settings: Settings | None = None, *
     if unknown:
         raise SystemExit(f"unknown section(s) {unknown}; known: {list(SECTIONS)}")
     results: dict[str, dict] = {}
-    with backbone_unless_running(settings, "benchmark"):
+    standalone = all(n in STANDALONE for n in names)
+    with contextlib.nullcontext() if standalone else backbone_unless_running(settings, "benchmark"):
         ctx = BenchContext(settings=settings, events=events, **context)
         try:
             for name in names:
@@ -480,6 +493,8 @@ def main(argv: list[str] | None = None) -> int:
         ("--erasure-log-events", "erasure_log_events", "the log the 10,000-event user is erased from"),
         ("--catchup-events", "catchup_events", "the default log the speed layer catches up"),
         ("--archive-events", "archive_events", "the events archived on a lake holding that log"),
+        ("--redis-cluster-partitions", "redis_cluster_partitions", "the log's partitions"),
+        ("--redis-cluster-pairs", "redis_cluster_pairs", "1-master and 3-master runs, alternately"),
     ):
         default = getattr(BenchContext, field_name)
         p.add_argument(
@@ -502,6 +517,8 @@ def main(argv: list[str] | None = None) -> int:
         erasure_log_events=a.erasure_log_events,
         catchup_events=a.catchup_events,
         archive_events=a.archive_events,
+        redis_cluster_partitions=a.redis_cluster_partitions,
+        redis_cluster_pairs=a.redis_cluster_pairs,
     )
     return 1 if any("error" in r for r in results.values()) else 0
 
@@ -521,6 +538,7 @@ import stories.bench_compacted  # noqa: E402,F401
 import stories.bench_dedup  # noqa: E402,F401
 import stories.bench_erasure  # noqa: E402,F401
 import stories.bench_read_heavy  # noqa: E402,F401
+import stories.bench_redis_cluster  # noqa: E402,F401
 import stories.bench_sealing  # noqa: E402,F401
 import stories.bench_threshold  # noqa: E402,F401
 

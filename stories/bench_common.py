@@ -34,13 +34,18 @@ import redis
 from infra.settings import Settings
 
 SECTIONS: dict[str, Callable[[BenchContext], dict]] = {}
+# sections that start every server they measure and need no broker: a run of only these starts no stack
+STANDALONE: set[str] = set()
 
 
-def section(name: str):
-    """Register a benchmark section (runs in registration order)."""
+def section(name: str, standalone: bool = False):
+    """Register a benchmark section (runs in registration order); ``standalone``: it starts what it
+    measures itself, so a run of only such sections starts no Kafka (:func:`backbone_unless_running`)."""
 
     def register(fn):
         SECTIONS[name] = fn
+        if standalone:
+            STANDALONE.add(name)
         return fn
 
     return register
@@ -88,6 +93,8 @@ class BenchContext:
     read_heavy_settle_s: int = 20  # read_heavy: quiet time after the world's catch-up (JIT)
     read_heavy_world_events: int = 100_000  # read_heavy: the default generator's world before the rows
     read_heavy_catchup_s: int = 60  # read_heavy: wait this long for a row's writes to be applied
+    redis_cluster_partitions: int = 16  # redis_cluster: the log's partitions (8 puts 2/4/2 on 3 masters)
+    redis_cluster_pairs: int = 2  # redis_cluster: 1-master and 3-master runs, alternately
 
     @property
     def analytics_first_phase_s(self) -> int:
