@@ -384,12 +384,14 @@ class RedisServer(Service):
     """The serving store: redis-server with an append-only file, bound to 127.0.0.1.
 
     One server (``redis``), or with a cluster (SOCIAL_REDIS_MASTERS >= 3; the cluster profile's
-    default) one master per instance, ``redis-1``..``redis-N``, node i on SOCIAL_REDIS_PORT + i with
-    its cluster bus on SOCIAL_REDIS_PORT + N + i (explicit: Redis's default, port + 10000, may be
-    taken or in the kernel's ephemeral range), each with its own directory, node file and
-    append-only file. The last node's readiness is the cluster's: the first start joins the nodes
-    (``redis-cli --cluster create``, the slots spread evenly); a restart finds them in its node
-    files. docs/architecture.md, "On Redis Cluster"."""
+    default) one node per instance, ``redis-1``..``redis-N`` the masters and then their replicas
+    (SOCIAL_REDIS_REPLICAS each), node i on SOCIAL_REDIS_PORT + i with its cluster bus on
+    SOCIAL_REDIS_PORT + nodes + i (explicit: Redis's default, port + 10000, may be taken or in the
+    kernel's ephemeral range), each with its own directory, node file and append-only file. The
+    last node's readiness is the cluster's: the first start joins the nodes (``redis-cli --cluster
+    create``, the slots spread evenly over the masters); a restart finds them in its node files (a
+    master that lost its slots to its replica while it was down comes back as that one's replica).
+    docs/architecture.md, "On Redis Cluster"."""
 
     name = "redis"
     marker = "redis-server"
@@ -400,6 +402,7 @@ class RedisServer(Service):
         self.index = index
         self.port, self.bus_port = settings.redis_ports()[index]
         self.masters = settings.redis_cluster_masters
+        self.nodes = len(settings.redis_ports()) if self.masters else 1
         if self.masters:
             self.name = f"redis-{index + 1}"
 
@@ -422,6 +425,7 @@ class RedisServer(Service):
             "cluster-enabled yes\n"
             f"cluster-port {self.bus_port}\n"
             f'cluster-config-file "{self.home / "nodes.conf"}"\n'
+            f"cluster-node-timeout {self.settings.redis_node_timeout_ms}\n"
             if self.masters
             else ""
         )
@@ -475,15 +479,17 @@ class RedisServer(Service):
                 time.sleep(0.1)
         finally:
             client.close()
-        if self.masters and self.index == self.masters - 1:  # every node answers: the cluster
-            join_cluster([p for p, _ in self.settings.redis_ports()], deadline, self.settings.log_dir)
+        if self.masters and self.index == self.nodes - 1:  # every node answers: the cluster
+            ports = [p for p, _ in self.settings.redis_ports()]
+            join_cluster(ports, deadline, self.settings.log_dir, self.settings.redis_replicas)
 
 
-def join_cluster(ports: list[int], deadline: float, logs: Path) -> None:
+def join_cluster(ports: list[int], deadline: float, logs: Path, replicas: int = 0) -> None:
     """The Redis Cluster of the nodes on ``ports`` (127.0.0.1), each answering: created with
-    ``redis-cli --cluster create`` (no replicas, the slots spread evenly) when no node holds a slot
-    yet, then waited for until every node says ``cluster_state:ok`` (a restarted node rejoins by its
-    node file). A StackError says why not, in one line."""
+    ``redis-cli --cluster create`` (``replicas`` per master, the slots spread evenly over the
+    masters) when no node holds a slot yet, then waited for until every node says
+    ``cluster_state:ok`` (a restarted node rejoins by its node file). A StackError says why not,
+    in one line."""
     import redis
 
     from infra.clients import redis_client
@@ -506,7 +512,7 @@ def join_cluster(ports: list[int], deadline: float, logs: Path) -> None:
                 raise StackError("`redis-cli` not found on PATH (it comes with redis-server: `make setup`)")
             created = subprocess.run(
                 [cli, "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports)]
-                + ["--cluster-replicas", "0", "--cluster-yes"],
+                + ["--cluster-replicas", str(replicas), "--cluster-yes"],
                 capture_output=True,
                 text=True,
                 timeout=max(1.0, deadline - time.monotonic()),
@@ -514,9 +520,19 @@ def join_cluster(ports: list[int], deadline: float, logs: Path) -> None:
             if created.returncode != 0:
                 said = (created.stdout + created.stderr).strip().splitlines()[-1:] or ["(no output)"]
                 raise StackError(f"redis-cli --cluster create failed ({created.returncode}): {said[0]}")
+        def replicated() -> bool:  # every master's replicas attached (a failover needs one in sync)
+            if not replicas:
+                return True
+            try:
+                roles = [node.info("replication") for node in nodes]
+            except redis.RedisError:
+                return False
+            masters = [r for r in roles if r.get("role") == "master"]
+            return all(int(r.get("connected_slaves", 0)) >= replicas for r in masters)
+
         while True:
             states = [i.get("cluster_state") for i in infos()]
-            if all(state == "ok" for state in states):
+            if all(state == "ok" for state in states) and replicated():
                 return
             if time.monotonic() > deadline:
                 shown = ", ".join(

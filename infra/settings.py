@@ -132,6 +132,20 @@ class Settings:
         "that many masters (node i on SOCIAL_REDIS_PORT + i, its cluster bus on SOCIAL_REDIS_PORT + N + i; "
         "the partitioned layout only); 0 = the profile's: 1 in `local`, 3 in `cluster`",
     )
+    redis_replicas: int = _setting(
+        "SOCIAL_REDIS_REPLICAS",
+        0,
+        "replicas of each master of the Redis Cluster `make up` starts (nodes N+1.. after the N masters): "
+        "a master lost is replaced by its replica (failover), which may lack the master's last writes; "
+        "the speed layer starts again from the fences the new master holds",
+    )
+    redis_node_timeout_ms: int = _setting(
+        "SOCIAL_REDIS_NODE_TIMEOUT_MS",
+        15_000,
+        "`cluster-node-timeout` of the Redis Cluster `make up` starts: how long a master may not answer "
+        "before the others take it for failed (its replica then takes over; without one, the cluster "
+        "stops serving until it is back)",
+    )
     api_host: str = _setting("SOCIAL_API_HOST", "127.0.0.1", "app API bind address")
     api_port: int = _setting("SOCIAL_API_PORT", 8000, "app API port")
     api_workers: int = _setting("SOCIAL_API_WORKERS", 2, "uvicorn worker processes of the app API")
@@ -579,6 +593,11 @@ class Settings:
                 f"SOCIAL_REDIS_MASTERS={self.redis_masters}: expected 1 (one Redis), 3 or more (a Redis "
                 "Cluster: a majority of masters must agree a master failed), or 0 (the profile's)"
             )
+        if self.redis_replicas < 0 or (self.redis_replicas and not self.redis_cluster_masters):
+            raise SettingsError(
+                f"SOCIAL_REDIS_REPLICAS={self.redis_replicas}: replicas are a Redis Cluster's "
+                "(SOCIAL_REDIS_MASTERS >= 3, or the cluster profile), 0 or more"
+            )
         if self.redis_cluster_masters and self.serving_layout != "partitioned":
             raise SettingsError(
                 f"SOCIAL_SERVING_LAYOUT={self.serving_layout} cannot run on a Redis Cluster of "
@@ -629,10 +648,11 @@ class Settings:
         return 0 if masters == 1 else masters
 
     def redis_ports(self) -> list[tuple[int, int]]:
-        """(client port, cluster bus port) of each Redis node `make up` starts (bus 0: not a cluster)."""
-        n = self.redis_cluster_masters
-        if not n:
+        """(client port, cluster bus port) of each Redis node `make up` starts, the masters first,
+        then their replicas (bus 0: not a cluster)."""
+        if not self.redis_cluster_masters:
             return [(self.redis_port, 0)]
+        n = self.redis_cluster_masters * (1 + self.redis_replicas)
         return [(self.redis_port + i, self.redis_port + n + i) for i in range(n)]
 
     def broker_ports(self) -> list[tuple[int, int]]:

@@ -16,7 +16,9 @@ other masters themselves. What must hold, as on one Redis (test_partitioned_layo
   5 s in `make test`, 30 s in `make test-faults`), and started again by the stack from its
   append-only file: the speed layer stops loudly (or rides it out) and, started again as `make up`
   starts it, the views, every record's one changelog entry and the accounting equal the
-  specification.
+  specification;
+- with a replica per master (SOCIAL_REDIS_REPLICAS=1), a master killed and not started again until
+  its replica has taken its slots over (failover): the same, the promoted replica serving.
 
 Part of the Redis Cluster subset of CI (``-m redis_cluster``).
 """
@@ -284,6 +286,125 @@ def test_a_master_killed_and_down_while_events_flow_loses_and_repeats_nothing(
     )
     assert not problems, f"speed layer {'restarted' if died else 'rode it out'}:\n" + "\n".join(problems[:20])
     # each record decided once: one changelog entry per record of every partition
+    assert {p: client.xlen(f"{ns}:{{{p}}}:changelog") for p in range(8)} == {
+        p: len(recs) for p, recs in per_p.items()
+    }
+    own, whole = functions.partitioned_state(client, ns, 8)
+    assert whole and own == {p: len(recs) for p, recs in per_p.items()}, own
+
+
+@pytest.fixture
+def redis_cluster_with_replicas(kafka_stack, tmp_path):
+    """Three masters and a replica each (6 nodes, SOCIAL_REDIS_REPLICAS=1) started by the stack, a
+    master taken for failed after 2 s without an answer (SOCIAL_REDIS_NODE_TIMEOUT_MS)."""
+    from infra.stack import RedisServer, Stack, free_port_block
+
+    port = free_port_block(12)
+    settings = dataclasses.replace(
+        kafka_stack.settings,
+        redis_port=port,
+        redis_masters=3,
+        redis_replicas=1,
+        redis_node_timeout_ms=2_000,
+        redis_url=f"redis://127.0.0.1:{port}/0",
+        serving_layout="partitioned",
+        var_dir=tmp_path / "var",
+    )
+    stack = Stack(settings, service_types=(RedisServer,))
+    try:
+        assert set(stack.up().values()) == {"started"}
+        yield settings
+    finally:
+        stack.down()
+
+
+def _failed_over(settings, victim_port: int, timeout_s: float = 60.0) -> float:
+    """Seconds until the cluster took the master on ``victim_port`` for failed, and three other
+    masters (its replica promoted) serve every slot again."""
+    probe = clients.redis_client(settings.redis_url, "probe", cluster=False)
+    started = time.monotonic()
+    while True:
+        nodes = {addr: n["flags"] for addr, n in probe.execute_command("CLUSTER NODES").items()}
+        victim = nodes.get(f"127.0.0.1:{victim_port}", "")
+        serving = [a for a, f in nodes.items() if "master" in f and "fail" not in f]
+        ok = probe.execute_command("CLUSTER INFO")["cluster_state"] == "ok"
+        if "fail" in victim and "fail?" not in victim and len(serving) == 3 and ok:
+            return time.monotonic() - started
+        assert time.monotonic() - started < timeout_s, f"no failover in {timeout_s:.0f} s: {nodes}"
+        time.sleep(0.1)
+
+
+@pytest.mark.faults
+def test_a_master_killed_is_replaced_by_its_replica_and_nothing_is_lost_or_repeated(
+    redis_cluster_with_replicas, topic_factory, speed_layer_factory
+):
+    from infra.stack import RedisServer, Stack
+
+    cluster = redis_cluster_with_replicas
+    topic = topic_factory(8)
+    ns = f"failover-{uuid.uuid4().hex[:6]}"
+    sl = speed_layer_factory(
+        topic=topic,
+        namespace=ns,
+        archive=False,
+        redis_url=cluster.redis_url,
+        redis_port=cluster.redis_port,
+        redis_masters=3,
+        redis_replicas=1,
+        fanout_threshold=5,
+        max_offsets_per_trigger=500,
+    )
+    client = clients.redis_client(cluster.redis_url)
+    sl.wait_running()
+    rate, events = 200, 4_000
+    cfg = GeneratorConfig(users=150, seed=29, mean_followers=12, invalid_share=0.01, duplicate_share=0.01)
+    victim = RedisServer(cluster, 1)  # redis-2, a master
+    with ThreadPoolExecutor(1) as pool:
+        producing = pool.submit(
+            produce, events, cfg, topic=topic, bootstrap=cluster.kafka_bootstrap, rate=rate, progress=False
+        )
+        deadline = time.monotonic() + 300
+        while sum(functions.layout_fences(client, ns, "partitioned", 8, whole=False).values()) < events // 4:
+            assert time.monotonic() < deadline, f"the stream applied under {events // 4} records in 5 minutes"
+            time.sleep(0.1)
+        os.kill(victim.pid(), signal.SIGKILL)
+        took = _failed_over(cluster, victim.port)
+        summary = producing.result()
+    assert summary.delivery_failures == 0
+    assert took < 30, took
+    if sl.proc is not None and sl.proc.poll() is not None:  # stopped in one line; started again
+        assert b"pipelines.speed_layer: Redis does not answer: " in sl.log_path.read_bytes(), sl.tail()
+        sl.restart()
+        sl.wait_running()
+    sl.wait_caught_up(timeout=600)
+    sl.stop()
+    # the old master, started again by the stack, comes back as its successor's replica
+    assert Stack(cluster, service_types=(RedisServer,)).up()["redis-2"] == "started"
+    role = clients.redis_client(f"redis://127.0.0.1:{victim.port}/0", "probe", cluster=False).info(
+        "replication"
+    )
+    assert role["role"] == "slave", role
+
+    per_p = _records(sl.settings, topic)
+    want = spec.evaluate(
+        {p: [v for _, v in recs] for p, recs in per_p.items()},
+        sl.settings.timeline_length,
+        sl.settings.dedup_window_ms,
+        sl.settings.dedup_grace_ms,
+        sl.settings.dedup_reorder,
+    )
+    users = sorted({int(k) for recs in per_p.values() for k, _ in recs if k and k.isdigit()})
+    got = harness.partitioned_views(cluster.redis_url, ns, users, 50, lambda u: partition_of(u, 8))
+    wanted = harness.spec_views(want, users)
+    wanted["timeline"] = {u: t[:50] for u, t in wanted["timeline"].items()}
+    problems = harness.diff_views(wanted, got)
+    problems += harness.diff_dispositions(
+        want.dispositions, harness.partitioned_dispositions(client, ns, range(8))
+    )
+    problems += harness.diff_accounting(
+        want.accounting(), harness.partitioned_accounting(client, ns, range(8))
+    )
+    assert not problems, "\n".join(problems[:20])
     assert {p: client.xlen(f"{ns}:{{{p}}}:changelog") for p in range(8)} == {
         p: len(recs) for p, recs in per_p.items()
     }

@@ -61,7 +61,7 @@ def test_the_cluster_profile_serves_from_a_redis_cluster_of_three_masters(tmp_pa
     assert f'cluster-config-file "{tmp_path / "redis-2" / "nodes.conf"}"' in conf
 
 
-def test_one_redis_or_a_cluster_is_a_setting_of_either_profile():
+def test_one_redis_or_a_cluster_is_a_setting_of_either_profile(tmp_path):
     assert get_settings(profile="cluster", redis_masters=1).redis_ports() == [(6379, 0)]
     assert [n.name for n in RedisServer.instances(get_settings(profile="cluster", redis_masters=1))] == [
         "redis"
@@ -73,6 +73,15 @@ def test_one_redis_or_a_cluster_is_a_setting_of_either_profile():
             get_settings(redis_masters=bad)
     with pytest.raises(ValueError, match="SOCIAL_SERVING_LAYOUT=keyed cannot run on a Redis Cluster of 3"):
         get_settings(profile="cluster", serving_layout="keyed")
+    # a replica per master: the masters' ports first, then the replicas', then every cluster bus
+    replicated = get_settings(profile="cluster", redis_port=46379, redis_replicas=1, var_dir=tmp_path)
+    assert replicated.redis_ports() == [(46379 + i, 46385 + i) for i in range(6)]
+    nodes = RedisServer.instances(replicated)
+    assert [n.name for n in nodes] == [f"redis-{i}" for i in range(1, 7)]
+    nodes[5].prepare()
+    assert "cluster-node-timeout 15000" in (tmp_path / "redis-6" / "redis.conf").read_text().splitlines()
+    with pytest.raises(ValueError, match="SOCIAL_REDIS_REPLICAS=1: replicas are a Redis Cluster's"):
+        get_settings(redis_replicas=1)
     # a keyed local stack still sees (and stops) what the cluster profile started
     keyed = get_settings(serving_layout="keyed")
     assert {"redis-1", "redis-2", "redis-3"} <= {x.name for x in Stack(keyed).other_profile_services()}
