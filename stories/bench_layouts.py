@@ -35,13 +35,15 @@ BATCH = 2_500  # records per partition per micro-batch (the stream's order of ma
 LAYOUTS = ("keyed", "partitioned", "keyed", "partitioned")
 
 
-def zadd_yardstick(port: int, requests: int = 1_000_000) -> float | None:
-    """``redis-benchmark -t zadd -P 64``: pipelined ZADDs per second on this Redis, this minute."""
+def zadd_yardstick(port: int, requests: int = 1_000_000, *, cluster: bool = False) -> float | None:
+    """``redis-benchmark -t zadd -P 64``: pipelined ZADDs per second on this Redis, this minute
+    (``cluster``: ``--cluster``, over every master of the cluster behind ``port``)."""
     exe = shutil.which("redis-benchmark")
     if exe is None:
         return None
     out = subprocess.run(
-        [exe, "-p", str(port), "-t", "zadd", "-P", "64", "-n", str(requests), "-q"],
+        [exe, "-p", str(port), *(["--cluster"] if cluster else []), "-t", "zadd", "-P", "64"]
+        + ["-n", str(requests), "-q"],
         capture_output=True,
         text=True,
         timeout=300,

@@ -39,10 +39,8 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing
 import os
-import re
 import shutil
 import statistics
-import subprocess
 import time
 import traceback
 import zlib
@@ -385,22 +383,6 @@ def summarize(
 # --- yardstick and memory -----------------------------------------------------------------------------
 
 
-def zadd_cluster_yardstick(port: int, requests: int = 1_000_000) -> float | None:
-    """``redis-benchmark --cluster -t zadd -P 64``: pipelined ZADDs per second over every master of
-    the cluster behind ``port`` (its clients spread over the masters), this minute."""
-    exe = shutil.which("redis-benchmark")
-    if exe is None:
-        return None
-    out = subprocess.run(
-        [exe, "-p", str(port), "--cluster", "-t", "zadd", "-P", "64", "-n", str(requests), "-q"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    ).stdout
-    rates = re.findall(r"ZADD: ([\d.]+) requests per second", out.replace("\r", "\n"))
-    return float(rates[-1]) if rates else None
-
-
 def yardstick(single: Single, cluster_url: str, cluster_urls: list[str]) -> dict:
     """ZADD throughput of one server, one cluster node (the owner of redis-benchmark's key) and the
     whole cluster, back to back: the machine's pace for Redis's cheapest write, this minute."""
@@ -410,7 +392,7 @@ def yardstick(single: Single, cluster_url: str, cluster_urls: list[str]) -> dict
     out = {
         "zadd_single_per_s": zadd_yardstick(single.port),
         "zadd_one_node_per_s": zadd_yardstick(owner),
-        "zadd_cluster_per_s": zadd_cluster_yardstick(owner),
+        "zadd_cluster_per_s": zadd_yardstick(owner, cluster=True),
     }
     for r in node_clients([single.url, *cluster_urls]):
         r.flushall()
