@@ -74,6 +74,44 @@ def redis_cluster_stack(kafka_stack, tmp_path_factory):
         stack.down()
 
 
+def _equal_to_the_specification(sl, ns: str, *, changelog: bool = True):
+    """The records of the speed layer's topic read back from Kafka, and the specification evaluated
+    over them; the views every user reads (timelines: their first 50), every record's disposition
+    (``changelog``: all still in Redis, one entry per record) and the accounting must equal it, and
+    every partition hold every other's deliveries below its fence. Returns (records per partition,
+    the views read)."""
+    client = clients.redis_client(sl.settings.redis_url)
+    per_p = _records(sl.settings, sl.topic)
+    want = spec.evaluate(
+        {p: [v for _, v in recs] for p, recs in per_p.items()},
+        sl.settings.timeline_length,
+        sl.settings.dedup_window_ms,
+        sl.settings.dedup_grace_ms,
+        sl.settings.dedup_reorder,
+    )
+    users = sorted({int(k) for recs in per_p.values() for k, _ in recs if k and k.isdigit()})
+    got = harness.partitioned_views(sl.settings.redis_url, ns, users, 50, lambda u: partition_of(u, 8))
+    wanted = harness.spec_views(want, users)
+    wanted["timeline"] = {u: t[:50] for u, t in wanted["timeline"].items()}
+    problems = harness.diff_views(wanted, got)
+    if changelog:
+        problems += harness.diff_dispositions(
+            want.dispositions, harness.partitioned_dispositions(client, ns, range(8))
+        )
+    problems += harness.diff_accounting(
+        want.accounting(), harness.partitioned_accounting(client, ns, range(8))
+    )
+    assert not problems, f"after {sl.restarts} restart(s) of the speed layer:\n" + "\n".join(problems[:20])
+    ends = {p: len(recs) for p, recs in per_p.items()}
+    if changelog:  # each record decided once: one changelog entry per record of every partition
+        assert {p: client.xlen(f"{ns}:{{{p}}}:changelog") for p in range(8)} == ends
+    # every partition has every other's deliveries below its fence (an outbox on a cluster keeps
+    # delivered entries a moment longer: until the targets' masters have them on disk)
+    own, whole = functions.partitioned_state(client, ns, 8)
+    assert whole and own == ends, own
+    return per_p, want, got
+
+
 def test_stream_verify_and_restore_on_three_masters_equal_the_specification(
     redis_cluster_stack, topic_factory, speed_layer_factory
 ):
@@ -125,28 +163,9 @@ def test_stream_verify_and_restore_on_three_masters_equal_the_specification(
     holding = {port for port, m in masters.items() if next(m.scan_iter(match=f"{ns}:*", count=1000), None)}
     assert holding == set(masters), f"only masters {holding} hold keys of {ns}"
 
-    per_p = _records(sl.settings, topic)
-    want = spec.evaluate(
-        {p: [v for _, v in recs] for p, recs in per_p.items()},
-        sl.settings.timeline_length,
-        sl.settings.dedup_window_ms,
-        sl.settings.dedup_grace_ms,
-        sl.settings.dedup_reorder,
-    )
-    users = sorted({int(k) for recs in per_p.values() for k, _ in recs if k and k.isdigit()})
-    got = harness.partitioned_views(cluster.redis_url, ns, users, 50, lambda u: partition_of(u, 8))
-    wanted = harness.spec_views(want, users)
-    wanted["timeline"] = {u: t[:50] for u, t in wanted["timeline"].items()}
-    problems = harness.diff_views(wanted, got)
-    problems += harness.diff_accounting(
-        want.accounting(), harness.partitioned_accounting(client, ns, range(8))
-    )
-    assert not problems, "\n".join(problems[:20])
+    # the archive holds the records; Redis keeps only the changelog's tail
+    per_p, want, got = _equal_to_the_specification(sl, ns, changelog=False)
     assert sum(len(t) for t in got["timeline"].values()) > 500
-    # every partition has every other's deliveries below their fences (an outbox on a cluster keeps
-    # delivered entries a moment longer: until the targets' masters have them on disk)
-    own, whole = functions.partitioned_state(client, ns, 8)
-    assert whole and own == {p: len(recs) for p, recs in per_p.items()}, own
 
     # the archive cut at settled positions across the masters, the views compacted from it
     assert _delta_facts(sl.settings, ns) == _spec_facts(want)
@@ -265,32 +284,7 @@ def test_a_master_killed_and_down_while_events_flow_loses_and_repeats_nothing(
     sl.wait_caught_up(timeout=600)
     sl.stop()
 
-    per_p = _records(sl.settings, topic)
-    want = spec.evaluate(
-        {p: [v for _, v in recs] for p, recs in per_p.items()},
-        sl.settings.timeline_length,
-        sl.settings.dedup_window_ms,
-        sl.settings.dedup_grace_ms,
-        sl.settings.dedup_reorder,
-    )
-    users = sorted({int(k) for recs in per_p.values() for k, _ in recs if k and k.isdigit()})
-    got = harness.partitioned_views(cluster.redis_url, ns, users, 50, lambda u: partition_of(u, 8))
-    wanted = harness.spec_views(want, users)
-    wanted["timeline"] = {u: t[:50] for u, t in wanted["timeline"].items()}
-    problems = harness.diff_views(wanted, got)
-    problems += harness.diff_dispositions(
-        want.dispositions, harness.partitioned_dispositions(client, ns, range(8))
-    )
-    problems += harness.diff_accounting(
-        want.accounting(), harness.partitioned_accounting(client, ns, range(8))
-    )
-    assert not problems, f"speed layer {'restarted' if died else 'rode it out'}:\n" + "\n".join(problems[:20])
-    # each record decided once: one changelog entry per record of every partition
-    assert {p: client.xlen(f"{ns}:{{{p}}}:changelog") for p in range(8)} == {
-        p: len(recs) for p, recs in per_p.items()
-    }
-    own, whole = functions.partitioned_state(client, ns, 8)
-    assert whole and own == {p: len(recs) for p, recs in per_p.items()}, own
+    _equal_to_the_specification(sl, ns)
 
 
 @pytest.fixture
@@ -385,28 +379,4 @@ def test_a_master_killed_is_replaced_by_its_replica_and_nothing_is_lost_or_repea
     )
     assert role["role"] == "slave", role
 
-    per_p = _records(sl.settings, topic)
-    want = spec.evaluate(
-        {p: [v for _, v in recs] for p, recs in per_p.items()},
-        sl.settings.timeline_length,
-        sl.settings.dedup_window_ms,
-        sl.settings.dedup_grace_ms,
-        sl.settings.dedup_reorder,
-    )
-    users = sorted({int(k) for recs in per_p.values() for k, _ in recs if k and k.isdigit()})
-    got = harness.partitioned_views(cluster.redis_url, ns, users, 50, lambda u: partition_of(u, 8))
-    wanted = harness.spec_views(want, users)
-    wanted["timeline"] = {u: t[:50] for u, t in wanted["timeline"].items()}
-    problems = harness.diff_views(wanted, got)
-    problems += harness.diff_dispositions(
-        want.dispositions, harness.partitioned_dispositions(client, ns, range(8))
-    )
-    problems += harness.diff_accounting(
-        want.accounting(), harness.partitioned_accounting(client, ns, range(8))
-    )
-    assert not problems, "\n".join(problems[:20])
-    assert {p: client.xlen(f"{ns}:{{{p}}}:changelog") for p in range(8)} == {
-        p: len(recs) for p, recs in per_p.items()
-    }
-    own, whole = functions.partitioned_state(client, ns, 8)
-    assert whole and own == {p: len(recs) for p, recs in per_p.items()}, own
+    _equal_to_the_specification(sl, ns)
