@@ -520,6 +520,7 @@ def join_cluster(ports: list[int], deadline: float, logs: Path, replicas: int = 
             if created.returncode != 0:
                 said = (created.stdout + created.stderr).strip().splitlines()[-1:] or ["(no output)"]
                 raise StackError(f"redis-cli --cluster create failed ({created.returncode}): {said[0]}")
+
         def replicated() -> bool:  # every master's replicas attached (a failover needs one in sync)
             if not replicas:
                 return True
