@@ -1,13 +1,14 @@
-"""A local Redis Cluster: N masters (no replicas), each a real ``redis-server`` in cluster mode on
-127.0.0.1, with an append-only file in a directory of its own (docs/architecture.md, "On Redis
-Cluster").
+"""A local Redis Cluster on 127.0.0.1, for the tests, the benchmarks and a user who wants one to try:
+N masters (no replicas), or one plain redis-server for a side-by-side (``masters=1``), started as
+`make up` starts the stack's (docs/architecture.md, "On Redis Cluster").
 
-:func:`start` writes each node's config, starts the processes (:func:`infra.processes.spawn`: a
-session of their own, output to ``<node dir>/redis.log``), creates the cluster with ``redis-cli
---cluster create`` (the 16384 slots split evenly between the masters) and waits until every node
-says ``cluster_state:ok``; :meth:`LocalCluster.stop` stops exactly those processes, by pid.
-A cluster's address is any node's URL (:attr:`LocalCluster.url`): :func:`infra.clients.redis_client`
-gives a cluster-aware client for it.
+:func:`start` gives settings of their own (a free block of ports, ``home`` as the var dir) to the
+stack's own service, :class:`infra.services.RedisServer`: each node's config, its process (a
+session of its own, its pid file and its log under ``home``), ``redis-cli --cluster create`` (the
+16384 slots split evenly between the masters) and the wait until every node says
+``cluster_state:ok``; :meth:`LocalCluster.stop` stops exactly those processes, by pid, as
+`make down` does. A cluster's address is any node's URL (:attr:`LocalCluster.url`):
+:func:`infra.clients.redis_client` gives a cluster-aware client for it.
 
     python -m infra.redis_cluster [--masters 3] [--dir DIR]   # runs one until Ctrl-C or SIGTERM
 """
@@ -15,27 +16,32 @@ gives a cluster-aware client for it.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from infra import processes
 from infra.processes import StackError
-from infra.services import join_cluster
+from infra.services import RedisServer, join_cluster
+from infra.settings import Settings
 
 READY_TIMEOUT_S = 30.0
-STOP_TIMEOUT_S = 15.0
 
 
 @dataclass
 class LocalCluster:
-    """The masters of a cluster this process started: their ports, directories and pids."""
+    """The nodes this process started (the stack's :class:`RedisServer` services for ``settings``)."""
 
-    home: Path
-    ports: list[int]
-    pids: list[int] = field(default_factory=list)
+    settings: Settings
+
+    @property
+    def nodes(self) -> list[RedisServer]:
+        return RedisServer.instances(self.settings)  # type: ignore[return-value]
+
+    @property
+    def ports(self) -> list[int]:
+        return [port for port, _bus in self.settings.redis_ports()]
 
     @property
     def urls(self) -> list[str]:
@@ -46,11 +52,18 @@ class LocalCluster:
         """The cluster's address as a user gives it (SOCIAL_REDIS_URL): one node's URL."""
         return self.urls[0]
 
+    def _node(self, port: int) -> RedisServer:
+        return self.nodes[self.ports.index(port)]
+
     def node_dir(self, port: int) -> Path:
-        return self.home / str(port)
+        """The node's directory: its config, node file and append-only file."""
+        return self._node(port).home
 
     def pid(self, port: int) -> int:
-        return self.pids[self.ports.index(port)]
+        pid = self._node(port).pid()
+        if pid is None:
+            raise StackError(f"no redis-server runs on port {port}")
+        return pid
 
     def kill(self, port: int) -> None:
         """``kill -9`` the node on ``port`` (a fault: its append-only file is what it comes back with)."""
@@ -61,20 +74,9 @@ class LocalCluster:
     def restart(self, port: int) -> None:
         """Start the node on ``port`` again from its directory (its node file: the same node id and
         slots; its append-only file: its data) and wait until every node says ``cluster_state:ok``."""
-        d = self.node_dir(port)
-        with (d / "redis.log").open("ab") as log:
-            proc = processes.spawn(node_command(_server(), port, port + len(self.ports), d), log, os.environ)
-        self.pids[self.ports.index(port)] = proc.pid
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        for p, pid in zip(self.ports, self.pids, strict=True):
-            _wait(
-                self,
-                p,
-                pid,
-                deadline,
-                lambda info: info.get("cluster_state") == "ok",
-                "reach cluster_state:ok",
-            )
+        self._node(port).start()
+        if self.settings.redis_cluster_masters:
+            join_cluster(self.ports, time.monotonic() + READY_TIMEOUT_S, self.settings.log_dir)
 
     def move_slot(self, slot: int, to_port: int, pause_s: float = 0.0) -> int:
         """Move ``slot`` to the master on ``to_port`` while clients use it, with the steps of
@@ -124,11 +126,9 @@ class LocalCluster:
 
     def stop(self) -> None:
         """Stop the nodes this cluster started (SIGTERM, SIGKILL after a timeout), by pid."""
-        for pid in self.pids:
-            if processes._alive(pid):
-                processes.stop(pid, STOP_TIMEOUT_S)
-            processes.forget(pid)
-        self.pids = []
+        from infra.stack import Stack
+
+        Stack(self.settings, service_types=(RedisServer,)).down()
 
     def __enter__(self) -> LocalCluster:
         return self
@@ -137,75 +137,25 @@ class LocalCluster:
         self.stop()
 
 
-def _server() -> str:
-    from infra.services import require_redis_version
-
-    server = shutil.which("redis-server")
-    if not server:
-        raise StackError(
-            "`redis-server` not found on PATH: run `make setup` (python -m infra.stack ensure-redis)"
-        )
-    require_redis_version(server)  # functions (FUNCTION LOAD) came with 7.0, and so did the cluster's
-    return server
-
-
-def node_command(server: str, port: int, bus_port: int, home: Path) -> list[str]:
-    """One master: cluster mode, its cluster bus on ``bus_port`` (by default Redis takes port +
-    10000, which may be taken or in the kernel's ephemeral range: infra.stack.free_port_block), its
-    own node file and append-only file under ``home``."""
-    return [
-        server,
-        "--port",
-        str(port),
-        "--cluster-port",
-        str(bus_port),
-        "--bind",
-        "127.0.0.1",
-        "--cluster-enabled",
-        "yes",
-        "--cluster-config-file",
-        str(home / "nodes.conf"),
-        "--appendonly",
-        "yes",
-        "--appendfsync",
-        "everysec",
-        "--save",
-        "",  # the AOF is the durability (as infra/services.py's RedisServer): no RDB forks on top
-        "--repl-diskless-sync-delay",
-        "0",  # a copy's replica syncs at once (infra/redis_copy.py), not after 5 s
-        "--dir",
-        str(home),
-    ]
-
-
 def start(home: Path, masters: int = 3, base_port: int | None = None) -> LocalCluster:
     """Start ``masters`` nodes on ``base_port``.. (a free block when None; their cluster bus ports
-    follow, ``base_port + masters``..), join them into one
-    cluster and wait until every node reports ``cluster_state:ok``; on any failure the nodes are
-    stopped again and a :class:`StackError` says why."""
-    from infra.stack import free_port_block
+    follow, ``base_port + masters``..) and join them into one cluster (``masters=1``: one plain
+    redis-server, no cluster); on any failure the nodes are stopped again and a
+    :class:`StackError` says why."""
+    from infra.stack import Stack, free_port_block
 
-    if masters < 3:
+    if masters == 2 or masters < 1:
         raise StackError(f"a Redis Cluster needs at least 3 masters, not {masters}")
-    server = _server()
-    # the nodes' ports, then their cluster bus ports, side by side
     port = base_port if base_port is not None else free_port_block(2 * masters)
-    cluster = LocalCluster(home=home, ports=list(range(port, port + masters)))
-    try:
-        for p in cluster.ports:
-            d = cluster.node_dir(p)
-            d.mkdir(parents=True, exist_ok=True)
-            with (d / "redis.log").open("ab") as log:
-                proc = processes.spawn(node_command(server, p, p + masters, d), log, os.environ)
-            cluster.pids.append(proc.pid)
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        for p, pid in zip(cluster.ports, cluster.pids, strict=True):
-            _wait(cluster, p, pid, deadline, lambda info: True, "answer PING")
-        join_cluster(cluster.ports, deadline, home)  # as `make up` joins its nodes
-    except BaseException:
-        cluster.stop()
-        raise
-    return cluster
+    settings = Settings(
+        redis_port=port,
+        redis_masters=masters,
+        redis_url=f"redis://127.0.0.1:{port}/0",
+        serving_layout="partitioned",
+        var_dir=home,
+    )
+    Stack(settings, service_types=(RedisServer,)).up()  # stops what it started when it fails
+    return LocalCluster(settings)
 
 
 # Every key of slot ARGV[1] to the master on 127.0.0.1:ARGV[2], in one MIGRATE (timeout ARGV[3] ms)
@@ -228,33 +178,6 @@ def _owns(node, slot: int) -> bool:
         if lo <= slot <= hi and int(master[1]) == me:
             return True
     return False
-
-
-def _wait(cluster: LocalCluster, port: int, pid: int, deadline: float, ready, what: str) -> None:
-    """Until node ``port`` answers ``CLUSTER INFO`` and ``ready(info)``, or a StackError."""
-    import redis
-
-    from infra.clients import redis_client
-
-    client = redis_client(f"redis://127.0.0.1:{port}/0", "probe", cluster=False)
-    try:
-        while True:
-            if not processes._alive(pid):
-                raise StackError(
-                    f"redis cluster node on port {port} exited; see {cluster.node_dir(port)}/redis.log"
-                )
-            try:
-                if ready(client.execute_command("CLUSTER INFO")):
-                    return
-            except redis.RedisError:
-                pass
-            if time.monotonic() > deadline:
-                raise StackError(
-                    f"redis cluster node on port {port} did not {what} within {READY_TIMEOUT_S:.0f} s"
-                )
-            time.sleep(0.05)
-    finally:
-        client.close()
 
 
 def _interrupted(signum: int, _frame) -> None:
@@ -284,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print("SOCIAL_REDIS_URL=" + cluster.url)
     try:
-        while all(processes._alive(pid) for pid in cluster.pids):
+        while all(node.is_running() for node in cluster.nodes):
             time.sleep(1)
         print("a node exited: stopping the others")
         return 1

@@ -13,7 +13,8 @@ processor's own:
   tasks do: its partitions' next records through ``p_apply`` (``PartitionedProcessor.process``), then
   their outboxes delivered to every partition (``pump``), round after round, unsynchronised;
 - the layouts: a plain ``redis-server`` (1 master, the default layout's home) and a real Redis Cluster
-  (``infra.redis_cluster.start``, 3 masters, each partition's keys on its slot's owner), both this
+  (``infra.redis_cluster.start``, 3 masters, each partition's keys on its slot's owner; ``masters=1``
+  the plain one: the stack's own service for both), both this
   section's own, with the cluster nodes' flags (an append-only file each, no RDB) and automatic AOF
   rewrites off (a fork in one run and not in its pair would decide the pair); measured alternately,
   ``pairs`` times (1 master first);
@@ -61,7 +62,6 @@ ROUND_EVENTS = 20_000  # records of one round over all partitions (the layouts s
 PAIRS = 2  # (--redis-cluster-pairs)
 MASTERS = 3
 FULL_FANOUT = 1_000_000
-READY_TIMEOUT_S = 30.0
 MEMORY_SAMPLE_KEYS = 2_000  # timelines and replicas whose MEMORY USAGE is summed after a run
 
 
@@ -107,62 +107,6 @@ def split_log(records, partitions: int) -> tuple[dict[int, list[tuple[int, bytes
 
 
 # --- the servers --------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class Single:
-    """A plain redis-server this section started (the cluster nodes' flags without cluster mode)."""
-
-    home: Path
-    port: int
-    pid: int
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    @property
-    def urls(self) -> list[str]:
-        return [self.url]
-
-    def stop(self) -> None:
-        from infra import processes
-
-        processes.stop(self.pid, 15.0)
-        processes.forget(self.pid)
-
-
-def start_single(home: Path) -> Single:
-    """A redis-server on a free port, with what a cluster node has but cluster mode
-    (``infra.redis_cluster.node_command``): an append-only file fsynced each second, no RDB."""
-    from infra import processes
-    from infra.stack import free_port_block
-
-    home.mkdir(parents=True, exist_ok=True)
-    port = free_port_block(1)
-    server = shutil.which("redis-server")
-    if server is None:
-        raise RuntimeError("redis-server not on PATH: run `make setup`")
-    command = [server, "--port", str(port), "--bind", "127.0.0.1", "--appendonly", "yes"]
-    command += ["--appendfsync", "everysec", "--save", "", "--dir", str(home)]
-    with (home / "redis.log").open("ab") as log:
-        proc = processes.spawn(command, log, os.environ)
-    single = Single(home, port, proc.pid)
-    probe = clients.redis_client(single.url, "probe", cluster=False)
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while True:
-        try:
-            probe.ping()
-            break
-        except redis.RedisError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                single.stop()
-                raise RuntimeError(
-                    f"redis-server on port {port} did not start; see {home}/redis.log"
-                ) from None
-            time.sleep(0.05)
-    probe.close()
-    return single
 
 
 def node_clients(urls: list[str]) -> list[redis.Redis]:
@@ -383,14 +327,14 @@ def summarize(
 # --- yardstick and memory -----------------------------------------------------------------------------
 
 
-def yardstick(single: Single, cluster_url: str, cluster_urls: list[str]) -> dict:
+def yardstick(single, cluster_url: str, cluster_urls: list[str]) -> dict:
     """ZADD throughput of one server, one cluster node (the owner of redis-benchmark's key) and the
     whole cluster, back to back: the machine's pace for Redis's cheapest write, this minute."""
     rc = clients.redis_client(cluster_url)
     owner = rc.get_node_from_key("myzset").port
     rc.close()
     out = {
-        "zadd_single_per_s": zadd_yardstick(single.port),
+        "zadd_single_per_s": zadd_yardstick(single.ports[0]),
         "zadd_one_node_per_s": zadd_yardstick(owner),
         "zadd_cluster_per_s": zadd_yardstick(owner, cluster=True),
     }
@@ -475,7 +419,7 @@ def measure(
 
     gen = GeneratorConfig() if users is None else GeneratorConfig(users=users)
     parts, implied = split_log(generate(events, gen), partitions)
-    single = start_single(home / "single")
+    single = redis_cluster.start(home / "single", masters=1)  # one plain redis-server
     try:
         cluster = redis_cluster.start(home / "cluster", masters=MASTERS)
     except BaseException:
