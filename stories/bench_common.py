@@ -169,8 +169,12 @@ CLIENT_COMMANDS = frozenset({"fcall", "fcall_ro", "info", "ping", "hgetall", "hi
 
 def command_stats(r: redis.Redis) -> dict[str, tuple[int, int]]:
     """``INFO commandstats``: per command, (calls, microseconds) since redis-server started or its
-    last ``CONFIG RESETSTAT``."""
-    return {k.removeprefix("cmdstat_"): (v["calls"], v["usec"]) for k, v in r.info("commandstats").items()}
+    last ``CONFIG RESETSTAT`` (of a Redis Cluster, every master's: :func:`contract.functions.command_stats`)."""
+    from contract.functions import command_stats as info_commandstats
+
+    return {
+        k.removeprefix("cmdstat_"): (int(v["calls"]), int(v["usec"])) for k, v in info_commandstats(r).items()
+    }
 
 
 def command_calls(r: redis.Redis) -> dict[str, int]:
