@@ -106,13 +106,7 @@ def test_stream_in_the_partitioned_layout_equals_the_specification(
         for key, _ in recs:
             if key and key.isdigit():
                 assert partition_of(int(key), 8) == p, (key, p)
-    want = spec.evaluate(
-        {p: [v for _, v in recs] for p, recs in per_p.items()},
-        sl.settings.timeline_length,
-        sl.settings.dedup_window_ms,
-        sl.settings.dedup_grace_ms,
-        sl.settings.dedup_reorder,
-    )
+    want = harness.expected_under(sl.settings, {p: [v for _, v in recs] for p, recs in per_p.items()})
     users = sorted({int(k) for recs in per_p.values() for k, _ in recs if k and k.isdigit()})
     got = harness.partitioned_views(settings.redis_url, ns, users, 50, lambda u: partition_of(u, 8))
     wanted = harness.spec_views(want, users)

@@ -42,7 +42,6 @@ from pipelines.speed import compacted
 from tests.integration.test_partitioned_layout import _delta_facts, _records, _spec_facts, _wait_line
 from tests.integration.verifying import assert_verified, run_verify, verify_keyed, worker_spark
 from tests.spec import harness
-from tests.spec import views as spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.redis_cluster]
 
@@ -74,6 +73,22 @@ def redis_cluster_stack(kafka_stack, tmp_path_factory):
         stack.down()
 
 
+def _on(cluster) -> dict:
+    """The settings that point a speed layer (or any process) at ``cluster``: its address and shape."""
+    names = ("redis_url", "redis_port", "redis_masters", "redis_replicas", "redis_node_timeout_ms")
+    return {name: getattr(cluster, name) for name in names}
+
+
+def _until_applied(client, ns: str, records: int, timeout_s: float = 300.0) -> None:
+    """Until the partitions' own fences sum to ``records`` (the stream applied that many)."""
+    deadline = time.monotonic() + timeout_s
+    while sum(functions.layout_fences(client, ns, "partitioned", 8, whole=False).values()) < records:
+        assert time.monotonic() < deadline, (
+            f"the stream applied under {records:,} records in {timeout_s:.0f} s"
+        )
+        time.sleep(0.1)
+
+
 def _equal_to_the_specification(sl, ns: str, *, changelog: bool = True):
     """The records of the speed layer's topic read back from Kafka, and the specification evaluated
     over them; the views every user reads (timelines: their first 50), every record's disposition
@@ -82,13 +97,7 @@ def _equal_to_the_specification(sl, ns: str, *, changelog: bool = True):
     the views read)."""
     client = clients.redis_client(sl.settings.redis_url)
     per_p = _records(sl.settings, sl.topic)
-    want = spec.evaluate(
-        {p: [v for _, v in recs] for p, recs in per_p.items()},
-        sl.settings.timeline_length,
-        sl.settings.dedup_window_ms,
-        sl.settings.dedup_grace_ms,
-        sl.settings.dedup_reorder,
-    )
+    want = harness.expected_under(sl.settings, {p: [v for _, v in recs] for p, recs in per_p.items()})
     users = sorted({int(k) for recs in per_p.values() for k, _ in recs if k and k.isdigit()})
     got = harness.partitioned_views(sl.settings.redis_url, ns, users, 50, lambda u: partition_of(u, 8))
     wanted = harness.spec_views(want, users)
@@ -121,9 +130,7 @@ def test_stream_verify_and_restore_on_three_masters_equal_the_specification(
     sl = speed_layer_factory(
         topic=topic,
         namespace=ns,
-        redis_url=cluster.redis_url,
-        redis_port=cluster.redis_port,
-        redis_masters=3,
+        **_on(cluster),
         archive_interval_s=2.0,
         fanout_threshold=5,
         max_offsets_per_trigger=1_000,
@@ -138,10 +145,7 @@ def test_stream_verify_and_restore_on_three_masters_equal_the_specification(
         producing = pool.submit(
             produce, 6_000, cfg, topic=topic, bootstrap=cluster.kafka_bootstrap, rate=300, progress=False
         )
-        deadline = time.monotonic() + 300
-        while sum(functions.layout_fences(client, ns, "partitioned", 8, whole=False).values()) < 3_500:
-            assert time.monotonic() < deadline, "the stream applied under 3,500 records in 5 minutes"
-            time.sleep(0.2)
+        _until_applied(client, ns, 3_500)
         live = verify_keyed(sl.settings, topic, ns)  # a copy of the three masters at one instant
         summary = producing.result()
     assert live["ok"] is True, {n: f for n, f in live.get("families", {}).items() if not f["ok"]} or live
@@ -202,9 +206,7 @@ def test_read_your_write_through_the_api_on_three_masters(
         topic=topic,
         namespace=namespace,
         archive=False,
-        redis_url=cluster.redis_url,
-        redis_port=cluster.redis_port,
-        redis_masters=3,
+        **_on(cluster),
     )
     try:
         users = {h: api.register(h) for h in ("ann", "ben", "cid", "dot")}
@@ -247,9 +249,7 @@ def test_a_master_killed_and_down_while_events_flow_loses_and_repeats_nothing(
         topic=topic,
         namespace=ns,
         archive=False,  # every changelog entry stays in Redis, to be counted
-        redis_url=cluster.redis_url,
-        redis_port=cluster.redis_port,
-        redis_masters=3,
+        **_on(cluster),
         fanout_threshold=5,
         max_offsets_per_trigger=500,
     )
@@ -263,10 +263,7 @@ def test_a_master_killed_and_down_while_events_flow_loses_and_repeats_nothing(
         producing = pool.submit(
             produce, events, cfg, topic=topic, bootstrap=cluster.kafka_bootstrap, rate=rate, progress=False
         )
-        deadline = time.monotonic() + 300
-        while sum(functions.layout_fences(client, ns, "partitioned", 8, whole=False).values()) < events // 4:
-            assert time.monotonic() < deadline, f"the stream applied under {events // 4} records in 5 minutes"
-            time.sleep(0.1)
+        _until_applied(client, ns, events // 4)
         pid = victim.pid()
         assert pid is not None and victim.is_running()
         os.kill(pid, signal.SIGKILL)  # mid-run: its last second of writes may be lost with it
@@ -341,10 +338,7 @@ def test_a_master_killed_is_replaced_by_its_replica_and_nothing_is_lost_or_repea
         topic=topic,
         namespace=ns,
         archive=False,
-        redis_url=cluster.redis_url,
-        redis_port=cluster.redis_port,
-        redis_masters=3,
-        redis_replicas=1,
+        **_on(cluster),
         fanout_threshold=5,
         max_offsets_per_trigger=500,
     )
@@ -357,10 +351,7 @@ def test_a_master_killed_is_replaced_by_its_replica_and_nothing_is_lost_or_repea
         producing = pool.submit(
             produce, events, cfg, topic=topic, bootstrap=cluster.kafka_bootstrap, rate=rate, progress=False
         )
-        deadline = time.monotonic() + 300
-        while sum(functions.layout_fences(client, ns, "partitioned", 8, whole=False).values()) < events // 4:
-            assert time.monotonic() < deadline, f"the stream applied under {events // 4} records in 5 minutes"
-            time.sleep(0.1)
+        _until_applied(client, ns, events // 4)
         os.kill(victim.pid(), signal.SIGKILL)
         took = _failed_over(cluster, victim.port)
         summary = producing.result()

@@ -29,6 +29,14 @@ def expected(log: Log, n: int, upto: dict[int, int] | None = None) -> spec.Outco
     return spec.evaluate(per_p, n, WINDOW_MS, GRACE_MS, REORDER)
 
 
+def expected_under(cfg, per_partition: dict[int, list[bytes | None]]) -> spec.Outcome:
+    """The specification over records (partition -> values in offset order) with the timeline length
+    and dedup rules of ``cfg`` (a Settings or a ProcessorConfig: the ones the run was made with)."""
+    return spec.evaluate(
+        per_partition, cfg.timeline_length, cfg.dedup_window_ms, cfg.dedup_grace_ms, cfg.dedup_reorder
+    )
+
+
 def spec_views(out: spec.Outcome, users: list[int]) -> dict:
     """The views users read, from the specification."""
     return {

@@ -48,7 +48,6 @@ from infra import clients, redis_cluster
 from pipelines.speed.partitioned import FenceBehind, PartitionedProcessor
 from pipelines.speed.processor import ProcessorConfig
 from tests.spec import harness
-from tests.spec import views as spec
 
 pytestmark = [pytest.mark.redis_cluster, pytest.mark.faults]
 
@@ -131,10 +130,21 @@ class Feed:
         proc.settle()
 
 
+def a_third_applied(cluster) -> tuple[str, dict, PartitionedProcessor, Feed]:
+    """A fresh namespace, the log, a processor on the cluster and its feed, a third of the way in."""
+    ns = f"f{uuid.uuid4().hex[:8]}"
+    log = the_log()
+    proc = PartitionedProcessor(config(cluster.url, ns), P)
+    feed = Feed(log)
+    while feed.left() > 2 * EVENTS // 3:
+        feed.step(proc, 20)
+    return ns, log, proc, feed
+
+
 def problems(url: str, ns: str, log: dict[int, list[bytes | None]]) -> list[str]:
     """Everything that differs from the specification over ``log`` (empty: exact)."""
     cfg = config(url, ns)
-    want = spec.evaluate(log, cfg.timeline_length, cfg.dedup_window_ms, cfg.dedup_grace_ms, cfg.dedup_reorder)
+    want = harness.expected_under(cfg, log)
     users = sorted(users_of(log))
     client = clients.redis_client(url)
     parts = range(P)
@@ -243,12 +253,7 @@ def test_a_partitions_slot_moves_to_another_master_while_the_processor_applies(c
 def test_a_master_killed_and_restarted_from_its_aof_the_processor_stops_loudly_and_a_new_one_continues(
     cluster,
 ):
-    ns = f"f{uuid.uuid4().hex[:8]}"
-    log = the_log()
-    proc = PartitionedProcessor(config(cluster.url, ns), P)
-    feed = Feed(log)
-    while feed.left() > 2 * EVENTS // 3:
-        feed.step(proc, 20)
+    ns, log, proc, feed = a_third_applied(cluster)
     victim = cluster.ports[1]
     assert any(owner(proc.r, p, ns) == victim for p in log)
     cluster.kill(victim)
@@ -266,12 +271,7 @@ def test_a_master_that_lost_its_last_second_rolls_back_and_the_processor_reappli
     """``appendfsync everysec``: an OS crash loses what was not yet fsynced. Emulated by cutting the
     master's append-only file back to where it was a second before the kill (Redis loads a cut
     file up to its last whole command and drops an unfinished MULTI)."""
-    ns = f"f{uuid.uuid4().hex[:8]}"
-    log = the_log()
-    proc = PartitionedProcessor(config(cluster.url, ns), P)
-    feed = Feed(log)
-    while feed.left() > 2 * EVENTS // 3:
-        feed.step(proc, 20)
+    ns, log, proc, feed = a_third_applied(cluster)
     victim = cluster.ports[1]
     mine = [p for p in log if owner(proc.r, p, ns) == victim]
     assert mine
